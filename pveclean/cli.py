@@ -1,0 +1,187 @@
+"""The `pveclean` command line (typer). The hook path does not come through here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from . import __version__
+from .config import ConfigError, dump, load
+from .model import EXIT_ACCESS, EXIT_OK, EXIT_USAGE, PvecleanError
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 clean, nothing to do or dry run; 1 GPU holders or their memory remain; "
+    "2 usage or config error; 3 container missing, or pct/cgroup access failed; "
+    "4 report could not be written; 5 another run holds the container's lock."
+)
+
+app = typer.Typer(
+    name="pveclean",
+    help="Find, stop and verify the GPU holders of one Proxmox LXC container.\n\n"
+    + EXIT_CODES_HELP,
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+config_app = typer.Typer(help="Show and check the configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="Config file (else $PVECLEAN_CONFIG, else "
+                 "/etc/pveclean/pveclean.yaml, else built-in defaults)."),
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"pveclean {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show version.")
+    ] = False,
+) -> None:
+    """pveclean."""
+
+
+@app.command()
+def ct(
+    vmid: Annotated[str, typer.Argument(help="Container ID, e.g. 129.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Find and report; signal nothing.")]
+    = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    grace: Annotated[
+        float | None, typer.Option("--grace", min=0, help="Seconds from SIGTERM to SIGKILL.")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Stop every GPU holder of container VMID and verify its GPU memory is free.
+
+    Example: pveclean ct 129 --dry-run
+    """
+    from .pveconf import parse_vmid
+    from .render import render_run
+    from .run import clean
+
+    cfg = load(config)
+    vid = parse_vmid(vmid)
+    progress = None
+    if not as_json and sys.stderr.isatty():
+        def progress(msg: str) -> None:
+            typer.echo(f"... {msg}", err=True)
+    result = clean(vid, cfg, dry_run=dry_run, grace=grace, progress=progress)
+    if as_json:
+        typer.echo(json.dumps(result.report, indent=2, default=str))
+    else:
+        typer.echo(render_run(result.report))
+        if result.path:
+            typer.echo(f"report: {result.path}")
+    if result.report_error:
+        typer.echo(f"pveclean: {result.report_error}", err=True)
+        if not as_json:
+            typer.echo("--- report (not saved) ---", err=True)
+            from .report import to_yaml
+
+            typer.echo(to_yaml(result.report), err=True)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def hook(
+    vmid: Annotated[str, typer.Argument(help="Container ID.")],
+    phase: Annotated[str, typer.Argument(help="pre-start, post-start, pre-stop or post-stop.")],
+) -> None:
+    """Run a hook phase, as Proxmox calls the hookscript (normally via pveclean-hook)."""
+    from .hook import main as hook_main
+
+    raise typer.Exit(hook_main([vmid, phase]))
+
+
+@app.command()
+def install(
+    vmids: Annotated[list[str] | None, typer.Argument(help="Container IDs.")] = None,
+    all_gpu: Annotated[bool, typer.Option("--all-gpu", help="Every container with GPUs.")]
+    = False,
+    storage: Annotated[str, typer.Option(help="Storage for the snippet.")] = "local",
+    chain: Annotated[bool, typer.Option(help="Keep and call an existing hookscript.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
+) -> None:
+    """Register the hookscript on containers."""
+    raise PvecleanError("install is not implemented yet", EXIT_USAGE)
+
+
+@app.command()
+def uninstall(
+    vmids: Annotated[list[str] | None, typer.Argument(help="Container IDs.")] = None,
+    all_: Annotated[bool, typer.Option("--all")] = False,
+) -> None:
+    """Remove the hookscript, restoring what was there before."""
+    raise PvecleanError("uninstall is not implemented yet", EXIT_USAGE)
+
+
+@app.command()
+def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Containers, their GPUs, hookscripts and current holders."""
+    raise PvecleanError("status is not implemented yet", EXIT_USAGE)
+
+
+@app.command()
+def reports(
+    vmid: Annotated[str | None, typer.Argument(help="Only this container.")] = None,
+    last: Annotated[int, typer.Option("--last", min=1)] = 20,
+    config: ConfigOpt = None,
+) -> None:
+    """List past runs."""
+    from .report import list_reports
+
+    cfg = load(config)
+    for p in list_reports(cfg.report_dir, int(vmid) if vmid else None)[-last:]:
+        typer.echo(str(p))
+
+
+@config_app.command("check")
+def config_check(
+    path: Annotated[Path | None, typer.Argument(help="Config file to check.")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Validate a config file and print the effective configuration."""
+    cfg = load(path or config)
+    typer.echo(dump(cfg), nl=False)
+    typer.echo(f"config OK ({cfg.source})", err=True)
+
+
+def _fail(message: str, code: int) -> int:
+    sys.stderr.write(f"pveclean: {message}\n")
+    return code
+
+
+def run_app(args: list[str]) -> int:
+    """Run the typer app; every expected failure becomes one line and an exit code."""
+    try:
+        app(args=args, prog_name="pveclean", standalone_mode=False)
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except ConfigError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except PvecleanError as exc:
+        return _fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except Exception as exc:  # click's usage errors (typer may vendor click), and the unexpected
+        if type(exc).__name__ == "Abort":
+            return _fail("aborted", 130)
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+            hint = " (see 'pveclean --help')"
+            return _fail(f"{exc.format_message()}{hint}", EXIT_USAGE)
+        return _fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_ACCESS)
+    return EXIT_OK
+

@@ -1,0 +1,199 @@
+"""Configuration: defaults, the search order of config files, and strict validation.
+
+Unknown keys and wrong types are errors naming the key and its line, because a typo in a
+config that controls SIGKILL must never silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_PATH = Path("/etc/pveclean/pveclean.yaml")
+ENV_VAR = "PVECLEAN_CONFIG"
+PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
+PRE_START_POLICIES = ("warn", "refuse")
+
+DEFAULT_REDACT = [
+    r"(--[\w-]*(token|password|passwd|secret)[\w-]*[= ])\S+",
+    r"(--api[-_]?key[= ])\S+",
+    r"(\b\w*(TOKEN|KEY|SECRET|PASSWORD)\w*=)\S+",
+    r"(://[^/\s:@]+:)[^@\s]+(?P<tail>@)",
+]
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message is one line for the admin."""
+
+
+@dataclass(frozen=True)
+class Config:
+    devices: list[str] = field(default_factory=lambda: ["/dev/nvidia*", "/dev/nvidia-caps/*"])
+    report_dir: str = "/var/log/pveclean"
+    grace_seconds: float = 10.0
+    deadline_seconds: float = 30.0
+    protect: list[str] = field(
+        default_factory=lambda: ["nvidia-persistenced", "nv-hostengine", "nvidia-smi"]
+    )
+    pct_command: str = "pct"
+    pve_config_dir: str = "/etc/pve/lxc"
+    nvml_library: str | None = None
+    cgroup_root: str | None = None
+    probe: bool = True
+    chase_rounds: int = 3
+    phases: dict[str, bool] = field(default_factory=lambda: {p: True for p in PHASES})
+    pre_start_policy: str = "warn"
+    lock_wait_seconds: float = 5.0
+    keep_reports: int = 100
+    max_report_age_days: float = 90.0
+    redact: list[str] = field(default_factory=lambda: list(DEFAULT_REDACT))
+    metrics_path: str | None = None
+    syslog: bool = True
+    strict_permissions: bool = True
+    source: str = "built-in defaults"
+
+    def phase_enabled(self, phase: str) -> bool:
+        return self.phases.get(phase, True)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "source"}
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _str_list(v: object) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
+
+
+# key -> (description of the expected type, check, extra constraint or None)
+_SCHEMA: dict[str, tuple[str, Any]] = {
+    "devices": ("a list of path globs", _str_list),
+    "report_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
+    "grace_seconds": ("a number >= 0", lambda v: _is_number(v) and 0 <= v <= 3600),
+    "deadline_seconds": ("a number > 0", lambda v: _is_number(v) and 0 < v <= 3600),
+    "protect": ("a list of process names", _str_list),
+    "pct_command": ("a command name or path", lambda v: isinstance(v, str) and bool(v.strip())),
+    "pve_config_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
+    "nvml_library": ("a path or null", lambda v: v is None or isinstance(v, str)),
+    "cgroup_root": ("a path or null", lambda v: v is None or isinstance(v, str)),
+    "probe": ("true or false", lambda v: isinstance(v, bool)),
+    "chase_rounds": ("an integer 0..20", lambda v: type(v) is int and 0 <= v <= 20),
+    "phases": (
+        "a mapping of phase name to true/false",
+        lambda v: isinstance(v, dict)
+        and all(k in PHASES and isinstance(b, bool) for k, b in v.items()),
+    ),
+    "pre_start_policy": ("'warn' or 'refuse'", lambda v: v in PRE_START_POLICIES),
+    "lock_wait_seconds": ("a number >= 0", lambda v: _is_number(v) and 0 <= v <= 3600),
+    "keep_reports": ("an integer >= 1", lambda v: type(v) is int and v >= 1),
+    "max_report_age_days": ("a number > 0", lambda v: _is_number(v) and v > 0),
+    "redact": ("a list of regular expressions", _str_list),
+    "metrics_path": ("a path or null", lambda v: v is None or isinstance(v, str)),
+    "syslog": ("true or false", lambda v: isinstance(v, bool)),
+    "strict_permissions": ("true or false", lambda v: isinstance(v, bool)),
+}
+
+
+def _check_redact(patterns: list[str], where: str) -> None:
+    import re
+
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as exc:
+            raise ConfigError(f"{where}: 'redact' pattern {p!r} is not a valid regex: {exc}")
+
+
+def parse(text: str, source: str = "<string>") -> Config:
+    """Parse and validate config text; raises ConfigError with key and line."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        node = yaml.compose(text, Loader=loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{source}{line}: {problem}") from None
+    if node is None:
+        return replace(Config(), source=source)
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{source} line {node.start_mark.line + 1}: top level must be a mapping")
+    values: dict[str, Any] = {}
+    for key_node, value_node in node.value:
+        line = key_node.start_mark.line + 1
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+        if not isinstance(key, str) or key not in _SCHEMA:
+            hint = ""
+            if isinstance(key, str):
+                close = difflib.get_close_matches(key, list(_SCHEMA), n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"{source} line {line}: unknown key {key!r}{hint}")
+        if key in values:
+            raise ConfigError(f"{source} line {line}: key '{key}' given twice")
+        try:
+            value = yaml.load(yaml.serialize(value_node), Loader=loader)  # noqa: S506
+        except yaml.YAMLError:
+            raise ConfigError(f"{source} line {line}: '{key}' has an unreadable value") from None
+        expected, check = _SCHEMA[key]
+        if not check(value):
+            raise ConfigError(f"{source} line {line}: '{key}' must be {expected}, got {value!r}")
+        if key in ("grace_seconds", "deadline_seconds", "lock_wait_seconds"):
+            value = float(value)
+        values[key] = value
+    if "phases" in values:
+        values["phases"] = {**{p: True for p in PHASES}, **values["phases"]}
+    _check_redact(values.get("redact", []), source)
+    return replace(Config(), source=source, **values)
+
+
+def locate(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """--config PATH, else $PVECLEAN_CONFIG, else /etc/pveclean/pveclean.yaml if present."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return Path(env)
+    return DEFAULT_PATH if DEFAULT_PATH.exists() else None
+
+
+def check_permissions(path: Path, st: os.stat_result) -> None:
+    """Like sshd's StrictModes: as root, a file others can change is not trusted."""
+    if os.geteuid() != 0:
+        return
+    if st.st_uid != 0:
+        raise ConfigError(f"{path}: not owned by root (uid {st.st_uid}); refusing to use it")
+    if st.st_mode & 0o022:
+        raise ConfigError(
+            f"{path}: writable by group or others (mode {st.st_mode & 0o777:o}); "
+            f"run 'chmod go-w {path}'"
+        )
+
+
+def load(explicit: str | os.PathLike[str] | None = None) -> Config:
+    path = locate(explicit)
+    if path is None:
+        return Config()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            st = os.fstat(fh.fileno())
+            text = fh.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    cfg = parse(text, str(path))
+    if cfg.strict_permissions:
+        check_permissions(path, st)
+    return cfg
+
+
+def dump(cfg: Config) -> str:
+    header = f"# effective configuration (from {cfg.source})\n"
+    return header + yaml.safe_dump(cfg.as_dict(), sort_keys=False, default_flow_style=False)

@@ -1,0 +1,211 @@
+"""Discovery: which processes of one container hold GPU devices or GPU memory.
+
+Three sources, each recorded on the holders it saw: the host view (the container's cgroup
+tree, then /proc/PID/fd and /proc/PID/maps), the in-namespace probe (`pct exec`), and NVML.
+Only the container's own processes are read, so the cost does not grow with the host.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import probe, procfs
+from .model import Discovery, GpuDevices, Holder
+from .nvml import Nvml, NvmlUnavailable
+from .pct import PctMissing, run_pct
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+
+    def remaining(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+
+@dataclass
+class Scope:
+    """Everything discovery needs to know about the target."""
+
+    vmid: int
+    cgroup_dir: Path
+    devices: GpuDevices
+    protect: frozenset[str]
+    probe_patterns: list[str] = field(default_factory=list)
+
+
+def _protect_reason(st: procfs.ProcStatus, protect: frozenset[str]) -> str | None:
+    if len(st.nspid) < 2:
+        return "in the host's PID namespace"
+    if st.nspid[1] == 1:
+        return "the container's PID 1"
+    if st.name in protect:
+        return f"protected name '{st.name}'"
+    return None
+
+
+def make_holder(st: procfs.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder:
+    return Holder(
+        host_pid=st.pid,
+        starttime=st.starttime,
+        ct_pid=st.nspid[1] if len(st.nspid) >= 2 else None,
+        name=st.name,
+        exe=procfs.exe(st.pid),
+        cmdline=procfs.cmdline(st.pid),
+        uid=st.uid,
+        user=procfs.user_name(st.uid),
+        state=st.state,
+        ppid=st.ppid,
+        cgroup=f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/"),
+        protected=_protect_reason(st, scope.protect),
+    )
+
+
+@dataclass
+class HostView:
+    holders: dict[int, Holder]
+    statuses: dict[int, procfs.ProcStatus]
+    tree: dict[int, str]
+    init_pid: int | None
+
+
+def scan_host(scope: Scope) -> HostView:
+    tree = procfs.tree_pids(scope.cgroup_dir)
+    holders: dict[int, Holder] = {}
+    statuses: dict[int, procfs.ProcStatus] = {}
+    init_pid = None
+    for pid, rel in tree.items():
+        st = procfs.read_status(pid)
+        if st is None:
+            continue  # exited while we looked
+        statuses[pid] = st
+        if len(st.nspid) >= 2 and st.nspid[1] == 1:
+            init_pid = pid
+        if st.state == "Z":
+            continue  # a zombie holds nothing: its fds and mappings are gone
+        fds = procfs.device_fds(pid, scope.devices)
+        if fds is None:
+            continue
+        maps = procfs.device_maps(pid, scope.devices)
+        if fds or maps:
+            h = make_holder(st, rel, scope)
+            h.devices = fds + maps
+            h.add_source("host")
+            holders[pid] = h
+    return HostView(holders, statuses, tree, init_pid)
+
+
+def run_probe(scope: Scope, pct_command: str, timeout: float) -> probe.ProbeResult:
+    """The in-namespace view; raises RuntimeError with the reason when it did not work."""
+    try:
+        res = run_pct(pct_command, probe.probe_argv(scope.vmid, scope.probe_patterns), timeout)
+    except PctMissing as exc:
+        raise RuntimeError(str(exc)) from None
+    if res.returncode is None:
+        raise RuntimeError(f"pct exec did not finish within {timeout:.1f} s (frozen container?)")
+    parsed = probe.parse_probe(res.stdout)
+    if not res.ok or not parsed.complete:
+        why = (res.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        raise RuntimeError(f"pct exec failed (exit {res.returncode}): {why}")
+    return parsed
+
+
+def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope) -> list[str]:
+    """Map container PIDs to host PIDs through NSpid and cross-check with the host view."""
+    warnings: list[str] = []
+    by_ct_pid = {st.nspid[1]: pid for pid, st in view.statuses.items() if len(st.nspid) >= 2}
+    for ct_pid, paths in sorted(result.holders.items()):
+        host_pid = by_ct_pid.get(ct_pid)
+        if host_pid is None:
+            warnings.append(
+                f"probe saw container PID {ct_pid} holding {', '.join(paths)}, but no process "
+                "of the container's cgroup tree has that PID (exited, or outside the tree)"
+            )
+            continue
+        h = view.holders.get(host_pid)
+        if h is None:
+            st = view.statuses[host_pid]
+            h = make_holder(st, view.tree.get(host_pid, "."), scope)
+            h.devices = list(paths)
+            view.holders[host_pid] = h
+            warnings.append(
+                f"probe found PID {host_pid} ({st.name}) holding {', '.join(paths)} that the "
+                "host view did not match"
+            )
+        h.add_source("probe")
+    return warnings
+
+
+def merge_nvml(
+    view: HostView, procs: dict[int, dict[int, int | None]], scope: Scope
+) -> list[dict[str, object]]:
+    """Attach NVML memory to the container's holders; return GPU users outside it."""
+    others: list[dict[str, object]] = []
+    for pid, per_gpu in sorted(procs.items()):
+        h = view.holders.get(pid)
+        if h is None and pid in view.statuses:
+            st = view.statuses[pid]
+            if st.state == "Z":
+                continue
+            h = make_holder(st, view.tree.get(pid, "."), scope)
+            view.holders[pid] = h
+        if h is not None:
+            h.gpu_memory_mib.update(per_gpu)
+            h.add_source("nvml")
+            continue
+        st2 = procfs.read_status(pid)
+        others.append(
+            {
+                "host_pid": pid,
+                "name": st2.name if st2 else None,
+                "cgroup": procfs.pid_cgroup(pid),
+                "gpu_memory_mib": {int(k): v for k, v in per_gpu.items()},
+            }
+        )
+    return others
+
+
+def discover(
+    scope: Scope,
+    nvml: Nvml | None,
+    pct_command: str | None,
+    deadline: Deadline,
+    probe_timeout: float = 10.0,
+) -> Discovery:
+    view = scan_host(scope)
+    sources = {"host": "ok"}
+    warnings: list[str] = []
+    running = view.init_pid is not None
+    if pct_command is None:
+        sources["probe"] = "disabled in config"
+    elif not running:
+        sources["probe"] = "container not running"
+    else:
+        timeout = min(probe_timeout, max(deadline.remaining() * 0.3, 0.05))
+        try:
+            warnings += merge_probe(view, run_probe(scope, pct_command, timeout), scope)
+            sources["probe"] = "ok"
+        except RuntimeError as exc:
+            sources["probe"] = f"failed: {exc}"
+            warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
+    others: list[dict[str, object]] = []
+    if nvml is None:
+        sources["nvml"] = "disabled"
+    else:
+        try:
+            procs = nvml.processes(timeout=min(nvml.timeout, max(deadline.remaining(), 0.05)))
+            others = merge_nvml(view, procs, scope)
+            sources["nvml"] = "ok"
+        except NvmlUnavailable as exc:
+            sources["nvml"] = f"unavailable: {exc}"
+    holders = sorted(view.holders.values(), key=lambda h: h.host_pid)
+    return Discovery(holders, running, view.init_pid, len(view.tree), sources, warnings, others)

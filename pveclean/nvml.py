@@ -1,0 +1,148 @@
+"""A defensive NVML adapter: never raises, never hangs past its timeout.
+
+NVML calls into the driver; a wedged GPU can make them block. Each query runs in a daemon
+thread and is abandoned after its timeout, so the run's deadline always holds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .model import GpuMemory
+
+T = TypeVar("T")
+MIB = 1024 * 1024
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used in this run; the message says why, in one line."""
+
+
+def _call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"nvml-{what}", daemon=True)
+    thread.start()
+    thread.join(max(timeout, 0.0))
+    if thread.is_alive():
+        raise NvmlUnavailable(f"NVML {what} did not answer within {timeout:.1f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def _describe(exc: BaseException) -> str:
+    name = type(exc).__name__
+    if name.startswith("NVMLError_"):
+        return f"{name[len('NVMLError_'):]} ({exc})"
+    return f"{name}: {exc}"
+
+
+class Nvml:
+    """Lazily initialised NVML session. `error` is set once NVML proved unusable."""
+
+    def __init__(self, library: str | None = None, timeout: float = 5.0) -> None:
+        self.library = library
+        self.timeout = timeout
+        self.error: str | None = None
+        self._nv: Any = None
+        self._handles: list[tuple[int, Any]] = []
+
+    def _init(self) -> Any:
+        if self._nv is not None:
+            return self._nv
+        if self.error:
+            raise NvmlUnavailable(self.error)
+        try:
+            import pynvml
+        except ImportError:
+            self.error = "nvidia-ml-py (pynvml) is not installed"
+            raise NvmlUnavailable(self.error) from None
+
+        def init() -> list[tuple[int, Any]]:
+            if self.library and getattr(pynvml, "nvmlLib", None) is None:
+                import ctypes
+
+                pynvml.nvmlLib = ctypes.CDLL(self.library)
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            return [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+
+        try:
+            self._handles = _call_with_timeout(init, self.timeout, "init")
+        except NvmlUnavailable as exc:
+            self.error = str(exc)
+            raise
+        except OSError as exc:
+            self.error = f"cannot load NVML library: {exc}"
+            raise NvmlUnavailable(self.error) from None
+        except Exception as exc:
+            self.error = f"NVML init failed: {_describe(exc)}"
+            raise NvmlUnavailable(self.error) from None
+        self._nv = pynvml
+        return pynvml
+
+    def _query(self, what: str, fn: Callable[[Any], T], timeout: float | None = None) -> T:
+        nv = self._init()
+        try:
+            return _call_with_timeout(lambda: fn(nv), timeout or self.timeout, what)
+        except NvmlUnavailable as exc:
+            self.error = str(exc)  # a hung driver stays hung: do not ask again this run
+            self._nv = None
+            raise
+        except Exception as exc:
+            raise NvmlUnavailable(f"NVML {what} failed: {_describe(exc)}") from None
+
+    def memory(self, timeout: float | None = None) -> list[GpuMemory]:
+        def q(nv: Any) -> list[GpuMemory]:
+            out = []
+            for index, h in self._handles:
+                reserved: int | None = None
+                try:
+                    info = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+                    reserved = int(info.reserved) // MIB
+                except (TypeError, AttributeError, nv.NVMLError):
+                    info = nv.nvmlDeviceGetMemoryInfo(h)
+                name = nv.nvmlDeviceGetName(h)
+                uuid = nv.nvmlDeviceGetUUID(h)
+                out.append(
+                    GpuMemory(
+                        index=index,
+                        uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                        name=name.decode() if isinstance(name, bytes) else str(name),
+                        total_mib=int(info.total) // MIB,
+                        reserved_mib=reserved,
+                        used_mib=int(info.used) // MIB,
+                    )
+                )
+            return out
+
+        return self._query("memory query", q, timeout)
+
+    def processes(self, timeout: float | None = None) -> dict[int, dict[int, int | None]]:
+        """Host PID -> {GPU index: MiB or None when NVML cannot tell}."""
+
+        def q(nv: Any) -> dict[int, dict[int, int | None]]:
+            found: dict[int, dict[int, int | None]] = {}
+            for index, h in self._handles:
+                for getter in (
+                    nv.nvmlDeviceGetComputeRunningProcesses,
+                    nv.nvmlDeviceGetGraphicsRunningProcesses,
+                ):
+                    for p in getter(h):
+                        used = p.usedGpuMemory
+                        mib = None if used is None or used >= 2**63 else int(used) // MIB
+                        per = found.setdefault(int(p.pid), {})
+                        if per.get(index) is None:
+                            per[index] = mib
+            return found
+
+        return self._query("process query", q, timeout)

@@ -1,0 +1,151 @@
+"""Reports: one YAML file per run, redacted, written atomically (0600 in a 0700 dir)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ReportError(Exception):
+    pass
+
+
+def utc_stamp(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+def iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="milliseconds")
+
+
+class Redactor:
+    """Applies the configured patterns: a match's first group is kept, the rest becomes ***."""
+
+    def __init__(self, patterns: list[str]) -> None:
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def text(self, s: str) -> str:
+        for p in self.patterns:
+            s = p.sub(self._replace, s)
+        return s
+
+    @staticmethod
+    def _replace(m: re.Match[str]) -> str:
+        head = (m.group(1) or "") if m.re.groups else ""
+        tail = (m.group("tail") or "") if "tail" in m.re.groupindex else ""
+        return f"{head}***{tail}"
+
+    def value(self, v: Any) -> Any:
+        if isinstance(v, str):
+            return self.text(v)
+        if isinstance(v, dict):
+            return {k: self.value(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [self.value(x) for x in v]
+        return v
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str_repr(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str_repr)
+
+
+def to_yaml(report: dict[str, Any]) -> str:
+    return yaml.dump(report, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=True, width=100)
+
+
+def ensure_dir(report_dir: str) -> Path:
+    d = Path(report_dir)
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if os.geteuid() == 0 and (d.stat().st_mode & 0o077):
+            os.chmod(d, 0o700)
+    except OSError as exc:
+        raise ReportError(f"cannot create report dir {d}: {exc.strerror}") from None
+    return d
+
+
+def report_name(vmid: int, phase: str, started: float) -> str:
+    return f"{vmid}-{phase}-{utc_stamp(started)}.yaml"
+
+
+def write(report: dict[str, Any], report_dir: str) -> Path:
+    """Write atomically: temp file in the same dir, fsync, rename. Never overwrites."""
+    d = ensure_dir(report_dir)
+    name = report_name(int(report["vmid"]), str(report["phase"]), float(report["_started"]))
+    body = {k: v for k, v in report.items() if not k.startswith("_")}
+    text = to_yaml(body)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".yaml", dir=d)
+    except OSError as exc:
+        raise ReportError(f"cannot write report in {d}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        target = d / name
+        for i in range(1, 100):
+            try:
+                os.link(tmp, target)  # fails if it exists: never overwrite another run's report
+                break
+            except FileExistsError:
+                target = d / name.replace(".yaml", f"-{i}.yaml")
+        os.unlink(tmp)
+        return target
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise ReportError(f"cannot write report in {d}: {exc.strerror}") from None
+
+
+def list_reports(report_dir: str, vmid: int | None = None) -> list[Path]:
+    d = Path(report_dir)
+    try:
+        files = [p for p in d.glob("*.yaml") if not p.name.startswith(".")]
+    except OSError:
+        return []
+    if vmid is not None:
+        files = [p for p in files if p.name.startswith(f"{vmid}-")]
+    return sorted(files, key=lambda p: (p.name.split("-")[-1], p.name))
+
+
+def load(path: Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    if not isinstance(data, dict):
+        raise ReportError(f"{path}: not a pveclean report")
+    return data
+
+
+def prune(report_dir: str, vmid: int, keep: int, max_age_days: float) -> int:
+    """Retention per container: at most `keep` reports, none older than `max_age_days`."""
+    files = list_reports(report_dir, vmid)
+    now = time.time()
+    removed = 0
+    for i, p in enumerate(reversed(files)):
+        try:
+            old = now - p.stat().st_mtime > max_age_days * 86400
+            if i >= keep or old:
+                p.unlink()
+                removed += 1
+        except OSError:
+            continue
+    return removed

@@ -1,0 +1,283 @@
+"""One cleanup run: discover -> plan -> stop (with chasing) -> verify -> report."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__, pveconf, procfs, report
+from . import stop as stopper
+from .config import Config
+from .discover import Deadline, HostView, Scope, discover, scan_host
+from .model import (
+    EXIT_OK,
+    EXIT_REPORT,
+    VERDICT_EXIT,
+    Discovery,
+    GpuMemory,
+    Holder,
+    ProcIdentity,
+)
+from .nvml import Nvml, NvmlUnavailable
+
+Progress = Callable[[str], None]
+POLL_INTERVAL = 0.02  # rescans while verifying; each is a cgroup walk, not a /proc walk
+SETTLE = 0.05  # a clean result must hold this long, so a respawn racing us is seen
+
+
+@dataclass
+class RunResult:
+    report: dict[str, Any]
+    path: Path | None
+    exit_code: int
+    report_error: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        return str(self.report["verdict"])
+
+
+def make_scope(vmid: int, cfg: Config, ctconf: pveconf.CtConfig) -> Scope:
+    root = cfg.cgroup_root or procfs.cgroup2_root()
+    devices = procfs.gpu_devices(cfg.devices)
+    patterns = sorted({*ctconf.gpu_paths(), "/dev/nvidia*", "/dev/nvidia-caps/*"})
+    return Scope(vmid, procfs.container_cgroup(root, vmid), devices, frozenset(cfg.protect),
+                 patterns)
+
+
+def _memory(nvml: Nvml | None, deadline: Deadline, errors: list[str]) -> list[GpuMemory] | None:
+    if nvml is None or nvml.error:
+        return None
+    try:
+        return nvml.memory(timeout=min(nvml.timeout, max(deadline.remaining(), 0.05)))
+    except NvmlUnavailable as exc:
+        errors.append(str(exc))
+        return None
+
+
+def _remaining_holders(
+    scope: Scope, nvml: Nvml | None, known_pids: set[int], deadline: Deadline
+) -> tuple[HostView, set[int]]:
+    """Rescan: the container's holders now, and NVML processes that are ours."""
+    view = scan_host(scope)
+    nvml_pids: set[int] = set()
+    if nvml is not None and not nvml.error:
+        try:
+            procs = nvml.processes(timeout=min(nvml.timeout, max(deadline.remaining(), 0.05)))
+            # A PID of ours that NVML still lists has not released its memory yet.
+            nvml_pids = {p for p in procs if p in view.statuses or p in known_pids}
+        except NvmlUnavailable:
+            pass
+    return view, nvml_pids
+
+
+def _respawner(h: Holder) -> str | None:
+    st = procfs.read_status(h.ppid)
+    return f"{st.name} (host PID {h.ppid})" if st else None
+
+
+def stop_and_verify(
+    disc: Discovery,
+    scope: Scope,
+    cfg: Config,
+    grace: float,
+    nvml: Nvml | None,
+    deadline: Deadline,
+    progress: Progress | None,
+) -> tuple[list[Holder], bool, int]:
+    """Returns (all holders handled, verified-free, rounds used)."""
+    all_holders = list(disc.holders)
+    handled: set[ProcIdentity] = {h.identity for h in all_holders}
+    targets = [h for h in all_holders if not h.protected]
+    round_no = 0
+    reserve = min(0.5, cfg.deadline_seconds * 0.1)
+    while True:
+        proven: list[stopper.Target] = []
+        for h in targets:
+            fd, why = stopper.prove(h, scope.vmid, scope.devices)
+            if fd is None:
+                h.outcome = "exited" if why.startswith("exited") else "skipped"
+                h.signals.append(why)
+            else:
+                proven.append(stopper.Target(h, fd))
+        if proven:
+            stopper.stop(proven, grace, deadline.end - reserve, progress)
+        known = {h.host_pid for h in all_holders}
+        clean_since: float | None = None
+        chase: list[Holder] = []
+        while True:
+            view, nvml_pids = _remaining_holders(scope, nvml, known, deadline)
+            live = [h for h in view.holders.values() if not h.protected]
+            new = [h for h in live if h.identity not in handled]
+            if new and round_no < cfg.chase_rounds and not deadline.expired():
+                chase = new
+                break
+            leftover = [h for h in live if h.identity not in handled] + [
+                h for h in view.holders.values() if h.protected
+            ]
+            if not live and not nvml_pids:
+                now = time.monotonic()
+                clean_since = clean_since or now
+                if now - clean_since >= SETTLE or deadline.remaining() < SETTLE:
+                    return all_holders, not leftover, round_no
+            else:
+                clean_since = None
+                survivors_only = all(h.identity in handled for h in live)
+                if survivors_only or deadline.remaining() <= 0:
+                    return all_holders, False, round_no
+            if deadline.remaining() <= 0:
+                return all_holders, False, round_no
+            time.sleep(min(POLL_INTERVAL, deadline.remaining()))
+        round_no += 1
+        if progress:
+            progress(f"round {round_no}: {len(chase)} new holder(s) appeared; stopping them")
+        for h in chase:
+            h.round = round_no
+            h.respawned_by = _respawner(h)
+            handled.add(h.identity)
+            all_holders.append(h)
+        targets = chase
+
+
+def clean(
+    vmid: int,
+    cfg: Config,
+    phase: str = "manual",
+    dry_run: bool = False,
+    grace: float | None = None,
+    progress: Progress | None = None,
+    write_report: bool = True,
+) -> RunResult:
+    started = time.time()
+    deadline = Deadline(cfg.deadline_seconds)
+    ctconf = pveconf.read_config(cfg.pve_config_dir, vmid)
+    scope = make_scope(vmid, cfg, ctconf)
+    nvml = Nvml(cfg.nvml_library, timeout=min(5.0, cfg.deadline_seconds * 0.2))
+    errors: list[str] = []
+    before = _memory(nvml, deadline, errors)
+    disc = discover(scope, nvml, cfg.pct_command if cfg.probe else None, deadline)
+    if progress:
+        progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
+    holders = disc.holders
+    rounds = 0
+    if dry_run:
+        for h in holders:
+            h.outcome = "protected" if h.protected else "would-stop"
+        verdict = "dry-run"
+    elif not holders:
+        verdict = "nothing-to-do"
+    else:
+        for h in holders:
+            if h.protected:
+                h.outcome = "protected"
+        g = cfg.grace_seconds if grace is None else grace
+        holders, verified, rounds = stop_and_verify(disc, scope, cfg, g, nvml, deadline, progress)
+        survivors = [h for h in holders if h.outcome in ("survived", "protected")]
+        verdict = "clean" if verified and not survivors else "residual"
+    after = _memory(nvml, deadline, errors) if not dry_run else before
+    rep = build_report(vmid, phase, started, deadline, dry_run, verdict, holders, disc,
+                       before, after, rounds, ctconf, errors, cfg)
+    return finish(rep, cfg, write_report)
+
+
+def finish(rep: dict[str, Any], cfg: Config, write_report: bool = True) -> RunResult:
+    """Redact, write and prune; a report that cannot be written is kept in the result."""
+    rep = report.Redactor(cfg.redact).value(rep)
+    code = VERDICT_EXIT.get(str(rep["verdict"]), EXIT_OK)
+    if not write_report:
+        return RunResult(rep, None, code)
+    try:
+        path = report.write(rep, cfg.report_dir)
+    except report.ReportError as exc:
+        rep.setdefault("errors", []).append(str(exc))
+        return RunResult(rep, None, max(code, EXIT_REPORT), str(exc))
+    report.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
+    return RunResult(rep, path, code)
+
+
+def memory_table(
+    before: list[GpuMemory] | None, after: list[GpuMemory] | None
+) -> list[dict[str, Any]]:
+    out = []
+    after_by = {g.index: g for g in after or []}
+    for g in before or []:
+        a = after_by.get(g.index)
+        out.append({
+            "index": g.index,
+            "uuid": g.uuid,
+            "name": g.name,
+            "total_mib": g.total_mib,
+            "reserved_mib": g.reserved_mib,
+            "used_before_mib": g.used_mib,
+            "used_after_mib": a.used_mib if a else None,
+            "freed_mib": (g.used_mib - a.used_mib) if a else None,
+        })
+    return out
+
+
+def build_report(
+    vmid: int,
+    phase: str,
+    started: float,
+    deadline: Deadline,
+    dry_run: bool,
+    verdict: str,
+    holders: list[Holder],
+    disc: Discovery,
+    before: list[GpuMemory] | None,
+    after: list[GpuMemory] | None,
+    rounds: int,
+    ctconf: pveconf.CtConfig,
+    errors: list[str],
+    cfg: Config,
+) -> dict[str, Any]:
+    gpus = memory_table(before, after)
+    freed = sum(max(g["freed_mib"] or 0, 0) for g in gpus)
+    counts: dict[str, int] = {}
+    for h in holders:
+        counts[h.outcome or "unknown"] = counts.get(h.outcome or "unknown", 0) + 1
+    warnings = list(disc.warnings)
+    if "nvml" in disc.sources and disc.sources["nvml"] != "ok":
+        warnings.append(f"NVML not used ({disc.sources['nvml']}); verified by rescanning only")
+    respawners = sorted({h.respawned_by for h in holders if h.respawned_by})
+    if respawners:
+        warnings.append(f"holders were respawned by: {', '.join(respawners)}")
+    return {
+        "pveclean": __version__,
+        "vmid": vmid,
+        "phase": phase,
+        "host": os.uname().nodename,
+        "start": report.iso(started),
+        "duration_s": round(deadline.elapsed(), 3),
+        "dry_run": dry_run,
+        "verdict": verdict,
+        "summary": {
+            "holders": len(holders),
+            "stopped": counts.get("terminated", 0) + counts.get("killed", 0),
+            "outcomes": counts,
+            "freed_mib": freed,
+            "rounds": rounds,
+        },
+        "container": {
+            "running": disc.running,
+            "init_pid": disc.init_pid,
+            "processes_in_cgroup_tree": disc.tree_pids,
+            "gpu_config": ctconf.gpu_lines(),
+        },
+        "holders": [h.as_dict() for h in holders],
+        "gpus": gpus,
+        "other_gpu_users": disc.other_holders,
+        "sources": disc.sources,
+        "settings": {
+            "grace_seconds": cfg.grace_seconds,
+            "deadline_seconds": cfg.deadline_seconds,
+            "config": cfg.source,
+        },
+        "warnings": warnings,
+        "errors": errors,
+        "_started": started,
+    }

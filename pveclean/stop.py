@@ -1,0 +1,148 @@
+"""Stopping: prove identity, signal through pidfds, escalate, and wait by polling pidfds.
+
+A pidfd is opened first; then the process behind the PID is checked (same start time, still
+in the container's cgroup tree, still holding a GPU device); then a null signal through the
+pidfd proves it was alive across the check. From then on every signal goes through that pidfd,
+so a PID recycled by another process can never be hit.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import procfs
+from .model import GpuDevices, Holder
+
+
+@dataclass
+class Target:
+    holder: Holder
+    pidfd: int
+    exited_at: float | None = None
+
+
+def prove(holder: Holder, vmid: int, devices: GpuDevices) -> tuple[int | None, str]:
+    """Open a pidfd for the holder if, and only if, it is still the same GPU holder."""
+    try:
+        fd = os.pidfd_open(holder.host_pid)
+    except ProcessLookupError:
+        return None, "exited before it was signalled"
+    except OSError as exc:
+        return None, f"pidfd_open failed: {exc.strerror}"
+    reason = _check_identity(holder, vmid, devices)
+    if reason is None:
+        try:
+            signal.pidfd_send_signal(fd, 0)
+            return fd, "proven"
+        except ProcessLookupError:
+            reason = "exited before it was signalled"
+        except OSError as exc:
+            reason = f"pidfd signal check failed: {exc.strerror}"
+    os.close(fd)
+    return None, reason
+
+
+def _check_identity(holder: Holder, vmid: int, devices: GpuDevices) -> str | None:
+    st = procfs.read_status(holder.host_pid)
+    if st is None:
+        return "exited before it was signalled"
+    if st.starttime != holder.starttime:
+        return "PID was reused by another process; not signalled"
+    if not procfs.in_tree(procfs.pid_cgroup(holder.host_pid), vmid):
+        return "left the container's cgroup tree; not signalled"
+    if len(st.nspid) < 2:
+        return "in the host's PID namespace; not signalled"
+    if st.nspid[1] == 1:
+        return "is the container's PID 1; not signalled"
+    if "host" in holder.sources or "probe" in holder.sources:
+        fds = procfs.device_fds(holder.host_pid, devices) or []
+        if not fds and not procfs.device_maps(holder.host_pid, devices):
+            if "nvml" not in holder.sources:
+                return "no longer holds a GPU device; not signalled"
+    return None
+
+
+def wait_exits(targets: list[Target], until: float) -> None:
+    """Block until every target has exited or `until` (monotonic) passes; no fixed sleeps."""
+    poller = select.poll()
+    by_fd: dict[int, Target] = {}
+    for t in targets:
+        if t.exited_at is None:
+            poller.register(t.pidfd, select.POLLIN)
+            by_fd[t.pidfd] = t
+    while by_fd:
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        for fd, _ev in poller.poll(left * 1000):
+            t = by_fd.pop(fd, None)
+            if t is not None:
+                t.exited_at = time.monotonic()
+                poller.unregister(fd)
+
+
+def _send(t: Target, sig: signal.Signals, t0: float) -> bool:
+    stamp = f"{sig.name} +{time.monotonic() - t0:.3f}s"
+    try:
+        signal.pidfd_send_signal(t.pidfd, sig)
+    except ProcessLookupError:
+        t.exited_at = t.exited_at or time.monotonic()
+        return False
+    except OSError as exc:
+        t.holder.signals.append(f"{stamp} failed: {exc.strerror}")
+        return False
+    t.holder.signals.append(stamp)
+    return True
+
+
+def stop(
+    targets: list[Target],
+    grace: float,
+    deadline_at: float,
+    progress: Callable[[str], None] | None = None,
+) -> None:
+    """SIGTERM all at once, poll up to `grace`, SIGKILL the rest, poll until the deadline."""
+    t0 = time.monotonic()
+    termed = [t for t in targets if _send(t, signal.SIGTERM, t0)]
+    if progress and termed:
+        progress(f"SIGTERM sent to {len(termed)}; waiting up to {grace:.1f} s")
+    wait_exits(targets, min(t0 + grace, deadline_at))
+    after_term = time.monotonic()
+    rest = [t for t in targets if t.exited_at is None]
+    for t in rest:
+        _send(t, signal.SIGKILL, t0)
+    if rest:
+        if progress:
+            progress(f"SIGKILL sent to {len(rest)} that ignored SIGTERM")
+        wait_exits(rest, deadline_at)
+    for t in targets:
+        h = t.holder
+        if t.exited_at is None:
+            h.outcome = "survived"
+            st = procfs.read_status(h.host_pid)
+            h.state = st.state if st else h.state
+            h.wchan = procfs.wchan(h.host_pid)
+            if _frozen(h.host_pid):
+                h.state += " (frozen)"
+        elif t.exited_at <= after_term and not any(s.startswith("SIGKILL") for s in h.signals):
+            h.outcome = "terminated"
+        else:
+            h.outcome = "killed"
+        os.close(t.pidfd)
+
+
+def _frozen(pid: int) -> bool:
+    cg = procfs.pid_cgroup(pid)
+    if not cg:
+        return False
+    try:
+        root = procfs.cgroup2_root()
+        with open(f"{root}{cg}/cgroup.events", encoding="ascii") as fh:
+            return "frozen 1" in fh.read()
+    except (OSError, Exception):
+        return False
