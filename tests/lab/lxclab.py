@@ -1,0 +1,491 @@
+"""The lab: real LXC containers laid out as Proxmox lays them out, fake GPU nodes that are real
+character devices, static holder programs, a fake NVML and a `pct` stand-in.
+
+Everything lives under one temporary root and is torn down by `Lab.destroy()`. Nothing is
+installed into system paths. It refuses to run on a real Proxmox host.
+Used by the tests, `make demo` and `make bench`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .fakenvml import FakeNvml
+from .holder import build_holder
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+BUILD = HERE / "build"
+PCT_PY = HERE / "pct.py"
+
+# GPU node name -> candidate device numbers: real drivers whose nodes open without hardware
+# and that nothing on a normal host keeps open. nvidia-uvm gets /dev/zero's number because
+# that driver supports a private mmap, so "holds only a mapping" can be tested.
+GPU_NODES = ["nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"]
+CANDIDATES = [(1, 7), (10, 229), (10, 237), (10, 234), (10, 200), (10, 232), (10, 236)]
+MAPPABLE = (1, 5)
+
+ALL_APPLETS = None  # None = every applet busybox has
+MINIMAL_APPLETS = ["sh", "ls", "cat", "echo", "sleep", "true", "false", "mkdir", "test", "["]
+
+
+class LabUnavailable(Exception):
+    """The lab cannot run here; the message says why (used as a skip reason)."""
+
+
+def is_proxmox_host() -> bool:
+    return any(Path(p).exists() for p in ("/etc/pve", "/usr/bin/pveversion", "/usr/share/perl5/PVE"))
+
+
+def lab_unavailable_reason() -> str | None:
+    if is_proxmox_host():
+        return "this is a real Proxmox VE host: the lab refuses to run here"
+    if os.geteuid() != 0:
+        return "the lab needs root (real LXC containers, mknod, cgroups)"
+    for tool in ("lxc-start", "lxc-attach", "lxc-stop", "lxc-info"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found (apt-get install lxc; `make test` does it as root)"
+    if not Path("/bin/busybox").exists():
+        return "/bin/busybox not found (apt-get install busybox-static)"
+    return None
+
+
+def cgroup2_root() -> Path:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            return Path(parts[1])
+    raise LabUnavailable("no cgroup v2 mount")
+
+
+def _held_rdevs() -> set[int]:
+    """Device numbers some process on this host has open right now."""
+    held: set[int] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    st = os.stat(f"/proc/{pid}/fd/{fd}")
+                    if stat.S_ISCHR(st.st_mode):
+                        held.add(st.st_rdev)
+    return held
+
+
+@dataclass
+class Workload:
+    """Processes started by one holder command (parent, children, respawns)."""
+
+    vmid: int | None
+    tag: str
+    ready_file: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def host_pids(self, lab: Lab) -> list[int]:
+        pids = []
+        for pid in lab.all_pids():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"ready-{self.tag}".encode() in cmd and not cmd.startswith(b"lxc-attach"):
+                pids.append(pid)
+        return sorted(pids)
+
+
+@dataclass
+class Lab:
+    root: Path
+    nodes: dict[str, Path] = field(default_factory=dict)
+    nvml: FakeNvml | None = None
+    holder_bin: Path | None = None
+    containers: list[int] = field(default_factory=list)
+    workloads: list[Workload] = field(default_factory=list)
+    _counter: int = 0
+
+    # ---- set-up -------------------------------------------------------------------------
+    @classmethod
+    def create(cls, root: Path, gpus: int = 4) -> Lab:
+        reason = lab_unavailable_reason()
+        if reason:
+            raise LabUnavailable(reason)
+        root.mkdir(parents=True, exist_ok=True)
+        lab = cls(root)
+        for d in ("lxc", "etc/pve/lxc", "dev", "bin", "var/lib/vz/snippets", "reports", "log"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        (root / "etc/pve/storage.cfg").write_text(
+            "dir: local\n\tpath " + str(root / "var/lib/vz") + "\n\tcontent iso,vztmpl,backup\n"
+        )
+        BUILD.mkdir(exist_ok=True)
+        lab.holder_bin = build_holder(BUILD)
+        nvml_dir = root / "nvml"
+        lab.nvml = FakeNvml(nvml_dir)
+        shutil.copy2(FakeNvml(BUILD / "nvml").build(), lab.nvml.lib_path)
+        for i in range(gpus):
+            lab.nvml.add_gpu(i, total_mib=81559, reserved_mib=512)
+        lab._make_nodes()
+        lab._write_bin()
+        lab.write_config()
+        return lab
+
+    def _make_nodes(self) -> None:
+        held = _held_rdevs()
+        numbers = [c for c in CANDIDATES if os.makedev(*c) not in held]
+        plain = [n for n in GPU_NODES if n != "nvidia-uvm"]
+        if len(numbers) < len(plain):
+            raise LabUnavailable("not enough unused character device numbers for fake GPUs")
+        chosen = dict(zip(plain, numbers, strict=False))
+        chosen["nvidia-uvm"] = MAPPABLE
+        for name, (major, minor) in chosen.items():
+            path = self.root / "dev" / name
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            os.chmod(path, 0o666)
+            try:
+                os.close(os.open(path, os.O_RDWR))
+            except OSError as exc:
+                raise LabUnavailable(f"fake GPU node {name} ({major}:{minor}) does not open: "
+                                     f"{exc.strerror}") from None
+            self.nodes[name] = path
+
+    def _write_bin(self) -> None:
+        py = sys.executable
+        scripts = {
+            "pct": f'#!/bin/sh\nexec "{py}" "{PCT_PY}" --lab "{self.root}" "$@"\n',
+            "pct-poststop": f'#!/bin/sh\nexec "{py}" "{PCT_PY}" --lab "{self.root}" _poststop\n',
+            "pct-autodev": f'#!/bin/sh\nexec "{py}" "{PCT_PY}" --lab "{self.root}" _autodev\n',
+        }
+        for name, text in scripts.items():
+            p = self.root / "bin" / name
+            p.write_text(text)
+            p.chmod(0o755)
+
+    @property
+    def pct_path(self) -> Path:
+        return self.root / "bin" / "pct"
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "pveclean.yaml"
+
+    @property
+    def report_dir(self) -> Path:
+        return self.root / "reports"
+
+    @property
+    def snippets(self) -> Path:
+        return self.root / "var/lib/vz/snippets"
+
+    def write_config(self, **overrides: object) -> Path:
+        import yaml
+
+        assert self.nvml is not None
+        cfg: dict[str, object] = {
+            "devices": [str(self.root / "dev" / "nvidia*")],
+            "report_dir": str(self.report_dir),
+            "grace_seconds": 2,
+            "deadline_seconds": 10,
+            "pct_command": str(self.pct_path),
+            "pve_config_dir": str(self.root / "etc/pve/lxc"),
+            "nvml_library": str(self.nvml.lib_path),
+            "syslog": False,
+        }
+        cfg.update(overrides)
+        self.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self.config_path.chmod(0o644)
+        return self.config_path
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PVECLEAN_CONFIG"] = str(self.config_path)
+        return env
+
+    # ---- containers ---------------------------------------------------------------------
+    def create_ct(
+        self,
+        vmid: int,
+        gpus: tuple[int, ...] = (0, 1, 2, 3),
+        style: str = "classic",
+        applets: list[str] | None = ALL_APPLETS,
+        start: bool = True,
+        extra: list[tuple[str, str]] | None = None,
+    ) -> int:
+        if cgroup2_root().joinpath("lxc", str(vmid)).exists():
+            raise LabUnavailable(f"cgroup lxc/{vmid} already exists on this host")
+        ct = self.root / "lxc" / str(vmid)
+        rootfs = ct / "rootfs"
+        for d in ("bin", "sbin", "etc", "proc", "sys", "dev", "tmp", "opt/lab/bin", "root"):
+            (rootfs / d).mkdir(parents=True, exist_ok=True)
+        shutil.copy2("/bin/busybox", rootfs / "bin/busybox")
+        names = applets
+        if names is None:
+            out = subprocess.run(["/bin/busybox", "--list"], capture_output=True, text=True,
+                                 check=True).stdout
+            names = out.split()
+        for applet in names:
+            if applet != "busybox":
+                with contextlib.suppress(FileExistsError):
+                    (rootfs / "bin" / applet).symlink_to("busybox")
+        with contextlib.suppress(FileExistsError):
+            (rootfs / "sbin/init").symlink_to("/bin/busybox")
+        (rootfs / "etc/inittab").write_text("::sysinit:/bin/true\n")
+        (rootfs / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+        (rootfs / "etc/group").write_text("root:x:0:\nvideo:x:44:\n")
+        assert self.holder_bin is not None
+        shutil.copy2(self.holder_bin, rootfs / "opt/lab/bin/holder")
+        conf: list[tuple[str, str]] = [
+            ("arch", "amd64"),
+            ("hostname", f"lab{vmid}"),
+            ("memory", "512"),
+            ("ostype", "unmanaged"),
+            ("rootfs", f"local:{vmid}/rootfs"),
+        ]
+        node_names = [f"nvidia{g}" for g in gpus] + (["nvidiactl", "nvidia-uvm"] if gpus else [])
+        if style == "classic":
+            majors = sorted({os.major(os.stat(self.nodes[n]).st_rdev) for n in node_names})
+            conf += [("lxc.cgroup2.devices.allow", f"c {m}:* rwm") for m in majors]
+            conf += [
+                ("lxc.mount.entry", f"/dev/{n} dev/{n} none bind,optional,create=file")
+                for n in node_names
+            ]
+        elif style == "dev":
+            conf += [(f"dev{i}", f"/dev/{n},gid=44") for i, n in enumerate(node_names)]
+        else:
+            raise ValueError(style)
+        conf += extra or []
+        (self.root / "etc/pve/lxc" / f"{vmid}.conf").write_text(
+            "".join(f"{k}: {v}\n" for k, v in conf)
+        )
+        self.containers.append(vmid)
+        if start:
+            self.pct("start", str(vmid))
+        return vmid
+
+    def pct(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run([str(self.pct_path), *args], capture_output=True, text=True,
+                             check=False, timeout=timeout, stdin=subprocess.DEVNULL)
+        if check and res.returncode != 0:
+            raise RuntimeError(f"pct {' '.join(args)} failed ({res.returncode}): {res.stderr}")
+        return res
+
+    def rootfs(self, vmid: int) -> Path:
+        return self.root / "lxc" / str(vmid) / "rootfs"
+
+    def cgroup(self, vmid: int) -> Path:
+        return cgroup2_root() / "lxc" / str(vmid)
+
+    def init_pid(self, vmid: int) -> int | None:
+        res = subprocess.run(["lxc-info", "-P", str(self.root / "lxc"), "-n", str(vmid), "-p",
+                              "-H"], capture_output=True, text=True, check=False)
+        return int(res.stdout) if res.stdout.strip().isdigit() else None
+
+    def tree_pids(self, vmid: int) -> list[int]:
+        pids = []
+        for dirpath, _d, _f in os.walk(self.cgroup(vmid)):
+            with contextlib.suppress(OSError):
+                pids += [int(x) for x in Path(dirpath, "cgroup.procs").read_text().split()]
+        return sorted(pids)
+
+    @staticmethod
+    def all_pids() -> list[int]:
+        return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+    # ---- workloads ----------------------------------------------------------------------
+    def _holder_args(self, tag: str, hold: list[str], maps: list[str], ignore_term: bool,
+                     children: int, respawn: int, pidns: bool, term_delay_ms: int,
+                     ready: str) -> list[str]:
+        args: list[str] = []
+        for h in hold:
+            args += ["--hold", h]
+        for m in maps:
+            args += ["--map", m]
+        if ignore_term:
+            args.append("--ignore-term")
+        if children:
+            args += ["--children", str(children)]
+        if respawn:
+            args += ["--respawn", str(respawn)]
+        if pidns:
+            args.append("--pidns")
+        if term_delay_ms:
+            args += ["--term-delay", str(term_delay_ms)]
+        return [*args, "--ready", ready, "--exit-after", "900"]
+
+    def run_in_ct(
+        self,
+        vmid: int,
+        name: str,
+        hold: list[str] = (),  # type: ignore[assignment]
+        maps: list[str] = (),  # type: ignore[assignment]
+        ignore_term: bool = False,
+        children: int = 0,
+        respawn: int = 0,
+        pidns: bool = False,
+        term_delay_ms: int = 0,
+        cgroup: str | None = None,
+        gpu_mib: dict[int, int] | None = None,
+        extra_args: list[str] = (),  # type: ignore[assignment]
+        wait: int = 1,
+    ) -> Workload:
+        """Start a holder as `name` inside the container, detached (its parent exits, init
+        adopts it), optionally moved to another cgroup below ns/, with NVML memory."""
+        self._counter += 1
+        tag = f"{vmid}-{self._counter}"
+        link = self.rootfs(vmid) / "opt/lab/bin" / name
+        if not link.exists():
+            link.symlink_to("holder")
+        ready = f"/tmp/ready-{tag}"
+        argv = [f"/opt/lab/bin/{name}", *self._holder_args(
+            tag, list(hold), list(maps), ignore_term, children, respawn, pidns, term_delay_ms,
+            ready), *extra_args]
+        quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+        self.pct("exec", str(vmid), "--", "/bin/sh", "-c",
+                 f"{quoted} </dev/null >/dev/null 2>&1 &")
+        w = Workload(vmid, tag, self.rootfs(vmid) / ready.lstrip("/"))
+        self.workloads.append(w)
+        self._wait_ready(w, wait)
+        pids = w.host_pids(self)
+        if cgroup:
+            target = self.cgroup(vmid) / "ns" / cgroup
+            target.mkdir(parents=True, exist_ok=True)
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    (target / "cgroup.procs").write_text(str(pid))
+        if gpu_mib:
+            self.set_gpu_memory(w, gpu_mib)
+        return w
+
+    def run_on_host(self, name: str, hold: list[str], gpu_mib: dict[int, int] | None = None,
+                    pidns: bool = False, cgroup: Path | None = None) -> Workload:
+        """A holder outside every container (the host's own GPU user)."""
+        self._counter += 1
+        tag = f"host-{self._counter}"
+        bindir = self.root / "hostbin"
+        bindir.mkdir(exist_ok=True)
+        link = bindir / name
+        if not link.exists():
+            assert self.holder_bin is not None
+            link.symlink_to(self.holder_bin)
+        ready = self.root / f"ready-{tag}"
+        argv = [str(link), *self._holder_args(tag, hold, [], False, 0, 0, pidns, 0, str(ready))]
+        if cgroup is not None:
+            cgroup.mkdir(parents=True, exist_ok=True)
+            procs = str(cgroup / "cgroup.procs")
+
+            def preexec() -> None:
+                with open(procs, "w") as fh:
+                    fh.write(str(os.getpid()))
+        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 preexec_fn=preexec if cgroup is not None else None)
+        w = Workload(None, tag, ready, popen)
+        self.workloads.append(w)
+        self._wait_ready(w, 1)
+        if gpu_mib:
+            self.set_gpu_memory(w, gpu_mib)
+        return w
+
+    def set_gpu_memory(self, w: Workload, gpu_mib: dict[int, int]) -> None:
+        assert self.nvml is not None
+        for pid in w.host_pids(self):
+            st = Path(f"/proc/{pid}/status").read_text()
+            nspid = next((ln.split()[1:] for ln in st.splitlines() if ln.startswith("NSpid")), [])
+            if len(nspid) > 2 and nspid[-1] == "1":
+                continue  # a nested namespace's init holds no memory
+            for gpu, mib in gpu_mib.items():
+                self.nvml.set_process(gpu, pid, mib)
+
+    @staticmethod
+    def _wait_ready(w: Workload, lines: int, timeout: float = 10.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with contextlib.suppress(OSError):
+                if len(w.ready_file.read_text().splitlines()) >= lines:
+                    return
+            time.sleep(0.01)
+        raise RuntimeError(f"holder {w.tag} did not become ready in {timeout} s")
+
+    def alive(self, pid: int) -> bool:
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        return text[text.rfind(")") + 2] not in "ZX"
+
+    def freeze(self, path: Path, frozen: bool = True) -> None:
+        (path / "cgroup.freeze").write_text("1" if frozen else "0")
+
+    # ---- pveclean -----------------------------------------------------------------------
+    def pveclean(self, *args: str, timeout: float = 120,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        exe = Path(sys.executable).parent / "pveclean"
+        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "pveclean"]
+        return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout,
+                              env=env or self.env(), stdin=subprocess.DEVNULL, check=False)
+
+    def install_hook(self, vmid: int, name: str = "pveclean-hook") -> str:
+        """Copy the hookscript into the lab's snippets with the lab's pveclean and config,
+        as `pveclean install` does on a host, and register it with the pct stand-in."""
+        exe = Path(sys.executable).parent / "pveclean"
+        text = (REPO / "hookscripts/pveclean-hook").read_text()
+        text = text.replace('PVECLEAN_BIN=""', f'PVECLEAN_BIN="{exe}"', 1)
+        text = text.replace('PVECLEAN_CONFIG_FILE=""',
+                            f'PVECLEAN_CONFIG_FILE="{self.config_path}"', 1)
+        dest = self.snippets / name
+        dest.write_text(text)
+        dest.chmod(0o755)
+        volid = f"local:snippets/{name}"
+        self.pct("set", str(vmid), "--hookscript", volid)
+        return volid
+
+    # ---- tear-down ----------------------------------------------------------------------
+    def destroy(self) -> None:
+        for w in self.workloads:
+            for pid in w.host_pids(self):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            if w.popen is not None:
+                with contextlib.suppress(Exception):
+                    w.popen.kill()
+                    w.popen.wait(5)
+        for vmid in self.containers:
+            cg = self.cgroup(vmid)
+            with contextlib.suppress(OSError):
+                self.freeze(cg, False)
+            subprocess.run(["lxc-stop", "-P", str(self.root / "lxc"), "-n", str(vmid),
+                            "--kill"], capture_output=True, check=False, timeout=30)
+            _kill_tree(cg)
+            _rm_cgroup(cg)
+            _rm_cgroup(cgroup2_root() / "lxc.monitor" / str(vmid))
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _kill_tree(cg: Path) -> None:
+    for _ in range(50):
+        pids = []
+        for dirpath, _d, _f in os.walk(cg):
+            with contextlib.suppress(OSError):
+                pids += [int(x) for x in Path(dirpath, "cgroup.procs").read_text().split()]
+        if not pids:
+            return
+        with contextlib.suppress(OSError):
+            (cg / "cgroup.kill").write_text("1")
+        time.sleep(0.05)
+
+
+def _rm_cgroup(cg: Path) -> None:
+    if not cg.exists():
+        return
+    for dirpath, _dirs, _files in sorted(os.walk(cg), key=lambda t: -len(t[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(dirpath)
