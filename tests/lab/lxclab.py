@@ -42,8 +42,11 @@ class LabUnavailable(Exception):
     """The lab cannot run here; the message says why (used as a skip reason)."""
 
 
-def is_proxmox_host() -> bool:
-    return any(Path(p).exists() for p in ("/etc/pve", "/usr/bin/pveversion", "/usr/share/perl5/PVE"))
+PROXMOX_MARKERS = ("etc/pve", "usr/bin/pveversion", "usr/share/perl5/PVE")
+
+
+def is_proxmox_host(root: Path = Path("/")) -> bool:
+    return any((root / p).exists() for p in PROXMOX_MARKERS)
 
 
 def lab_unavailable_reason() -> str | None:

@@ -1,0 +1,52 @@
+# pveclean: `make demo` shows the main job in a lab container, `make test` runs everything.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: all test demo bench lint venv lab-deps gpu-check deb clean
+
+all: test
+
+$(BIN)/pveclean: pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "pveclean needs Python 3.11+")'
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(BIN)/pveclean
+
+# The lab needs LXC, a static busybox and a C compiler with a static libc. As root, install
+# what is missing (Debian/Proxmox package names); otherwise the lab tests skip with a reason.
+lab-deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  missing=""; \
+	  command -v lxc-start >/dev/null 2>&1 || missing="$$missing lxc"; \
+	  [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 || missing="$$missing busybox-static"; \
+	  command -v gcc >/dev/null 2>&1 || missing="$$missing gcc"; \
+	  [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing="$$missing libc6-dev"; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing lab packages:$$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing >/dev/null \
+	    || { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing >/dev/null; }; \
+	  fi; \
+	fi
+
+lint: venv
+	$(BIN)/ruff check pveclean tests
+	$(BIN)/mypy
+
+test: lab-deps venv lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+demo: lab-deps venv
+	$(BIN)/python -m tests.lab.demo
+
+bench: lab-deps venv
+	$(BIN)/python -m tests.bench.run
+
+gpu-check: venv
+	$(BIN)/python tests/gpu/gpu_check.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info tests/lab/build .mypy_cache .ruff_cache .pytest_cache
