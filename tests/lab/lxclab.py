@@ -351,7 +351,7 @@ class Lab:
         ready = f"/tmp/ready-{tag}"
         argv = [f"/opt/lab/bin/{name}", *self._holder_args(
             tag, list(hold), list(maps), ignore_term, children, respawn, pidns, term_delay_ms,
-            ready), *extra_args]
+            ready), "--", *extra_args]
         quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
         self.pct("exec", str(vmid), "--", "/bin/sh", "-c",
                  f"{quoted} </dev/null >/dev/null 2>&1 &")

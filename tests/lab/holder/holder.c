@@ -232,6 +232,8 @@ int main(int argc, char **argv)
 
     for (i = 1; i < argc; i++) {
         const char *o = argv[i], *a = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(o, "--"))
+            break; /* the rest only decorates the command line (e.g. -m vllm.worker) */
         if (!strcmp(o, "--ignore-term")) {
             ignore_term = 1;
             continue;
