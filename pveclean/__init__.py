@@ -1,3 +1,3 @@
-"""pveclean: stop exactly the GPU holders of one Proxmox LXC container and verify the memory is free."""
+"""pveclean: stop exactly the GPU holders of one Proxmox LXC container, verify the memory."""
 
 __version__ = "0.1.0"

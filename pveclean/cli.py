@@ -167,7 +167,9 @@ def _fail(message: str, code: int) -> int:
 def run_app(args: list[str]) -> int:
     """Run the typer app; every expected failure becomes one line and an exit code."""
     try:
-        app(args=args, prog_name="pveclean", standalone_mode=False)
+        rv = app(args=args, prog_name="pveclean", standalone_mode=False)
+        if isinstance(rv, int):  # click returns the code of typer.Exit without raising
+            return rv
     except typer.Exit as exc:
         return int(exc.exit_code)
     except ConfigError as exc:

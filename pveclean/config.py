@@ -42,6 +42,7 @@ class Config:
     )
     pct_command: str = "pct"
     pve_config_dir: str = "/etc/pve/lxc"
+    state_dir: str = "/var/lib/pveclean"
     nvml_library: str | None = None
     cgroup_root: str | None = None
     probe: bool = True
@@ -80,6 +81,7 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "deadline_seconds": ("a number > 0", lambda v: _is_number(v) and 0 < v <= 3600),
     "protect": ("a list of process names", _str_list),
     "pct_command": ("a command name or path", lambda v: isinstance(v, str) and bool(v.strip())),
+    "state_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "pve_config_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "nvml_library": ("a path or null", lambda v: v is None or isinstance(v, str)),
     "cgroup_root": ("a path or null", lambda v: v is None or isinstance(v, str)),
@@ -108,7 +110,9 @@ def _check_redact(patterns: list[str], where: str) -> None:
         try:
             re.compile(p)
         except re.error as exc:
-            raise ConfigError(f"{where}: 'redact' pattern {p!r} is not a valid regex: {exc}")
+            raise ConfigError(
+                f"{where}: 'redact' pattern {p!r} is not a valid regex: {exc}"
+            ) from None
 
 
 def parse(text: str, source: str = "<string>") -> Config:
@@ -138,7 +142,7 @@ def parse(text: str, source: str = "<string>") -> Config:
         if key in values:
             raise ConfigError(f"{source} line {line}: key '{key}' given twice")
         try:
-            value = yaml.load(yaml.serialize(value_node), Loader=loader)  # noqa: S506
+            value = yaml.load(yaml.serialize(value_node), Loader=loader)
         except yaml.YAMLError:
             raise ConfigError(f"{source} line {line}: '{key}' has an unreadable value") from None
         expected, check = _SCHEMA[key]

@@ -7,6 +7,7 @@ Only the container's own processes are read, so the cost does not grow with the 
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,15 +42,31 @@ class Scope:
     devices: GpuDevices
     protect: frozenset[str]
     probe_patterns: list[str] = field(default_factory=list)
+    running: bool = True
 
 
-def _protect_reason(st: procfs.ProcStatus, protect: frozenset[str]) -> str | None:
+def protected_name(pid: int, comm: str, protect: frozenset[str]) -> str | None:
+    """The protected name this process carries. comm is cut to 15 characters by the kernel
+    ("nvidia-persiste"), so the executable's and argv[0]'s base names count too."""
+    for name in protect:
+        if comm == name or comm == name[:15]:
+            return name
+    exe = procfs.exe(pid)
+    argv0 = procfs.cmdline(pid).split(" ", 1)[0]
+    for path in (exe, argv0):
+        if path and os.path.basename(path.removesuffix(" (deleted)")) in protect:
+            return os.path.basename(path.removesuffix(" (deleted)"))
+    return None
+
+
+def _protect_reason(st: procfs.ProcStatus, scope: Scope) -> str | None:
     if len(st.nspid) < 2:
         return "in the host's PID namespace"
-    if st.nspid[1] == 1:
+    if scope.running and st.nspid[1] == 1:
         return "the container's PID 1"
-    if st.name in protect:
-        return f"protected name '{st.name}'"
+    name = protected_name(st.pid, st.name, scope.protect)
+    if name:
+        return f"protected name '{name}'"
     return None
 
 
@@ -66,7 +83,7 @@ def make_holder(st: procfs.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder:
         state=st.state,
         ppid=st.ppid,
         cgroup=f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/"),
-        protected=_protect_reason(st, scope.protect),
+        protected=_protect_reason(st, scope),
     )
 
 
@@ -88,7 +105,7 @@ def scan_host(scope: Scope) -> HostView:
         if st is None:
             continue  # exited while we looked
         statuses[pid] = st
-        if len(st.nspid) >= 2 and st.nspid[1] == 1:
+        if scope.running and len(st.nspid) >= 2 and st.nspid[1] == 1 and rel == "ns":
             init_pid = pid
         if st.state == "Z":
             continue  # a zombie holds nothing: its fds and mappings are gone
@@ -184,7 +201,7 @@ def discover(
     view = scan_host(scope)
     sources = {"host": "ok"}
     warnings: list[str] = []
-    running = view.init_pid is not None
+    running = scope.running
     if pct_command is None:
         sources["probe"] = "disabled in config"
     elif not running:

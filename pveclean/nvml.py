@@ -36,7 +36,7 @@ def _call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
         raise NvmlUnavailable(f"NVML {what} did not answer within {timeout:.1f} s")
     if "error" in box:
         raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    return box["value"]
 
 
 def _describe(exc: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -50,10 +51,8 @@ def run_pct(pct_command: str, args: list[str], timeout: float) -> PctResult:
         return PctResult(proc.returncode, out.decode(errors="replace"),
                          err.decode(errors="replace"))
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         try:
             out, err = proc.communicate(timeout=1.0)
         except subprocess.TimeoutExpired:

@@ -37,6 +37,15 @@ def container_cgroup(root: str, vmid: int) -> Path:
     return Path(root) / "lxc" / str(vmid)
 
 
+def monitor_running(root: str, vmid: int) -> bool:
+    """The container runs while its LXC monitor (cgroup lxc.monitor/<vmid>) has a process."""
+    try:
+        with open(Path(root) / "lxc.monitor" / str(vmid) / "cgroup.procs", encoding="ascii") as fh:
+            return bool(fh.read().strip())
+    except OSError:
+        return False
+
+
 def tree_pids(cgroup_dir: Path) -> dict[int, str]:
     """PIDs of every process in a cgroup and all cgroups below it -> their relative cgroup."""
     found: dict[int, str] = {}
@@ -52,6 +61,23 @@ def tree_pids(cgroup_dir: Path) -> dict[int, str]:
         except OSError:
             continue  # removed while we walked
     return found
+
+
+def remove_empty_cgroups(cgroup_dir: Path) -> list[str]:
+    """rmdir the empty cgroups of a stopped container's tree, deepest first. LXC refuses to
+    start a container whose cgroup is still there; rmdir of a cgroup with a process fails
+    (EBUSY), so this can never remove a live process's cgroup."""
+    removed: list[str] = []
+    if not cgroup_dir.is_dir():
+        return removed
+    dirs = sorted((d for d, _s, _f in os.walk(cgroup_dir)), key=len, reverse=True)
+    for d in dirs:
+        try:
+            os.rmdir(d)
+            removed.append(d)
+        except OSError:
+            continue
+    return removed
 
 
 def pid_cgroup(pid: int) -> str | None:
@@ -260,3 +286,34 @@ def all_pids() -> Iterator[int]:
     for entry in os.scandir(PROC):
         if entry.name.isdigit():
             yield int(entry.name)
+
+
+def _mount_of(fstype: str, option: str | None = None) -> str | None:
+    text = _read("/proc/self/mounts") or ""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == fstype and (
+            option is None or option in parts[3].split(",")
+        ):
+            return parts[1]
+    return None
+
+
+def frozen(pid: int) -> bool:
+    """Frozen by the cgroup v2 freezer, or by a v1 freezer on hybrid hosts (where, unlike v2,
+    even SIGKILL waits until the cgroup is thawed)."""
+    text = _read(f"{PROC}/{pid}/cgroup") or ""
+    for line in text.splitlines():
+        num, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if num == "0" and not controllers:
+            root = _mount_of("cgroup2")
+            events = _read(f"{root}{path}/cgroup.events") if root else None
+            if events and "frozen 1" in events:
+                return True
+        elif "freezer" in controllers.split(","):
+            root = _mount_of("cgroup", "freezer")
+            state = _read(f"{root}{path}/freezer.state") if root else None
+            if state and state.strip() in ("FROZEN", "FREEZING"):
+                return True
+    return False

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__, pveconf, procfs, report
+from . import __version__, procfs, pveconf, report
 from . import stop as stopper
 from .config import Config
 from .discover import Deadline, HostView, Scope, discover, scan_host
@@ -46,7 +46,7 @@ def make_scope(vmid: int, cfg: Config, ctconf: pveconf.CtConfig) -> Scope:
     devices = procfs.gpu_devices(cfg.devices)
     patterns = sorted({*ctconf.gpu_paths(), "/dev/nvidia*", "/dev/nvidia-caps/*"})
     return Scope(vmid, procfs.container_cgroup(root, vmid), devices, frozenset(cfg.protect),
-                 patterns)
+                 patterns, running=procfs.monitor_running(root, vmid))
 
 
 def _memory(nvml: Nvml | None, deadline: Deadline, errors: list[str]) -> list[GpuMemory] | None:
@@ -98,7 +98,7 @@ def stop_and_verify(
     while True:
         proven: list[stopper.Target] = []
         for h in targets:
-            fd, why = stopper.prove(h, scope.vmid, scope.devices)
+            fd, why = stopper.prove(h, scope.vmid, scope.devices, scope.running)
             if fd is None:
                 h.outcome = "exited" if why.startswith("exited") else "skipped"
                 h.signals.append(why)

@@ -26,7 +26,8 @@ class Target:
     exited_at: float | None = None
 
 
-def prove(holder: Holder, vmid: int, devices: GpuDevices) -> tuple[int | None, str]:
+def prove(holder: Holder, vmid: int, devices: GpuDevices, running: bool = True
+          ) -> tuple[int | None, str]:
     """Open a pidfd for the holder if, and only if, it is still the same GPU holder."""
     try:
         fd = os.pidfd_open(holder.host_pid)
@@ -34,7 +35,7 @@ def prove(holder: Holder, vmid: int, devices: GpuDevices) -> tuple[int | None, s
         return None, "exited before it was signalled"
     except OSError as exc:
         return None, f"pidfd_open failed: {exc.strerror}"
-    reason = _check_identity(holder, vmid, devices)
+    reason = _check_identity(holder, vmid, devices, running)
     if reason is None:
         try:
             signal.pidfd_send_signal(fd, 0)
@@ -47,7 +48,8 @@ def prove(holder: Holder, vmid: int, devices: GpuDevices) -> tuple[int | None, s
     return None, reason
 
 
-def _check_identity(holder: Holder, vmid: int, devices: GpuDevices) -> str | None:
+def _check_identity(holder: Holder, vmid: int, devices: GpuDevices, running: bool
+                    ) -> str | None:
     st = procfs.read_status(holder.host_pid)
     if st is None:
         return "exited before it was signalled"
@@ -57,13 +59,13 @@ def _check_identity(holder: Holder, vmid: int, devices: GpuDevices) -> str | Non
         return "left the container's cgroup tree; not signalled"
     if len(st.nspid) < 2:
         return "in the host's PID namespace; not signalled"
-    if st.nspid[1] == 1:
+    if running and st.nspid[1] == 1:
         return "is the container's PID 1; not signalled"
     if "host" in holder.sources or "probe" in holder.sources:
         fds = procfs.device_fds(holder.host_pid, devices) or []
-        if not fds and not procfs.device_maps(holder.host_pid, devices):
-            if "nvml" not in holder.sources:
-                return "no longer holds a GPU device; not signalled"
+        holds = fds or procfs.device_maps(holder.host_pid, devices)
+        if not holds and "nvml" not in holder.sources:
+            return "no longer holds a GPU device; not signalled"
     return None
 
 
@@ -80,9 +82,8 @@ def wait_exits(targets: list[Target], until: float) -> None:
         if left <= 0:
             return
         for fd, _ev in poller.poll(left * 1000):
-            t = by_fd.pop(fd, None)
-            if t is not None:
-                t.exited_at = time.monotonic()
+            if fd in by_fd:
+                by_fd.pop(fd).exited_at = time.monotonic()
                 poller.unregister(fd)
 
 
@@ -127,7 +128,7 @@ def stop(
             st = procfs.read_status(h.host_pid)
             h.state = st.state if st else h.state
             h.wchan = procfs.wchan(h.host_pid)
-            if _frozen(h.host_pid):
+            if procfs.frozen(h.host_pid):
                 h.state += " (frozen)"
         elif t.exited_at <= after_term and not any(s.startswith("SIGKILL") for s in h.signals):
             h.outcome = "terminated"
@@ -135,14 +136,3 @@ def stop(
             h.outcome = "killed"
         os.close(t.pidfd)
 
-
-def _frozen(pid: int) -> bool:
-    cg = procfs.pid_cgroup(pid)
-    if not cg:
-        return False
-    try:
-        root = procfs.cgroup2_root()
-        with open(f"{root}{cg}/cgroup.events", encoding="ascii") as fh:
-            return "frozen 1" in fh.read()
-    except (OSError, Exception):
-        return False

@@ -19,7 +19,8 @@ out = {}
 for i in range(pynvml.nvmlDeviceGetCount()):
     h = pynvml.nvmlDeviceGetHandleByIndex(i)
     mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-    procs = {p.pid: p.usedGpuMemory // 2**20 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
+    running = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+    procs = {p.pid: p.usedGpuMemory // 2**20 for p in running}
     out[i] = {"used": mem.used // 2**20, "procs": procs}
 print(json.dumps(out))
 """

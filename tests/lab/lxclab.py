@@ -70,6 +70,23 @@ def cgroup2_root() -> Path:
     raise LabUnavailable("no cgroup v2 mount")
 
 
+def cgroup_hierarchies() -> list[Path]:
+    roots = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] in ("cgroup", "cgroup2"):
+            roots.append(Path(parts[1]))
+    return roots
+
+
+def v1_freezer_root() -> Path | None:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 3 and parts[2] == "cgroup" and "freezer" in parts[3].split(","):
+            return Path(parts[1])
+    return None
+
+
 def _held_rdevs() -> set[int]:
     """Device numbers some process on this host has open right now."""
     held: set[int] = set()
@@ -114,6 +131,7 @@ class Lab:
     holder_bin: Path | None = None
     containers: list[int] = field(default_factory=list)
     workloads: list[Workload] = field(default_factory=list)
+    v1_freezers: list[Path] = field(default_factory=list)
     _counter: int = 0
 
     # ---- set-up -------------------------------------------------------------------------
@@ -275,7 +293,8 @@ class Lab:
             self.pct("start", str(vmid))
         return vmid
 
-    def pct(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def pct(self, *args: str, check: bool = True,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
         res = subprocess.run([str(self.pct_path), *args], capture_output=True, text=True,
                              check=False, timeout=timeout, stdin=subprocess.DEVNULL)
         if check and res.returncode != 0:
@@ -382,18 +401,27 @@ class Lab:
             link.symlink_to(self.holder_bin)
         ready = self.root / f"ready-{tag}"
         argv = [str(link), *self._holder_args(tag, hold, [], False, 0, 0, pidns, 0, str(ready))]
+        preexec = None
         if cgroup is not None:
             cgroup.mkdir(parents=True, exist_ok=True)
             procs = str(cgroup / "cgroup.procs")
 
-            def preexec() -> None:
+            def move_self() -> None:
                 with open(procs, "w") as fh:
                     fh.write(str(os.getpid()))
+
+            # With pidns, only the namespaced processes move (a leftover of a container's
+            # run); the host-namespace launcher stays in the host's cgroup.
+            preexec = None if pidns else move_self
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
-                                 preexec_fn=preexec if cgroup is not None else None)
+                                 preexec_fn=preexec)
         w = Workload(None, tag, ready, popen)
         self.workloads.append(w)
         self._wait_ready(w, 1)
+        if cgroup is not None and pidns:
+            for pid in w.host_pids(self):
+                if pid != popen.pid:
+                    (cgroup / "cgroup.procs").write_text(str(pid))
         if gpu_mib:
             self.set_gpu_memory(w, gpu_mib)
         return w
@@ -426,7 +454,31 @@ class Lab:
         return text[text.rfind(")") + 2] not in "ZX"
 
     def freeze(self, path: Path, frozen: bool = True) -> None:
+        """cgroup v2 freezer: stops a process, but SIGKILL still ends it."""
         (path / "cgroup.freeze").write_text("1" if frozen else "0")
+
+    def make_unkillable(self, pids: list[int]) -> Path:
+        """Freeze with the cgroup v1 freezer, where even SIGKILL waits for the thaw: the
+        process shows state D, as a process stuck in a GPU driver call does."""
+        root = v1_freezer_root()
+        if root is None:
+            raise LabUnavailable("no cgroup v1 freezer on this host to make a process unkillable")
+        self._counter += 1
+        cg = root / f"pveclean-lab-{os.getpid()}-{self._counter}"
+        cg.mkdir()
+        self.v1_freezers.append(cg)
+        for pid in pids:
+            (cg / "cgroup.procs").write_text(str(pid))
+        (cg / "freezer.state").write_text("FROZEN")
+        end = time.monotonic() + 5
+        while (cg / "freezer.state").read_text().strip() != "FROZEN":
+            if time.monotonic() > end:
+                raise RuntimeError("v1 freezer did not freeze")
+            time.sleep(0.01)
+        return cg
+
+    def thaw(self, cg: Path) -> None:
+        (cg / "freezer.state").write_text("THAWED")
 
     # ---- pveclean -----------------------------------------------------------------------
     def pveclean(self, *args: str, timeout: float = 120,
@@ -453,6 +505,9 @@ class Lab:
 
     # ---- tear-down ----------------------------------------------------------------------
     def destroy(self) -> None:
+        for cg in self.v1_freezers:
+            with contextlib.suppress(OSError):
+                self.thaw(cg)
         for w in self.workloads:
             for pid in w.host_pids(self):
                 with contextlib.suppress(OSError):
@@ -468,8 +523,17 @@ class Lab:
             subprocess.run(["lxc-stop", "-P", str(self.root / "lxc"), "-n", str(vmid),
                             "--kill"], capture_output=True, check=False, timeout=30)
             _kill_tree(cg)
-            _rm_cgroup(cg)
-            _rm_cgroup(cgroup2_root() / "lxc.monitor" / str(vmid))
+            for hierarchy in cgroup_hierarchies():  # v2, and v1 ones on hybrid hosts
+                _rm_cgroup(hierarchy / "lxc" / str(vmid))
+                _rm_cgroup(hierarchy / "lxc.monitor" / str(vmid))
+        for cg in self.v1_freezers:
+            end = time.monotonic() + 5
+            while time.monotonic() < end:
+                try:
+                    cg.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
         shutil.rmtree(self.root, ignore_errors=True)
 
 

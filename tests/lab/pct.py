@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -182,11 +181,11 @@ def cmd_list(lab: Lab, _args: list[str]) -> None:
     vmids = sorted((p.stem for p in lab.confdir.glob("*.conf")), key=int)
     if not vmids:
         return
-    print("%-10s %-10s %-12s %-20s" % ("VMID", "Status", "Lock", "Name"))
+    print(f"{'VMID':<10} {'Status':<10} {'Lock':<12} {'Name':<20}")
     for vmid in vmids:
         conf = dict(lab.read_conf(vmid))
-        print("%-10s %-10s %-12s %-20s" % (
-            vmid, lab.state(vmid), conf.get("lock", ""), conf.get("hostname", "")))
+        print(f"{vmid:<10} {lab.state(vmid):<10} {conf.get('lock', ''):<12} "
+              f"{conf.get('hostname', ''):<20}")
 
 
 def cmd_status(lab: Lab, args: list[str]) -> None:

@@ -1,0 +1,171 @@
+"""`pveclean hook VMID PHASE`: what the guest hookscript does in each Proxmox phase.
+
+Lean on purpose (no typer, no proxmoxer): it runs on every container start and stop.
+Proxmox gives hooks no timeout, so every phase is bounded by the config's deadline.
+Only pre-start can fail a task (a non-zero exit aborts the start); the others always exit 0.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from . import chain, procfs, pveconf, report
+from .config import PHASES, Config, ConfigError, load
+from .model import PvecleanError
+from .nvml import Nvml, NvmlUnavailable
+from .run import RunResult, clean, finish
+
+LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack, contexts
+
+
+def say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _where(res: RunResult) -> str:
+    if res.path:
+        return f"report {res.path}"
+    return f"report NOT written: {res.report_error}"
+
+
+def pre_stop(vmid: int, cfg: Config) -> int:
+    res = clean(vmid, cfg, phase="pre-stop")
+    rep = res.report
+    s = rep["summary"]
+    dur = rep["duration_s"]
+    if rep["verdict"] == "nothing-to-do":
+        say(f"pveclean: CT {vmid} pre-stop: no GPU holders ({dur:.2f} s); {_where(res)}")
+    elif rep["verdict"] == "clean":
+        say(f"pveclean: CT {vmid} pre-stop: stopped {s['stopped']} GPU holders "
+            f"({s['freed_mib']} MiB freed) in {dur:.1f} s; {_where(res)}")
+    else:
+        left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
+        names = ", ".join(f"PID {h['host_pid']} {h['name']} ({h['outcome']}, state "
+                          f"{h['state']})" for h in left[:5])
+        say(f"pveclean: WARNING: CT {vmid} pre-stop: {len(left)} GPU holder(s) REMAIN after "
+            f"{dur:.1f} s: {names}; GPU memory may stay allocated; {_where(res)}")
+    return 0
+
+
+def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> dict[str, Any] | None:
+    for path in reversed(report.list_reports(cfg.report_dir, vmid)):
+        if f"-{phase}-" not in path.name:
+            continue
+        try:
+            if time.time() - path.stat().st_mtime > max_age:
+                return None
+            return report.load(path)
+        except (OSError, report.ReportError, Exception):
+            return None
+    return None
+
+
+def post_stop(vmid: int, cfg: Config) -> int:
+    """The container's processes are gone: is the GPU memory they had released?"""
+    res = clean(vmid, cfg, phase="post-stop", write_report=False)
+    rep = res.report
+    pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
+    gpus_used = {int(g) for h in (pre or {}).get("holders", [])
+                 for g in (h.get("gpu_memory_mib") or {})}
+    nvml = Nvml(cfg.nvml_library, timeout=min(5.0, cfg.deadline_seconds * 0.2))
+    leaks: list[dict[str, Any]] = []
+    try:
+        procs = nvml.processes()
+        for g in nvml.memory():
+            accounted = sum(m or 0 for per in procs.values() for i, m in per.items()
+                            if i == g.index)
+            if g.reserved_mib is None:
+                continue  # NVML v1 mixes reserved into used: unaccounted memory is unknowable
+            unaccounted = g.used_mib - accounted
+            if unaccounted > LEAK_SLACK_MIB and (not gpus_used or g.index in gpus_used):
+                leaks.append({"index": g.index, "uuid": g.uuid, "unaccounted_mib": unaccounted,
+                              "hint": f"no process holds this memory; once nothing uses GPU "
+                                      f"{g.index}, reset it: nvidia-smi -r -i {g.index}"})
+    except NvmlUnavailable as exc:
+        rep.setdefault("warnings", []).append(f"post-stop memory check skipped: {exc}")
+    rep["leaks"] = leaks
+    if pre is not None:
+        rep["pre_stop_report"] = {"start": pre.get("start"), "verdict": pre.get("verdict"),
+                                  "freed_mib": (pre.get("summary") or {}).get("freed_mib")}
+    if leaks and rep["verdict"] in ("clean", "nothing-to-do"):
+        rep["verdict"] = "leaked"
+    res = finish(rep, cfg)
+    if rep["verdict"] == "leaked":
+        desc = ", ".join(f"GPU {x['index']} {x['unaccounted_mib']} MiB" for x in leaks)
+        say(f"pveclean: CT {vmid} post-stop: leaked {desc}; see {res.path}")
+    elif rep["verdict"] == "residual":
+        say(f"pveclean: CT {vmid} post-stop: GPU holders remain; see {res.path}")
+    return 0
+
+
+def pre_start(vmid: int, cfg: Config) -> int:
+    res = clean(vmid, cfg, phase="pre-start", write_report=False)
+    rep = res.report
+    if not rep["container"]["running"]:
+        # Leftover cgroups of an earlier run make lxc-start fail; empty ones can go.
+        root = cfg.cgroup_root or procfs.cgroup2_root()
+        removed = procfs.remove_empty_cgroups(procfs.container_cgroup(root, vmid))
+        if removed:
+            rep["removed_cgroups"] = removed
+    if rep["verdict"] == "nothing-to-do" and not rep.get("removed_cgroups"):
+        return 0
+    res = finish(rep, cfg)
+    if rep["verdict"] == "nothing-to-do":
+        return 0
+    s = rep["summary"]
+    if rep["verdict"] == "clean":
+        say(f"pveclean: CT {vmid} pre-start: stopped {s['stopped']} leftover GPU holder(s) of "
+            f"an earlier run; {_where(res)}")
+        return 0
+    left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
+    names = ", ".join(f"PID {h['host_pid']} {h['name']} (state {h['state']})" for h in left[:5])
+    if cfg.pre_start_policy == "refuse":
+        say(f"pveclean: CT {vmid} pre-start: refusing to start: {len(left)} process(es) of an "
+            f"earlier run still hold GPUs: {names}; {_where(res)}")
+        return 1
+    say(f"pveclean: WARNING: CT {vmid} pre-start: {len(left)} leftover process(es) still hold "
+        f"GPUs: {names}; starting anyway (pre_start_policy: warn); {_where(res)}")
+    return 0
+
+
+HANDLERS = {"pre-stop": pre_stop, "post-stop": post_stop, "pre-start": pre_start}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        say("usage: pveclean hook VMID PHASE")
+        return 2
+    try:
+        vmid = pveconf.parse_vmid(argv[0])
+    except PvecleanError as exc:
+        say(f"pveclean: {exc}")
+        return 2
+    phase = argv[1]
+    if phase not in PHASES:
+        say(f"pveclean: CT {vmid}: unknown hook phase '{phase}'; nothing to do")
+        return 0
+    try:
+        cfg = load()
+    except ConfigError as exc:
+        # Without a usable config nothing is signalled; only a start could be harmed by
+        # failing, and a broken pveclean config must not keep containers from starting.
+        say(f"pveclean: CT {vmid} {phase}: config error, nothing done: {exc}")
+        return 0
+    chained = chain.run_chained(vmid, phase, cfg)
+    if not cfg.phase_enabled(phase) or phase not in HANDLERS:
+        return chained if phase == "pre-start" else 0
+    try:
+        code = HANDLERS[phase](vmid, cfg)
+    except PvecleanError as exc:
+        say(f"pveclean: CT {vmid} {phase}: {exc}")
+        code = 0
+    except Exception as exc:  # a hook must never die with a traceback in the task log
+        say(f"pveclean: CT {vmid} {phase}: internal error: {type(exc).__name__}: {exc}")
+        code = 0
+    if phase == "pre-start":
+        return code or chained
+    return 0
+

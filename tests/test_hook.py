@@ -1,0 +1,213 @@
+"""The guest hookscript, driven through the pct stand-in exactly as Proxmox runs hooks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.lab.lxclab import REPO, Lab
+from tests.lab.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
+
+
+def reports(lab: Lab, vmid: int, phase: str) -> list[dict[str, Any]]:
+    files = sorted(lab.report_dir.glob(f"{vmid}-{phase}-*.yaml"))
+    return [yaml.safe_load(f.read_text()) for f in files]
+
+
+def wait_for(pred: Any, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def hook(lab: Lab, vmid: int | str, phase: str) -> subprocess.CompletedProcess[str]:
+    """Run the installed hookscript the way Proxmox does: cleared env, closed stdin."""
+    script = lab.snippets / "pveclean-hook"
+    r, w = os.pipe()
+    os.close(w)
+    try:
+        return subprocess.run([str(script), str(vmid), phase], stdin=r, capture_output=True,
+                              text=True, timeout=60, check=False,
+                              env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"})
+    finally:
+        os.close(r)
+
+
+def test_pct_stop_cleans_seeds_and_post_stop_reports_clean(lab: Lab, vmid: int) -> None:
+    s = seeds(lab, vmid, host=True)
+    lab.install_hook(vmid)
+    conf_before = (lab.root / "etc/pve/lxc" / f"{vmid}.conf").read_text()
+    pids = [p for w in s.targets() for p in w.host_pids(lab)]
+    res = lab.pct("stop", str(vmid))
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("pveclean:"))
+    freed = 4 * TP_MIB + VLLM_MIB + NCCL_MIB
+    assert line.startswith(f"pveclean: CT {vmid} pre-stop: stopped 6 GPU holders "
+                           f"({freed} MiB freed) in ")
+    assert "; report " + str(lab.report_dir) in line
+    assert not any(lab.alive(p) for p in pids)
+    assert s.host is not None and all(lab.alive(p) for p in s.host.host_pids(lab))
+    (pre,) = reports(lab, vmid, "pre-stop")
+    assert pre["verdict"] == "clean" and pre["summary"]["stopped"] == 6
+    assert wait_for(lambda: reports(lab, vmid, "post-stop"))
+    (post,) = reports(lab, vmid, "post-stop")
+    assert post["verdict"] == "nothing-to-do" and post["leaks"] == []
+    assert post["pre_stop_report"]["freed_mib"] == freed
+    # the hook never touched the container's config (Proxmox holds its lock meanwhile)
+    assert (lab.root / "etc/pve/lxc" / f"{vmid}.conf").read_text() == conf_before
+
+
+def test_shutdown_runs_pre_stop_too(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 1000})
+    pids = w.host_pids(lab)
+    lab.install_hook(vmid)
+    res = lab.pct("shutdown", str(vmid), "--timeout", "10")
+    assert f"pveclean: CT {vmid} pre-stop: stopped 1 GPU holders (1000 MiB freed)" in res.stdout
+    assert not any(lab.alive(p) for p in pids)
+
+
+def test_leaked_memory_after_stop(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.create_ct(vmid, gpus=(1,))
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia1"], gpu_mib={1: 3000})
+    lab.install_hook(vmid)
+    lab.nvml.leak(1, 2048)  # the driver keeps memory no process accounts for
+    lab.pct("stop", str(vmid))
+    assert wait_for(lambda: reports(lab, vmid, "post-stop"))
+    (post,) = reports(lab, vmid, "post-stop")
+    assert post["verdict"] == "leaked"
+    (leak,) = post["leaks"]
+    assert leak["index"] == 1 and leak["unaccounted_mib"] == 2048
+    assert "nvidia-smi -r -i 1" in leak["hint"]
+    log = (lab.root / "log" / f"poststop-{vmid}.log").read_text()
+    assert len([ln for ln in log.splitlines() if ln.startswith("pveclean:")]) == 1
+
+
+def test_pre_start_cleans_leftovers_of_an_earlier_run(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    lab.install_hook(vmid)
+    lab.pct("stop", str(vmid))
+    w = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia0"])], pidns=True,
+                        cgroup=lab.cgroup(vmid) / "ns", gpu_mib={0: 700})
+    left = [p for p in w.host_pids(lab) if w.popen is None or p != w.popen.pid]
+    assert left
+    res = lab.pct("start", str(vmid))
+    assert f"pveclean: CT {vmid} pre-start: stopped" in res.stdout
+    assert not any(lab.alive(p) for p in left)
+    assert lab.pct("status", str(vmid)).stdout == "status: running\n"
+    (pre,) = reports(lab, vmid, "pre-start")
+    assert pre["verdict"] == "clean" and pre["container"]["running"] is False
+
+
+def test_refuse_policy_aborts_start_with_unkillable_leftover(lab: Lab, vmid: int) -> None:
+    lab.write_config(pre_start_policy="refuse", grace_seconds=0.3, deadline_seconds=2)
+    lab.create_ct(vmid, gpus=(0,))
+    lab.install_hook(vmid)
+    lab.pct("stop", str(vmid))
+    w = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia0"])], pidns=True,
+                        cgroup=lab.cgroup(vmid) / "ns")
+    left = [p for p in w.host_pids(lab) if w.popen is None or p != w.popen.pid]
+    freezer = lab.make_unkillable(left)
+    res = lab.pct("start", str(vmid), check=False)
+    assert res.returncode != 0
+    assert f"pveclean: CT {vmid} pre-start: refusing to start" in res.stdout
+    assert f"hookscript error for {vmid} on pre-start" in res.stderr
+    assert lab.pct("status", str(vmid)).stdout == "status: stopped\n"
+    lab.thaw(freezer)
+
+
+def test_warn_policy_lets_the_start_go_on(lab: Lab, vmid: int) -> None:
+    lab.write_config(grace_seconds=0.3, deadline_seconds=2)
+    lab.create_ct(vmid, gpus=(0,))
+    lab.install_hook(vmid)
+    lab.pct("stop", str(vmid))
+    w = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia0"])], pidns=True,
+                        cgroup=lab.cgroup(vmid) / "ns")
+    left = [p for p in w.host_pids(lab) if w.popen is None or p != w.popen.pid]
+    freezer = lab.make_unkillable(left)
+    res = lab.pct("start", str(vmid), check=False)
+    lab.thaw(freezer)
+    assert "WARNING" in res.stdout and "starting anyway" in res.stdout
+    # the hook did not abort the start; LXC itself then refuses a cgroup that is still busy,
+    # which is why `pre_start_policy: refuse` exists (a clear message instead of LXC's)
+    assert "hookscript error" not in res.stderr
+
+
+def test_frozen_container_cannot_hang_pre_stop(lab: Lab, vmid: int) -> None:
+    lab.write_config(grace_seconds=1, deadline_seconds=4)
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    pids = w.host_pids(lab)
+    lab.install_hook(vmid)
+    lab.freeze(lab.cgroup(vmid) / "ns")  # pct exec into it now hangs
+    t0 = time.monotonic()
+    res = hook(lab, vmid, "pre-stop")
+    elapsed = time.monotonic() - t0
+    lab.freeze(lab.cgroup(vmid) / "ns", False)
+    assert res.returncode == 0
+    assert elapsed < 4 + 1.5, elapsed
+    (pre,) = reports(lab, vmid, "pre-stop")
+    assert pre["sources"]["probe"].startswith("failed: pct exec did not finish")
+    assert pre["verdict"] == "clean"  # cgroup v2 lets SIGKILL through a freeze
+    assert not any(lab.alive(p) for p in pids)
+
+
+def test_hung_nvml_cannot_hang_a_phase(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=3)
+    lab.create_ct(vmid, gpus=(0,))
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    lab.install_hook(vmid)
+    lab.nvml.hang(30)
+    for phase in ("pre-stop", "post-stop", "pre-start"):
+        t0 = time.monotonic()
+        res = hook(lab, vmid, phase)
+        assert res.returncode == 0
+        assert time.monotonic() - t0 < 3 + 1.5, phase
+
+
+def test_unknown_phase_and_bad_vmid(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    lab.install_hook(vmid)
+    res = hook(lab, vmid, "pre-migrate")
+    assert res.returncode == 0 and "unknown hook phase 'pre-migrate'" in res.stdout
+    res = hook(lab, "abc", "pre-start")
+    assert res.returncode == 2 and "invalid VMID" in res.stdout
+
+
+def test_disabled_phase_does_nothing(lab: Lab, vmid: int) -> None:
+    lab.write_config(phases={"pre-stop": False})
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    lab.install_hook(vmid)
+    res = hook(lab, vmid, "pre-stop")
+    assert res.returncode == 0 and res.stdout == ""
+    assert all(lab.alive(p) for p in w.host_pids(lab))
+    assert reports(lab, vmid, "pre-stop") == []
+
+
+def test_post_start_is_silent_and_writes_nothing(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    lab.install_hook(vmid)
+    res = hook(lab, vmid, "post-start")
+    assert res.returncode == 0 and res.stdout == ""
+    assert list(lab.report_dir.glob(f"{vmid}-*")) == []
+
+
+def test_hookscript_without_pveclean_warns_and_succeeds(tmp_path: Path) -> None:
+    script = tmp_path / "pveclean-hook"
+    text = (REPO / "hookscripts/pveclean-hook").read_text()
+    script.write_text(text.replace('PVECLEAN_BIN=""', f'PVECLEAN_BIN="{tmp_path}/missing"'))
+    script.chmod(0o755)
+    res = subprocess.run([str(script), "129", "pre-start"], capture_output=True, text=True,
+                         env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"},
+                         check=False)
+    assert res.returncode == 0 and "pveclean not found" in res.stdout
