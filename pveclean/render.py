@@ -44,6 +44,8 @@ def summary_line(rep: dict[str, Any]) -> str:
     head = f"CT {rep['vmid']} {rep['phase']}"
     if verdict == "nothing-to-do":
         return f"{head}: no GPU holders ({rep['duration_s']:.2f} s)"
+    if verdict == "busy":
+        return f"{head}: busy: {'; '.join(rep.get('errors', []))}"
     if verdict == "dry-run":
         return f"{head}: dry run, {n} GPU holder(s) would be stopped, nothing signalled"
     freed = s.get("freed_mib", 0)

@@ -13,6 +13,7 @@ from . import __version__, procfs, pveconf, report
 from . import stop as stopper
 from .config import Config
 from .discover import Deadline, HostView, Scope, discover, scan_host
+from .lock import Busy, container_lock
 from .model import (
     EXIT_OK,
     EXIT_REPORT,
@@ -152,9 +153,38 @@ def clean(
     progress: Progress | None = None,
     write_report: bool = True,
 ) -> RunResult:
+    """One run under the container's lock; a second concurrent run reports `busy`."""
+    started = time.time()
+    ctconf = pveconf.read_config(cfg.pve_config_dir, vmid)
+    try:
+        with container_lock(cfg.state_dir, vmid, cfg.lock_wait_seconds, f"{phase} run"):
+            return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report)
+    except Busy as exc:
+        rep = {
+            "pveclean": __version__, "vmid": vmid, "phase": phase,
+            "host": os.uname().nodename, "start": report.iso(started),
+            "duration_s": round(time.time() - started, 3), "dry_run": dry_run,
+            "verdict": "busy", "summary": {"holders": 0, "stopped": 0, "outcomes": {},
+                                           "freed_mib": 0, "rounds": 0},
+            "container": {"running": None, "gpu_config": ctconf.gpu_lines()},
+            "holders": [], "gpus": [], "warnings": [], "errors": [str(exc)],
+            "_started": started,
+        }
+        return finish(rep, cfg, write_report)
+
+
+def _clean(
+    vmid: int,
+    cfg: Config,
+    ctconf: pveconf.CtConfig,
+    phase: str,
+    dry_run: bool,
+    grace: float | None,
+    progress: Progress | None,
+    write_report: bool,
+) -> RunResult:
     started = time.time()
     deadline = Deadline(cfg.deadline_seconds)
-    ctconf = pveconf.read_config(cfg.pve_config_dir, vmid)
     scope = make_scope(vmid, cfg, ctconf)
     nvml = Nvml(cfg.nvml_library, timeout=min(5.0, cfg.deadline_seconds * 0.2))
     errors: list[str] = []

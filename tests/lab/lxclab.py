@@ -215,6 +215,7 @@ class Lab:
         cfg: dict[str, object] = {
             "devices": [str(self.root / "dev" / "nvidia*")],
             "report_dir": str(self.report_dir),
+            "state_dir": str(self.root / "state"),
             "grace_seconds": 2,
             "deadline_seconds": 10,
             "pct_command": str(self.pct_path),
