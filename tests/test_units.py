@@ -132,8 +132,9 @@ def test_probe_script_runs_in_plain_sh(tmp_path: Path) -> None:
     node = tmp_path / "nvidia7"
     os.mknod(node, 0o600 | 0o020000, os.makedev(1, 7)) if os.geteuid() == 0 else node.touch()
     with open(node, "rb") as fh:
-        r = subprocess.run(["/bin/sh", "-c", probe.PROBE_SCRIPT, "probe", str(tmp_path) + "/nvidia*"],
-                           capture_output=True, text=True, check=True, timeout=60)
+        r = subprocess.run(
+            ["/bin/sh", "-c", probe.PROBE_SCRIPT, "probe", str(tmp_path) + "/nvidia*"],
+            capture_output=True, text=True, check=True, timeout=60)
         res = probe.parse_probe(r.stdout)
         assert res.complete
         assert str(node) in res.holders.get(os.getpid(), []), r.stdout[-500:]
