@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""`make gpu-check`: pveclean against a real NVIDIA driver, without Proxmox or LXC.
+
+On a Linux machine with an NVIDIA GPU, as root, it
+- builds a stand-in container: a PID namespace (unshare) whose processes sit in a cgroup laid
+  out as Proxmox's (lxc/<vmid>/ns, monitor lxc.monitor/<vmid>) and a tiny `pct` for that vmid;
+- starts real CUDA holders in it (ctypes on libcuda, no PyTorch needed): three allocating GiBs,
+  one ignoring SIGTERM, one with a forked child; and one holder outside that must survive;
+- runs `pveclean ct <vmid> --json` and checks every holder was found, attributed, stopped, the
+  outside one alive, and GPU memory back to its baseline within the deadline;
+- prints a table and exits non-zero on any miss. Without a GPU it fails with one clear line.
+Installs nothing; needs no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HOLDER = r"""
+import ctypes, os, signal, sys, time
+gib, gpu = float(sys.argv[1]), int(sys.argv[4])
+ignore_term, fork_child = sys.argv[2] == "1", sys.argv[3] == "1"
+if ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+cuda = ctypes.CDLL("libcuda.so.1")
+def ok(r, what):
+    if r != 0:
+        print(f"holder: {what} failed: CUDA error {r}", flush=True); sys.exit(3)
+ok(cuda.cuInit(0), "cuInit")
+dev = ctypes.c_int(); ok(cuda.cuDeviceGet(ctypes.byref(dev), gpu), "cuDeviceGet")
+ctx = ctypes.c_void_p(); ok(cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate")
+ptr = ctypes.c_uint64()
+ok(cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(gib * 2**30))), "cuMemAlloc")
+if fork_child and os.fork() == 0:
+    time.sleep(3600); sys.exit(0)   # keeps the inherited /dev/nvidia* fds, no context of its own
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+PCT = """#!/bin/sh
+# pct stand-in for the gpu-check's container {vmid}
+case "$1" in
+  exec) shift; shift; [ "$1" = "--" ] && shift
+        exec nsenter --target {init} --pid --mount -- "$@" ;;
+  status) echo "status: running" ;;
+  *) echo "gpu-check pct: unsupported: $*" >&2; exit 255 ;;
+esac
+"""
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def fail(msg: str) -> int:
+    print(f"gpu-check: {msg}", file=sys.stderr)
+    return 2
+
+
+def cgroup2_root() -> Path:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        p = line.split()
+        if len(p) > 2 and p[2] == "cgroup2":
+            return Path(p[1])
+    raise CheckFailed("no cgroup v2 mount")
+
+
+def nvml_state() -> dict[int, int]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    out = {}
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        out[i] = int(pynvml.nvmlDeviceGetMemoryInfo(h).used) // 2**20
+    return out
+
+
+def preflight() -> str | None:
+    if sys.platform != "linux":
+        return "needs Linux"
+    if os.geteuid() != 0:
+        return "needs root (cgroups, PID namespaces, signals)"
+    if not Path("/dev/nvidiactl").exists():
+        return "no NVIDIA GPU here (/dev/nvidiactl missing): run it on a machine with a GPU"
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no CUDA driver library (libcuda.so.1) here"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return f"NVML does not work here: {exc}"
+    for tool in ("unshare", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"{tool} (util-linux) not found"
+    return None
+
+
+def move(pid: int, cgroup: Path) -> None:
+    (cgroup / "cgroup.procs").write_text(str(pid))
+
+
+def alive(pid: int) -> bool:
+    try:
+        s = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return s[s.rfind(")") + 2] not in "ZX"
+
+
+def run(args: argparse.Namespace) -> int:
+    why = preflight()
+    if why:
+        return fail(why)
+    gpu = args.gpu
+    vmid = args.vmid
+    cg = cgroup2_root()
+    ct_cg, mon_cg = cg / "lxc" / str(vmid), cg / "lxc.monitor" / str(vmid)
+    if ct_cg.exists():
+        return fail(f"cgroup {ct_cg} exists: pick another --vmid")
+    work = Path(tempfile.mkdtemp(prefix="pveclean-gpu-check-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for d in (ct_cg / "ns" / ".lxc", mon_cg):
+            d.mkdir(parents=True)
+        procs.append(subprocess.Popen(["sleep", "3600"]))
+        move(procs[-1].pid, mon_cg)  # "the container runs": its monitor has a process
+        init = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sleep", "3600"])
+        procs.append(init)
+        end = time.monotonic() + 5
+        while not (inner := _children(init.pid)):
+            if time.monotonic() > end:
+                raise CheckFailed("the PID namespace did not start")
+            time.sleep(0.05)
+        init_pid = inner[0]
+        move(init_pid, ct_cg / "ns")
+        holder_py = work / "holder.py"
+        holder_py.write_text(HOLDER)
+        outside = subprocess.Popen([sys.executable, str(holder_py), "1", "0", "0", str(gpu)],
+                                   stdout=subprocess.PIPE)
+        procs.append(outside)
+        assert outside.stdout is not None
+        if outside.stdout.readline().strip() != b"ready":
+            raise CheckFailed("the outside CUDA holder did not start")
+        baseline = nvml_state()[gpu]  # includes the outside holder, which must stay
+        plan = [("worker-0", 2, False, False), ("worker-1", 2, True, False),
+                ("worker-2", 2, False, True)]
+        inside: list[int] = []
+        for name, gib, ignore, fork in plan:
+            p = subprocess.Popen(
+                ["nsenter", "--target", str(init_pid), "--pid", "--mount", "--",
+                 sys.executable, "-c", f"import sys; sys.argv[0]={name!r}; exec(open("
+                 f"{str(holder_py)!r}).read())", str(gib), "1" if ignore else "0",
+                 "1" if fork else "0", str(gpu)], stdout=subprocess.PIPE)
+            procs.append(p)
+            assert p.stdout is not None
+            if p.stdout.readline().strip() != b"ready":
+                raise CheckFailed(f"CUDA holder {name} did not start")
+            kids = _descendants(p.pid)
+            for k in kids:
+                move(k, ct_cg / "ns" / ".lxc")
+            inside += kids
+        before = nvml_state()[gpu]
+        confdir = work / "pve"
+        confdir.mkdir()
+        nodes = sorted(str(p) for p in Path("/dev").glob("nvidia*") if p.is_char_device())
+        (confdir / f"{vmid}.conf").write_text("hostname: gpu-check\n" + "".join(
+            f"lxc.mount.entry: {n} {n[1:]} none bind,optional,create=file\n" for n in nodes))
+        pct = work / "pct"
+        pct.write_text(PCT.format(vmid=vmid, init=init_pid))
+        pct.chmod(0o755)
+        cfg = work / "pveclean.yaml"
+        cfg.write_text(json.dumps({
+            "report_dir": str(work / "reports"), "state_dir": str(work / "state"),
+            "pct_command": str(pct), "pve_config_dir": str(confdir),
+            "grace_seconds": args.grace, "deadline_seconds": args.deadline,
+            "cgroup_root": str(cg),
+        }))
+        cfg.chmod(0o600)
+        exe = shutil.which("pveclean") or str(Path(sys.executable).parent / "pveclean")
+        t0 = time.monotonic()
+        r = subprocess.run([exe, "ct", str(vmid), "--json", "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=args.deadline + 30,
+                           check=False)
+        took = time.monotonic() - t0
+        try:
+            rep = json.loads(r.stdout)
+        except json.JSONDecodeError:
+            raise CheckFailed(f"pveclean gave no JSON (exit {r.returncode}): "
+                              f"{r.stderr.strip()[-300:]}") from None
+        freed_at = None
+        end = time.monotonic() + args.deadline
+        while time.monotonic() < end:
+            used = nvml_state()[gpu]
+            if used <= baseline + args.tolerance_mib:
+                freed_at = time.monotonic() - t0
+                break
+            time.sleep(0.05)
+        after = nvml_state()[gpu]
+        found = {h["host_pid"]: h for h in rep.get("holders", [])}
+        missing = [p for p in inside if p not in found]
+        survivors = [p for p in inside if alive(p)]
+        rows = [
+            ("holders found / expected", f"{len([p for p in inside if p in found])} / "
+             f"{len(inside)}"),
+            ("sources", ", ".join(sorted({s for h in found.values() for s in h["sources"]}))),
+            ("holders with NVML memory", str(sum(1 for h in found.values()
+                                                 if h.get("gpu_memory_mib")))),
+            ("outcomes", json.dumps(rep.get("summary", {}).get("outcomes", {}))),
+            ("outside holder alive", str(alive(outside.pid))),
+            (f"GPU {gpu} used MiB: baseline / with holders / after", f"{baseline} / {before} / "
+             f"{after}"),
+            ("pveclean wall s / verdict / exit", f"{took:.2f} / {rep.get('verdict')} / "
+             f"{r.returncode}"),
+            ("seconds until memory back to baseline", f"{freed_at:.2f}" if freed_at else "never"),
+        ]
+        width = max(len(a) for a, _ in rows)
+        print(f"pveclean gpu-check on {os.uname().nodename}, GPU {gpu}, {time.strftime('%F %T')}")
+        for a, b in rows:
+            print(f"  {a:<{width}}  {b}")
+        problems = []
+        if missing:
+            problems.append(f"holders not found: {missing}")
+        if survivors:
+            problems.append(f"holders still alive: {survivors}")
+        if not alive(outside.pid):
+            problems.append("the outside holder was killed")
+        if freed_at is None:
+            problems.append("GPU memory did not return to baseline within the deadline")
+        if rep.get("verdict") != "clean" or r.returncode != 0:
+            problems.append(f"verdict {rep.get('verdict')}, exit {r.returncode}")
+        for p in problems:
+            print(f"gpu-check: FAIL: {p}", file=sys.stderr)
+        print("gpu-check: " + ("FAILED" if problems else "PASSED"))
+        return 1 if problems else 0
+    except CheckFailed as exc:
+        return fail(str(exc))
+    finally:
+        for p in procs:
+            for k in _descendants(p.pid):
+                with contextlib.suppress(OSError):
+                    os.kill(k, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                p.kill()
+            with contextlib.suppress(Exception):
+                p.wait(5)
+        for d in (ct_cg, mon_cg):
+            for sub in sorted((x for x, _d, _f in os.walk(d)), key=len, reverse=True):
+                with contextlib.suppress(OSError):
+                    os.rmdir(sub)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], _children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += _children(p)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", type=int, default=0)
+    ap.add_argument("--vmid", type=int, default=999_999_129)
+    ap.add_argument("--grace", type=float, default=5.0)
+    ap.add_argument("--deadline", type=float, default=30.0)
+    ap.add_argument("--tolerance-mib", type=int, default=256)
+    return run(ap.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
