@@ -18,6 +18,11 @@ DEFAULT_PATH = Path("/etc/pveclean/pveclean.yaml")
 ENV_VAR = "PVECLEAN_CONFIG"
 PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
 PRE_START_POLICIES = ("warn", "refuse")
+API_BACKENDS = ("local", "https")
+DEFAULT_API: dict[str, Any] = {
+    "backend": "local", "host": None, "user": "root@pam", "password_file": None,
+    "verify_ssl": True,
+}
 
 DEFAULT_REDACT = [
     r"(--[\w-]*(token|password|passwd|secret)[\w-]*[= ])\S+",
@@ -55,7 +60,9 @@ class Config:
     redact: list[str] = field(default_factory=lambda: list(DEFAULT_REDACT))
     metrics_path: str | None = None
     syslog: bool = True
+    syslog_socket: str = "/dev/log"
     strict_permissions: bool = True
+    api: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_API))
     source: str = "built-in defaults"
 
     def phase_enabled(self, phase: str) -> bool:
@@ -71,6 +78,20 @@ def _is_number(v: object) -> bool:
 
 def _str_list(v: object) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
+
+
+def _api_ok(v: object) -> bool:
+    def text(x: object) -> bool:
+        return isinstance(x, str) and bool(x.strip())
+
+    checks = {
+        "backend": lambda x: x in API_BACKENDS,
+        "host": lambda x: x is None or text(x),
+        "user": text,
+        "password_file": lambda x: x is None or (isinstance(x, str) and x.startswith("/")),
+        "verify_ssl": lambda x: isinstance(x, bool) or (isinstance(x, str) and x.startswith("/")),
+    }
+    return isinstance(v, dict) and all(k in checks and checks[k](x) for k, x in v.items())
 
 
 # key -> (description of the expected type, check, extra constraint or None)
@@ -99,7 +120,13 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "redact": ("a list of regular expressions", _str_list),
     "metrics_path": ("a path or null", lambda v: v is None or isinstance(v, str)),
     "syslog": ("true or false", lambda v: isinstance(v, bool)),
+    "syslog_socket": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "strict_permissions": ("true or false", lambda v: isinstance(v, bool)),
+    "api": (
+        "a mapping with backend ('local' or 'https'), host, user, password_file (a path) and "
+        "verify_ssl (true, false or a CA file path)",
+        _api_ok,
+    ),
 }
 
 
@@ -153,6 +180,8 @@ def parse(text: str, source: str = "<string>") -> Config:
         values[key] = value
     if "phases" in values:
         values["phases"] = {**{p: True for p in PHASES}, **values["phases"]}
+    if "api" in values:
+        values["api"] = {**DEFAULT_API, **values["api"]}
     _check_redact(values.get("redact", []), source)
     return replace(Config(), source=source, **values)
 

@@ -75,3 +75,45 @@ def render_run(rep: dict[str, Any]) -> str:
     for e in rep.get("errors", []):
         lines.append(f"error: {e}")
     return "\n".join(lines)
+
+
+def reports_table(reps: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One line per past run: time, vmid, phase, verdict, stopped, MiB freed, duration."""
+    rows = [("TIME (UTC)", "VMID", "PHASE", "VERDICT", "STOPPED", "MIB FREED", "SECONDS",
+             "REPORT")]
+    for name, r in reps:
+        s = r.get("summary") or {}
+        rows.append((
+            str(r.get("start", "?"))[:19].replace("T", " "),
+            str(r.get("vmid", "?")),
+            str(r.get("phase", "?")),
+            str(r.get("verdict", "?")),
+            f"{s.get('stopped', 0)}/{s.get('holders', 0)}",
+            str(s.get("freed_mib", 0)),
+            f"{float(r.get('duration_s', 0)):.2f}",
+            name,
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows]
+
+
+def render_report(r: dict[str, Any]) -> str:
+    """A whole report, readably: the run's summary, holders, memory, sources, problems."""
+    lines = [render_run(r), ""]
+    lines.append(f"started {r.get('start')} on {r.get('host')}, pveclean {r.get('pveclean')}")
+    srcs = r.get("sources") or {}
+    if srcs:
+        lines.append("sources: " + "; ".join(f"{k} {v}" for k, v in srcs.items()))
+    for h in r.get("holders", []):
+        lines.append(f"  PID {h['host_pid']} ({h.get('name')}): {h.get('cmdline')}")
+        lines.append(f"      cgroup {h.get('cgroup')}, user {h.get('user')}, seen by "
+                     f"{', '.join(h.get('sources', []))}, signals: "
+                     f"{', '.join(h.get('signals', [])) or 'none'}")
+    for o in r.get("other_gpu_users", []):
+        lines.append(f"  other GPU user (not signalled): PID {o['host_pid']} {o.get('name')} "
+                     f"in {o.get('cgroup')}")
+    for leak in r.get("leaks", []):
+        lines.append(f"  leak: GPU {leak['index']} {leak['unaccounted_mib']} MiB: "
+                     f"{leak['hint']}")
+    return "\n".join(lines)

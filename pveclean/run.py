@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__, procfs, pveconf, report
+from . import __version__, notify, procfs, pveconf, report
 from . import stop as stopper
 from .config import Config
 from .discover import Deadline, HostView, Scope, discover, scan_host
@@ -224,8 +224,10 @@ def finish(rep: dict[str, Any], cfg: Config, write_report: bool = True) -> RunRe
         path = report.write(rep, cfg.report_dir)
     except report.ReportError as exc:
         rep.setdefault("errors", []).append(str(exc))
+        notify.publish(rep, None, cfg.syslog, cfg.syslog_socket, cfg.metrics_path)
         return RunResult(rep, None, max(code, EXIT_REPORT), str(exc))
     report.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
+    notify.publish(rep, str(path), cfg.syslog, cfg.syslog_socket, cfg.metrics_path)
     return RunResult(rep, path, code)
 
 
