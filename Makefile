@@ -1,4 +1,7 @@
-# pveclean: `make demo` shows the main job in a lab container, `make test` runs everything.
+# pvedeb: venv
+	$(BIN)/python packaging/build_deb.py dist
+
+clean: `make demo` shows the main job in a lab container, `make test` runs everything.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
