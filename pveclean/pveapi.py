@@ -1,0 +1,193 @@
+"""The Proxmox API through proxmoxer, for install, uninstall and status (never the hook path).
+
+Backends: `local` runs `pvesh` on this host (as root; no credentials), `https` logs in as a
+user with a password ticket. Only root@pam may set or delete a hookscript, and Proxmox
+refuses API tokens for it, so tokens are refused here with a clear message.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import pveconf
+from .config import Config
+from .model import EXIT_ACCESS, EXIT_USAGE, PvecleanError
+
+ROOT_USER = "root@pam"
+TIMEOUT = 30  # seconds per call; pvesh pays a Perl start-up on every one
+ALWAYS_SHARED = ("nfs", "cifs", "cephfs", "glusterfs")  # shared without a `shared` flag
+
+
+@dataclass(frozen=True)
+class Container:
+    vmid: int
+    node: str
+    name: str
+    status: str  # running, stopped; unknown when its node is offline
+    lock: str | None = None
+    template: bool = False
+
+
+@dataclass(frozen=True)
+class Storage:
+    name: str
+    type: str
+    path: str | None
+    content: list[str]
+    shared: bool
+
+    @property
+    def snippets_dir(self) -> Path | None:
+        return Path(self.path) / "snippets" if self.path else None
+
+
+def _network_errors() -> tuple[type[Exception], ...]:
+    """requests' exceptions, when it is installed (only the https backend needs it)."""
+    if importlib.util.find_spec("requests") is None:
+        return ()
+    import requests
+
+    return (requests.RequestException,)
+
+
+def _network_message(exc: Exception, where: str) -> str:
+    if "SSLError" in {t.__name__ for t in type(exc).__mro__}:
+        return (f"cannot verify the TLS certificate of {where}: set api.verify_ssl to the "
+                "cluster's CA file (/etc/pve/pve-root-ca.pem)")
+    return f"cannot reach the Proxmox API at {where}: {type(exc).__name__}"
+
+
+class Api:
+    """A few calls of the Proxmox API; every failure becomes a PvecleanError with one line."""
+
+    def __init__(self, prox: Any, where: str, user: str) -> None:
+        self.prox = prox
+        self.where = where
+        self.user = user
+
+    def _call(self, method: str, path: str, **args: Any) -> Any:
+        from proxmoxer.core import ResourceException
+
+        try:
+            return getattr(self.prox(path.strip("/")), method)(**args)
+        except ResourceException as exc:
+            raise PvecleanError(self._explain(exc, method, path), EXIT_ACCESS) from None
+        except _network_errors() as exc:
+            raise PvecleanError(_network_message(exc, self.where), EXIT_ACCESS) from None
+        except subprocess.TimeoutExpired:
+            raise PvecleanError(f"pvesh {method} {path} did not answer in {TIMEOUT} s",
+                                EXIT_ACCESS) from None
+        except FileNotFoundError as exc:  # the local backend on a host without pvesh
+            raise PvecleanError(
+                f"{exc.filename or 'pvesh'} not found: api.backend local runs pvesh on a "
+                "Proxmox VE host; elsewhere use api.backend https", EXIT_ACCESS) from None
+
+    def _explain(self, exc: Any, method: str, path: str) -> str:
+        text = " ".join(str(exc.content or exc.status_message or "").split())
+        if exc.errors:
+            text += f" ({exc.errors})"
+        if exc.status_code == 595:
+            node = path.split("/")[2] if path.startswith("/nodes/") else "?"
+            return f"node '{node}' is offline or unreachable ({text})"
+        if exc.status_code == 403 and "hookscript" in text:
+            return (f"Proxmox refused it: {text}; set api.user to {ROOT_USER} "
+                    f"(now {self.user})")
+        return f"{method.upper()} {path}: {text or exc.status_code}"
+
+    # ---- reading ------------------------------------------------------------------------
+    def nodes(self) -> dict[str, bool]:
+        """Node name -> online."""
+        return {str(n["node"]): n.get("status") == "online" for n in self._call("get", "/nodes")}
+
+    def local_node(self) -> str:
+        """The node that answers the API (for the local backend: this host)."""
+        for item in self._call("get", "/cluster/status"):
+            if item.get("type") == "node" and int(item.get("local") or 0):
+                return str(item["name"])
+        raise PvecleanError(f"the API at {self.where} names no local node", EXIT_ACCESS)
+
+    def containers(self) -> list[Container]:
+        out = []
+        for r in self._call("get", "/cluster/resources", type="vm"):
+            if r.get("type") != "lxc":
+                continue
+            out.append(Container(int(r["vmid"]), str(r["node"]), str(r.get("name") or ""),
+                                 str(r.get("status") or "unknown"), r.get("lock") or None,
+                                 bool(int(r.get("template") or 0))))
+        return sorted(out, key=lambda c: c.vmid)
+
+    def ct_config(self, node: str, vmid: int) -> pveconf.CtConfig:
+        return config_from_api(vmid, self._call("get", f"/nodes/{node}/lxc/{vmid}/config"))
+
+    def storage(self, name: str) -> Storage:
+        d = self._call("get", f"/storage/{name}")
+        kind = str(d.get("type") or "")
+        content = [c for c in str(d.get("content") or "").split(",") if c]
+        shared = bool(int(d.get("shared") or 0)) or kind in ALWAYS_SHARED
+        return Storage(name, kind, d.get("path") or None, content, shared)
+
+    def snippets(self, node: str, storage: str) -> set[str]:
+        """Volume IDs of the snippets on this node's view of the storage."""
+        items = self._call("get", f"/nodes/{node}/storage/{storage}/content", content="snippets")
+        return {str(i["volid"]) for i in items if i.get("volid")}
+
+    # ---- changing -----------------------------------------------------------------------
+    def set_hookscript(self, node: str, vmid: int, volid: str) -> None:
+        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", hookscript=volid)
+
+    def delete_hookscript(self, node: str, vmid: int) -> None:
+        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", delete="hookscript")
+
+    def set_storage_content(self, storage: str, content: list[str]) -> None:
+        self._call("put", f"/storage/{storage}", content=",".join(content))
+
+
+def config_from_api(vmid: int, data: dict[str, Any]) -> pveconf.CtConfig:
+    """The API's config (raw lxc.* keys come as `lxc: [[key, value], ...]`) as a CtConfig."""
+    lines = [(k, str(v)) for k, v in sorted(data.items()) if k not in ("lxc", "digest")]
+    for pair in data.get("lxc") or []:
+        if isinstance(pair, list | tuple) and len(pair) == 2:
+            lines.append((str(pair[0]), str(pair[1])))
+    return pveconf.CtConfig(vmid, lines)
+
+
+def connect(cfg: Config) -> Api:
+    """The API as the config's `api` section says; bad settings are usage errors."""
+    from proxmoxer import ProxmoxAPI
+    from proxmoxer.core import AuthenticationError
+
+    a = cfg.api
+    user = str(a.get("user") or ROOT_USER)
+    if "!" in user:
+        raise PvecleanError(
+            f"api.user '{user}' is an API token: Proxmox lets only {ROOT_USER} set or delete "
+            f"hookscripts, with a password login; set api.user: {ROOT_USER} and "
+            "api.password_file (or use api.backend: local on the host)", EXIT_USAGE)
+    if a.get("backend") == "local":
+        return Api(ProxmoxAPI(backend="local", timeout=TIMEOUT), "pvesh on this host", ROOT_USER)
+    host, pwfile = a.get("host"), a.get("password_file")
+    if not host or not pwfile:
+        raise PvecleanError("api.backend https needs api.host and api.password_file", EXIT_USAGE)
+    try:
+        password = Path(pwfile).read_text(encoding="utf-8").strip("\n")
+    except OSError as exc:
+        raise PvecleanError(f"cannot read api.password_file {pwfile}: {exc.strerror}",
+                            EXIT_USAGE) from None
+    where = f"https://{host}"
+    if importlib.util.find_spec("requests") is None:
+        raise PvecleanError("api.backend https needs the Python package 'requests' "
+                            "(apt install python3-requests, or pip install requests)", EXIT_USAGE)
+    try:
+        prox = ProxmoxAPI(host, backend="https", user=user, password=password,
+                          verify_ssl=a.get("verify_ssl", True), timeout=TIMEOUT)
+    except AuthenticationError:
+        raise PvecleanError(f"login as {user} at {where} failed: check api.user and "
+                            "api.password_file", EXIT_ACCESS) from None
+    except _network_errors() as exc:
+        raise PvecleanError(_network_message(exc, where), EXIT_ACCESS) from None
+    return Api(prox, where, user)
+
