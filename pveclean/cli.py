@@ -113,19 +113,66 @@ def install(
     = False,
     storage: Annotated[str, typer.Option(help="Storage for the snippet.")] = "local",
     chain: Annotated[bool, typer.Option(help="Keep and call an existing hookscript.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
+    enable_snippets: Annotated[
+        bool, typer.Option("--enable-snippets", help="Add 'snippets' to the storage's content.")
+    ] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")]
+    = False,
+    config: ConfigOpt = None,
 ) -> None:
-    """Register the hookscript on containers."""
-    raise PvecleanError("install is not implemented yet", EXIT_USAGE)
+    """Register the hookscript on containers (through the Proxmox API, see 'api' in the config).
+
+    Copies hookscripts/pveclean-hook into the storage's snippets directory and sets it as the
+    containers' hookscript. Another hookscript is never replaced: without --chain the install
+    stops and names it; with --chain pveclean keeps it and runs it in every phase.
+    Running it again changes nothing.
+
+    Exit codes: 0 done, nothing to change, or a valid dry run; 2 bad arguments, or the plan
+    cannot go ahead (another hookscript, snippets not enabled, an API token...); 3 container
+    missing, node offline, container locked, or the API failed.
+
+    Example: pveclean install --all-gpu --dry-run
+    """
+    from .install import apply_install, carry_out, plan_install
+    from .pveapi import connect
+    from .pveconf import parse_vmid
+
+    cfg = load(config)
+    ids = [parse_vmid(v) for v in vmids or []]
+    if bool(ids) == all_gpu:
+        raise PvecleanError("give container IDs or --all-gpu (one of them)", EXIT_USAGE)
+    api = connect(cfg)
+    plan = plan_install(api, cfg, ids, all_gpu, storage, chain, enable_snippets)
+    raise typer.Exit(carry_out(plan, dry_run, lambda: apply_install(api, cfg, plan),
+                               lambda line, err: typer.echo(line, err=err)))
 
 
 @app.command()
 def uninstall(
     vmids: Annotated[list[str] | None, typer.Argument(help="Container IDs.")] = None,
-    all_: Annotated[bool, typer.Option("--all")] = False,
+    all_: Annotated[bool, typer.Option("--all", help="Every container with pveclean's hook.")]
+    = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")]
+    = False,
+    config: ConfigOpt = None,
 ) -> None:
-    """Remove the hookscript, restoring what was there before."""
-    raise PvecleanError("uninstall is not implemented yet", EXIT_USAGE)
+    """Remove the hookscript, restoring what was there before (a script kept by --chain).
+
+    With --all the snippet file goes too once no container uses it.
+    Exit codes as for install.
+    """
+    from .install import apply_uninstall, carry_out, plan_uninstall
+    from .pveapi import connect
+    from .pveconf import parse_vmid
+
+    cfg = load(config)
+    ids = [parse_vmid(v) for v in vmids or []]
+    if bool(ids) == all_:
+        raise PvecleanError("give container IDs or --all (one of them)", EXIT_USAGE)
+    api = connect(cfg)
+    plan = plan_uninstall(api, cfg, ids, all_)
+    raise typer.Exit(carry_out(plan, dry_run, lambda: apply_uninstall(api, cfg, plan),
+                               lambda line, err: typer.echo(line, err=err)))
 
 
 @app.command()

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from pveclean import config, pveapi
+from pveclean.cli import run_app
 from pveclean.model import EXIT_ACCESS, EXIT_USAGE, PvecleanError
 
 GPU_LXC = [["lxc.cgroup2.devices.allow", "c 195:* rwm"],
@@ -91,13 +92,18 @@ def test_sets_and_deletes_the_hookscript(cluster: Cluster) -> None:
     assert puts == [("PUT", "/api2/json/nodes/pve2/lxc/201/config")] * 2
 
 
-def test_api_token_is_refused_with_a_clear_error(cluster: Cluster) -> None:
+def test_api_token_is_refused_with_a_clear_error(cluster: Cluster,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     cfg = write_config(cluster.tmp, backend="https", host="127.0.0.1:1",
                        user="root@pam!pveclean", password_file=str(cluster.tmp / "password"))
     with pytest.raises(PvecleanError) as exc:
         pveapi.connect(config.load(cfg))
     assert exc.value.exit_code == EXIT_USAGE
     assert "is an API token: Proxmox lets only root@pam set or delete hookscripts" in str(exc.value)
+    assert run_app(["install", "101", "-c", str(cfg)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("pveclean: api.user 'root@pam!pveclean' is an API token")
+    assert err.count("\n") == 1
 
 
 def test_proxmox_refuses_other_users_the_hookscript(cluster: Cluster) -> None:

@@ -492,11 +492,11 @@ class Lab:
     def install_hook(self, vmid: int, name: str = "pveclean-hook") -> str:
         """Copy the hookscript into the lab's snippets with the lab's pveclean and config,
         as `pveclean install` does on a host, and register it with the pct stand-in."""
+        from pveclean.install import stamp
+
         exe = Path(sys.executable).parent / "pveclean"
-        text = (REPO / "hookscripts/pveclean-hook").read_text()
-        text = text.replace('PVECLEAN_BIN=""', f'PVECLEAN_BIN="{exe}"', 1)
-        text = text.replace('PVECLEAN_CONFIG_FILE=""',
-                            f'PVECLEAN_CONFIG_FILE="{self.config_path}"', 1)
+        text = stamp((REPO / "hookscripts/pveclean-hook").read_text(), str(exe),
+                     str(self.config_path))
         dest = self.snippets / name
         dest.write_text(text)
         dest.chmod(0o755)

@@ -267,6 +267,9 @@ def cmd_set(lab: Lab, args: list[str]) -> None:
     conf = lab.read_conf(vmid)
     lock = lab.lock(vmid)
     try:
+        held = dict(conf).get("lock")
+        if held:  # PVE::AbstractConfig::check_lock
+            raise PctError(f"CT is locked ({held})")
         if "--hookscript" in args:
             volid = args[args.index("--hookscript") + 1]
             path = lab.resolve_volume(volid)

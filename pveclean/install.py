@@ -1,0 +1,454 @@
+"""`pveclean install` and `uninstall`: put the hookscript into a storage's snippets directory
+and register it on containers through the Proxmox API.
+
+Plan first, then apply: a plan with problems changes nothing. Another hookscript is never
+replaced silently: without --chain that is a problem; with --chain it is recorded
+(pveclean.chain) and the hook runs it in every phase. A chain record lives in state_dir of
+the node the container runs on, so chaining and uninstalling work on this node's containers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import chain, procfs, pveconf
+from .config import DEFAULT_PATH, Config
+from .model import EXIT_ACCESS, EXIT_OK, EXIT_USAGE, PvecleanError
+from .pveapi import Api, Container
+
+HOOK_NAME = "pveclean-hook"
+TEMPLATES = (  # a checkout or editable install; the .deb's copy
+    Path(__file__).resolve().parent.parent / "hookscripts" / HOOK_NAME,
+    Path("/usr/share/pveclean/hookscripts") / HOOK_NAME,
+)
+MARKER = "# pveclean guest hookscript"
+_UNSAFE = set('"$`\\\n')
+
+
+def stamp(text: str, bin_path: str, config_file: str | None) -> str:
+    """The hookscript with the pveclean command (and a non-default config) filled in."""
+    for value in (bin_path, config_file or ""):
+        if _UNSAFE & set(value):
+            raise PvecleanError(f"path {value!r} cannot go into a shell script", EXIT_USAGE)
+    text = text.replace('PVECLEAN_BIN=""', f'PVECLEAN_BIN="{bin_path}"', 1)
+    if config_file:
+        text = text.replace('PVECLEAN_CONFIG_FILE=""', f'PVECLEAN_CONFIG_FILE="{config_file}"', 1)
+    return text
+
+
+def pveclean_bin() -> str:
+    """Absolute path of the running pveclean console script."""
+    argv0 = Path(sys.argv[0])
+    candidates = [argv0] if argv0.name == "pveclean" else []
+    candidates.append(Path(sys.executable).parent / "pveclean")
+    found = shutil.which("pveclean")
+    if found:
+        candidates.append(Path(found))
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c.absolute())
+    raise PvecleanError("cannot find the pveclean command to put into the hookscript",
+                        EXIT_ACCESS)
+
+
+def config_file(cfg: Config) -> str | None:
+    """The config file to stamp: None for the built-in defaults and the default path."""
+    if cfg.source == Config().source:
+        return None
+    path = Path(cfg.source).absolute()
+    return None if path == DEFAULT_PATH else str(path)
+
+
+def hook_text(cfg: Config) -> str:
+    for template in TEMPLATES:
+        if template.is_file():
+            try:
+                text = template.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise PvecleanError(f"cannot read {template}: {exc.strerror}",
+                                    EXIT_ACCESS) from None
+            return stamp(text, pveclean_bin(), config_file(cfg))
+    looked = ", ".join(map(str, TEMPLATES))
+    raise PvecleanError(f"hookscript template not found (looked at {looked})", EXIT_ACCESS)
+
+
+def is_pveclean(volid: str | None) -> bool:
+    return bool(volid) and str(volid).rsplit("/", 1)[-1] == HOOK_NAME
+
+
+@dataclass
+class Step:
+    vmid: int
+    node: str
+    action: str  # set, chain, unchanged, restore, delete, skip
+    before: str | None = None  # the hookscript now
+    after: str | None = None  # the hookscript it gets
+    chained: str | None = None  # the script the hook runs too (install --chain)
+    chained_path: str | None = None
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    command: str  # install or uninstall
+    storage: str | None = None
+    file: Path | None = None
+    file_action: str = "none"  # create, update, unchanged, keep, none
+    text: str = ""
+    enable_snippets: list[str] | None = None  # the storage's new content list
+    remove_files: list[Path] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    problems: list[tuple[str, int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def problem(self, message: str, code: int = EXIT_USAGE) -> None:
+        self.problems.append((message, code))
+
+    @property
+    def exit_code(self) -> int:
+        return max((c for _, c in self.problems), default=0)
+
+    @property
+    def changes(self) -> int:
+        return (sum(s.action in ("set", "chain", "restore", "delete") for s in self.steps)
+                + (self.file_action in ("create", "update")) + bool(self.remove_files)
+                + (self.enable_snippets is not None))
+
+
+@dataclass
+class Outcome:
+    done: list[str] = field(default_factory=list)
+    errors: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return max((c for _, c in self.errors), default=0)
+
+
+# ---- install ----------------------------------------------------------------------------
+def _targets(api: Api, plan: Plan, vmids: list[int],
+             online: dict[str, bool]) -> list[tuple[Container, pveconf.CtConfig]]:
+    cts = {c.vmid: c for c in api.containers()}
+    out = []
+    for vmid in vmids:
+        c = cts.get(vmid)
+        if c is None:
+            plan.problem(f"CT {vmid} does not exist in this cluster", EXIT_ACCESS)
+        elif not online.get(c.node, False):
+            plan.problem(f"CT {vmid}: its node {c.node} is offline", EXIT_ACCESS)
+        else:
+            out.append((c, api.ct_config(c.node, vmid)))
+    return out
+
+
+def _all(api: Api, plan: Plan, online: dict[str, bool],
+         ) -> list[tuple[Container, pveconf.CtConfig]]:
+    out = []
+    for c in api.containers():
+        if c.template:
+            continue
+        if not online.get(c.node, False):
+            plan.notes.append(f"CT {c.vmid}: its node {c.node} is offline; not looked at")
+            continue
+        out.append((c, api.ct_config(c.node, c.vmid)))
+    return out
+
+
+def _file_action(plan: Plan, path: Path, text: str) -> str:
+    try:
+        old = path.read_text(encoding="utf-8", errors="replace")
+        st = path.stat()
+    except FileNotFoundError:
+        return "create"
+    except OSError as exc:
+        plan.problem(f"cannot read {path}: {exc.strerror}", EXIT_ACCESS)
+        return "keep"
+    if MARKER not in old:
+        plan.problem(f"{path} exists and is not pveclean's hookscript; not overwriting it")
+        return "keep"
+    owner_ok = os.geteuid() != 0 or (st.st_uid, st.st_gid) == (0, 0)
+    return "unchanged" if old == text and st.st_mode & 0o777 == 0o755 and owner_ok else "update"
+
+
+def _snippet_path(api: Api, volid: str) -> Path | None:
+    storage, _, volname = volid.partition(":")
+    name = volname.removeprefix("snippets/")
+    if not storage or name == volname or not name or "/" in name:
+        return None
+    sdir = api.storage(storage).snippets_dir
+    return sdir / name if sdir else None
+
+
+def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage: str,
+                 chain_existing: bool, enable_snippets: bool) -> Plan:
+    plan = Plan("install", storage=storage)
+    here, online = api.local_node(), api.nodes()
+    st = api.storage(storage)
+    if st.snippets_dir is None:
+        plan.problem(f"storage '{storage}' (type {st.type}) has no directory for snippets; "
+                     "choose a directory storage (dir, nfs, cifs, cephfs) with --storage")
+        return plan
+    volid = f"{storage}:snippets/{HOOK_NAME}"
+    plan.file = st.snippets_dir / HOOK_NAME
+    plan.text = hook_text(cfg)
+    plan.file_action = _file_action(plan, plan.file, plan.text)
+    if "snippets" not in st.content:
+        content = [c for c in st.content if c != "none"] + ["snippets"]
+        if enable_snippets:
+            plan.enable_snippets = content
+        else:
+            plan.problem(f"storage '{storage}' does not allow snippets; enable them with: "
+                         f"pvesm set {storage} --content {','.join(content)} "
+                         "(or rerun with --enable-snippets)")
+    majors = procfs.nvidia_majors()
+    if all_gpu:
+        targets = []
+        for c, conf in _all(api, plan, online):
+            if not conf.gpu_lines(majors):
+                continue
+            if not st.shared and c.node != here:
+                plan.notes.append(f"CT {c.vmid} on node {c.node} skipped: storage '{storage}' is "
+                                  f"not shared; run pveclean install --all-gpu on {c.node}")
+                continue
+            targets.append((c, conf))
+        if not targets and not plan.notes:
+            plan.notes.append("no container has GPU passthrough in its config")
+    else:
+        targets = []
+        for c, conf in _targets(api, plan, vmids, online):
+            if not st.shared and c.node != here:
+                plan.problem(f"CT {c.vmid} is on node {c.node} and storage '{storage}' is not "
+                             f"shared: run pveclean install there, or use --storage with a "
+                             "shared storage")
+                continue
+            if not conf.gpu_lines(majors):
+                plan.notes.append(f"CT {c.vmid} has no GPU passthrough in its config; "
+                                  "registering anyway")
+            targets.append((c, conf))
+    for c, conf in targets:
+        _install_step(api, cfg, plan, c, conf, volid, chain_existing, here)
+    return plan
+
+
+def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf.CtConfig,
+                  volid: str, chain_existing: bool, here: str) -> None:
+    cur = conf.hookscript
+    step = Step(c.vmid, c.node, "set", before=cur, after=volid)
+    rec = chain.read_record(cfg, c.vmid) if c.node == here else None
+    if cur == volid:
+        step.action = "unchanged"
+        step.chained = rec[0] if rec else None
+        plan.steps.append(step)
+        return
+    if c.lock:
+        plan.problem(f"CT {c.vmid} is locked ({c.lock}); try again when that is over",
+                     EXIT_ACCESS)
+        return
+    if cur is not None and not is_pveclean(cur):
+        if not chain_existing:
+            plan.problem(f"CT {c.vmid} already has hookscript {cur}; not replacing it: rerun "
+                         "with --chain to keep it (pveclean then runs it in every phase), or "
+                         f"remove it first (pct set {c.vmid} --delete hookscript)")
+            return
+        if c.node != here:
+            plan.problem(f"CT {c.vmid} is on node {c.node}: --chain records its hookscript "
+                         f"{cur} on the node it runs on; run pveclean install --chain there")
+            return
+        path = _snippet_path(api, cur)
+        if path is None or not path.is_file():
+            plan.problem(f"CT {c.vmid}: its hookscript {cur} is not a file on this node "
+                         f"({path or 'not a snippets volume'}); cannot chain it", EXIT_ACCESS)
+            return
+        step.action, step.chained, step.chained_path = "chain", cur, str(path)
+    elif rec:
+        step.chained = rec[0]  # pveclean moved to another storage: the chain stays
+    plan.steps.append(step)
+
+
+def write_hook(path: Path, text: str) -> None:
+    """Atomically: executable, root-owned when run as root."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o755)
+        try:
+            os.write(fd, text.encode())
+            os.fchmod(fd, 0o755)
+            if os.geteuid() == 0:
+                os.fchown(fd, 0, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise PvecleanError(f"cannot write {path}: {exc.strerror}", EXIT_ACCESS) from None
+
+
+def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
+    out = Outcome()
+    if plan.problems:
+        raise PvecleanError("refusing to apply a plan with problems", EXIT_USAGE)
+    if plan.enable_snippets is not None and plan.storage:
+        api.set_storage_content(plan.storage, plan.enable_snippets)
+        out.done.append(f"storage '{plan.storage}': content {','.join(plan.enable_snippets)}")
+    if plan.file is not None and plan.file_action in ("create", "update"):
+        write_hook(plan.file, plan.text)
+        out.done.append(f"wrote {plan.file}")
+    for s in plan.steps:
+        if s.action not in ("set", "chain"):
+            continue
+        assert s.after is not None
+        try:
+            if s.action == "chain":
+                assert s.chained and s.chained_path
+                chain.write_record(cfg, s.vmid, s.chained, s.chained_path)
+            elif s.before is None:
+                chain.remove_record(cfg, s.vmid)  # a stale record must not run
+            try:
+                api.set_hookscript(s.node, s.vmid, s.after)
+            except PvecleanError:
+                if s.action == "chain":
+                    chain.remove_record(cfg, s.vmid)
+                raise
+        except PvecleanError as exc:
+            out.errors.append((f"CT {s.vmid}: {exc}", exc.exit_code))
+            continue
+        except OSError as exc:
+            out.errors.append((f"CT {s.vmid}: cannot write the chain record: {exc.strerror}",
+                               EXIT_ACCESS))
+            continue
+        out.done.append(f"CT {s.vmid}: hookscript {s.after}"
+                        + (f" (runs {s.chained} too)" if s.chained else ""))
+    return out
+
+
+# ---- uninstall --------------------------------------------------------------------------
+def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
+    plan = Plan("uninstall")
+    here, online = api.local_node(), api.nodes()
+    seen = _all(api, plan, online) if all_ else _targets(api, plan, vmids, online)
+    removed: set[str] = set()
+    still_used: set[str] = set()
+    for c, conf in seen:
+        cur = conf.hookscript
+        if not is_pveclean(cur):
+            if not all_:
+                plan.steps.append(Step(c.vmid, c.node, "skip", before=cur,
+                                       note=f"hookscript is {cur or 'not set'}, not pveclean's"))
+            continue
+        if c.node != here:
+            if all_:
+                plan.notes.append(f"CT {c.vmid} on node {c.node} skipped: run pveclean "
+                                  "uninstall --all there")
+                still_used.add(str(cur))
+            else:
+                plan.problem(f"CT {c.vmid} is on node {c.node}: its chained hookscript (if any) "
+                             "is recorded there; run pveclean uninstall there")
+            continue
+        if c.lock:
+            plan.problem(f"CT {c.vmid} is locked ({c.lock}); try again when that is over",
+                         EXIT_ACCESS)
+            continue
+        rec = chain.read_record(cfg, c.vmid)
+        if rec:
+            plan.steps.append(Step(c.vmid, c.node, "restore", before=cur, after=rec[0]))
+        else:
+            plan.steps.append(Step(c.vmid, c.node, "delete", before=cur))
+        removed.add(str(cur))
+    if all_ and not any(not up for up in online.values()):
+        for volid in sorted(removed - still_used):
+            path = _snippet_path(api, volid)
+            if path is not None and path.is_file():
+                plan.remove_files.append(path)
+    return plan
+
+
+def apply_uninstall(api: Api, cfg: Config, plan: Plan) -> Outcome:
+    out = Outcome()
+    if plan.problems:
+        raise PvecleanError("refusing to apply a plan with problems", EXIT_USAGE)
+    for s in plan.steps:
+        try:
+            if s.action == "restore":
+                assert s.after is not None
+                api.set_hookscript(s.node, s.vmid, s.after)
+                out.done.append(f"CT {s.vmid}: hookscript {s.after} restored")
+            elif s.action == "delete":
+                api.delete_hookscript(s.node, s.vmid)
+                out.done.append(f"CT {s.vmid}: hookscript {s.before} removed")
+            else:
+                continue
+            chain.remove_record(cfg, s.vmid)
+        except PvecleanError as exc:
+            out.errors.append((f"CT {s.vmid}: {exc}", exc.exit_code))
+    if out.errors:
+        return out
+    for path in plan.remove_files:
+        try:
+            if MARKER in path.read_text(encoding="utf-8", errors="replace"):
+                path.unlink()
+                out.done.append(f"removed {path}")
+        except OSError as exc:
+            out.errors.append((f"cannot remove {path}: {exc.strerror}", EXIT_ACCESS))
+    return out
+
+
+# ---- text -------------------------------------------------------------------------------
+def describe(plan: Plan) -> list[str]:
+    """The plan, one line per thing it does or leaves alone."""
+    lines = []
+    if plan.enable_snippets is not None:
+        lines.append(f"storage '{plan.storage}': add content 'snippets' "
+                     f"(content {','.join(plan.enable_snippets)})")
+    if plan.file is not None and plan.file_action != "none":
+        lines.append(f"{plan.file}: {plan.file_action}")
+    for s in plan.steps:
+        who = f"CT {s.vmid} ({s.node})"
+        if s.action == "set":
+            extra = f", replacing {s.before}" if s.before else ""
+            extra += f"; keeps running {s.chained}" if s.chained else ""
+            lines.append(f"{who}: set hookscript {s.after}{extra}")
+        elif s.action == "chain":
+            lines.append(f"{who}: set hookscript {s.after}; chain {s.chained} "
+                         "(pveclean runs it in every phase)")
+        elif s.action == "unchanged":
+            extra = f" (runs {s.chained} too)" if s.chained else ""
+            lines.append(f"{who}: unchanged, hookscript is {s.after}{extra}")
+        elif s.action == "restore":
+            lines.append(f"{who}: restore hookscript {s.after} (instead of {s.before})")
+        elif s.action == "delete":
+            lines.append(f"{who}: delete hookscript {s.before}")
+        else:
+            lines.append(f"{who}: left alone, {s.note}")
+    lines += [f"remove {p}" for p in plan.remove_files]
+    lines += [f"note: {n}" for n in plan.notes]
+    return lines
+
+
+def carry_out(plan: Plan, dry_run: bool, apply: Callable[[], Outcome],
+              echo: Callable[[str, bool], None]) -> int:
+    """Print the plan; stop at its problems; apply it unless a dry run. Returns the exit code."""
+    for line in describe(plan):
+        echo(line, False)
+    for message, _code in plan.problems:
+        echo(f"pveclean: {message}", True)
+    if plan.problems:
+        echo(f"pveclean: nothing changed ({len(plan.problems)} problem(s))", True)
+        return plan.exit_code
+    if dry_run:
+        echo(f"dry run: {plan.changes} change(s) planned, nothing changed", False)
+        return EXIT_OK
+    if not plan.changes:
+        echo("nothing to change", False)
+        return EXIT_OK
+    outcome = apply()
+    for line in outcome.done:
+        echo(f"done: {line}", False)
+    for message, _code in outcome.errors:
+        echo(f"pveclean: {message}", True)
+    return outcome.exit_code

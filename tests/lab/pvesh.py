@@ -1,0 +1,160 @@
+"""A `pvesh` stand-in for the lab, for proxmoxer's `local` backend. Stdlib only.
+
+Answers the few API paths pveclean's install, uninstall and status use, from the lab's files
+(<lab>/etc/pve/lxc/*.conf, <lab>/etc/pve/storage.cfg) as a standalone PVE node would:
+`pvesh get|set PATH [-key value ...] [--output-format json]`. Container config changes go
+through the pct stand-in's `set` (same config lock, lock check and hookscript checks).
+Errors go to stderr with exit code 255, as pvesh does.
+Usage: pvesh.py --lab DIR <get|set> PATH ...
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import pct  # noqa: E402  (the pct stand-in, next to this file)
+
+NODE = pct.NODE
+
+
+def install(lab_root: Path) -> Path:
+    """Write <lab>/bin/pvesh; put <lab>/bin first in PATH for pveclean to find it."""
+    path = lab_root / "bin" / "pvesh"
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__)}" --lab "{lab_root}" '
+                    '"$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def read_storage_cfg(path: Path) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if line[0] not in " \t":
+            kind, _, sid = line.partition(":")
+            current = out[sid.strip()] = {"type": kind.strip()}
+        elif current is not None:
+            key, _, value = line.strip().partition(" ")
+            current[key] = value.strip()
+    return out
+
+
+def write_storage_cfg(path: Path, cfg: dict[str, dict[str, str]]) -> None:
+    text = ""
+    for sid, opts in cfg.items():
+        text += f"{opts['type']}: {sid}\n"
+        text += "".join(f"\t{k} {v}\n" for k, v in opts.items() if k != "type") + "\n"
+    path.write_text(text)
+
+
+def ct_config(lab: pct.Lab, vmid: str) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    raw = []
+    for k, v in lab.read_conf(vmid):
+        if k.startswith("lxc."):
+            raw.append([k, v])
+        else:
+            data[k] = int(v) if v.isdigit() and k in ("memory", "swap", "cores") else v
+    if raw:
+        data["lxc"] = raw
+    data["digest"] = "0" * 40
+    return data
+
+
+def handle(lab: pct.Lab, method: str, path: str, opts: dict[str, str]) -> Any:
+    storage_cfg = lab.root / "etc/pve/storage.cfg"
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[0] == "nodes" and parts[1] != NODE:
+        raise pct.PctError(f"no such cluster node '{parts[1]}'")
+    if method == "get" and parts == ["cluster", "status"]:
+        return [{"type": "node", "id": f"node/{NODE}", "name": NODE, "nodeid": 0, "ip": "127.0.0.1",
+                 "local": 1, "online": 1, "level": ""}]
+    if method == "get" and parts == ["nodes"]:
+        return [{"node": NODE, "id": f"node/{NODE}", "type": "node", "status": "online"}]
+    if method == "get" and parts == ["cluster", "resources"]:
+        out = []
+        if opts.get("type") not in (None, "vm"):
+            return out
+        for conf in sorted(lab.confdir.glob("*.conf"), key=lambda p: int(p.stem)):
+            vmid = conf.stem
+            c = dict(lab.read_conf(vmid))
+            item: dict[str, Any] = {"id": f"lxc/{vmid}", "type": "lxc", "vmid": int(vmid),
+                                    "node": NODE, "name": c.get("hostname", ""),
+                                    "status": lab.state(vmid), "template": 0}
+            if c.get("lock"):
+                item["lock"] = c["lock"]
+            out.append(item)
+        return out
+    m = re.fullmatch(r"nodes/[^/]+/lxc/(\d+)/config", "/".join(parts))
+    if m:
+        vmid = m.group(1)
+        if method == "get":
+            return ct_config(lab, vmid)
+        args = [vmid]
+        if "hookscript" in opts:
+            args += ["--hookscript", opts["hookscript"]]
+        if "delete" in opts:
+            args += ["--delete", opts["delete"]]
+        if len(args) == 1:
+            raise pct.PctError("no options specified")
+        pct.cmd_set(lab, args)
+        return None
+    if len(parts) == 2 and parts[0] == "storage":
+        cfg = read_storage_cfg(storage_cfg)
+        if parts[1] not in cfg:
+            raise pct.PctError(f"storage '{parts[1]}' does not exist")
+        if method == "get":
+            return {**cfg[parts[1]], "storage": parts[1], "digest": "0" * 40}
+        cfg[parts[1]].update({k: v for k, v in opts.items() if k in ("content", "shared")})
+        write_storage_cfg(storage_cfg, cfg)
+        return None
+    m = re.fullmatch(r"nodes/[^/]+/storage/([^/]+)/content", "/".join(parts))
+    if m and method == "get":
+        opts_of = read_storage_cfg(storage_cfg).get(m.group(1))
+        if opts_of is None:
+            raise pct.PctError(f"storage '{m.group(1)}' does not exist")
+        sdir = Path(opts_of.get("path", "/nonexistent")) / "snippets"
+        files = sorted(p for p in sdir.glob("*") if p.is_file()) if sdir.is_dir() else []
+        return [{"volid": f"{m.group(1)}:snippets/{p.name}", "content": "snippets",
+                 "format": "snippet", "size": p.stat().st_size} for p in files]
+    raise pct.PctError(f"No '{method}' handler defined for '{path}'")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 4 or argv[0] != "--lab":
+        print("usage: pvesh.py --lab DIR <get|set> PATH ...", file=sys.stderr)
+        return 255
+    lab = pct.Lab(Path(argv[1]))
+    method, path, rest = argv[2], argv[3], argv[4:]
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(rest):
+        key = rest[i]
+        if key == "--output-format":
+            i += 2
+            continue
+        if not key.startswith("-") or i + 1 >= len(rest):
+            print(f"400 unable to parse option '{key}'", file=sys.stderr)
+            return 255
+        opts[key.lstrip("-")] = rest[i + 1]
+        i += 2
+    try:
+        result = handle(lab, method, path, opts)
+    except pct.PctError as exc:
+        print(str(exc), file=sys.stderr)
+        return 255
+    if result is not None:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

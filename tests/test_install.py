@@ -1,0 +1,214 @@
+"""`pveclean install` / `uninstall`: on a host (the lab: real containers, pvesh and pct
+stand-ins, proxmoxer's local backend) and across a cluster (fakepve over https)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pveclean.cli import run_app
+from pveclean.model import PvecleanError
+from tests.lab import pvesh
+from tests.lab.lxclab import Lab
+from tests.test_pveapi import Cluster
+from tests.test_pveapi import cluster as cluster  # the fixture
+
+HOOK = "local:snippets/pveclean-hook"
+ENABLE_HINT = "pvesm set local --content iso,vztmpl,backup,snippets"
+
+
+@pytest.fixture
+def host(lab: Lab) -> Lab:
+    """The lab as a Proxmox host for install: a pvesh stand-in, pveclean's state in the lab."""
+    pvesh.install(lab.root)
+    lab.write_config(state_dir=str(lab.root / "state"))
+    return lab
+
+
+def pveclean(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:
+    env = lab.env()
+    env["PATH"] = f"{lab.root / 'bin'}:{env['PATH']}"
+    return lab.pveclean(*args, env=env)
+
+
+def conf(lab: Lab, vmid: int) -> dict[str, str]:
+    text = (lab.root / "etc/pve/lxc" / f"{vmid}.conf").read_text()
+    return dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+
+
+def other_hook(lab: Lab, vmid: int, name: str = "other.sh") -> Path:
+    """Someone else's hookscript: logs every phase it runs in."""
+    log = lab.root / f"{name}.log"
+    script = lab.snippets / name
+    script.write_text(f'#!/bin/sh\necho "$1 $2" >> {log}\nexit 0\n')
+    script.chmod(0o755)
+    lab.pct("set", str(vmid), "--hookscript", f"local:snippets/{name}")
+    return log
+
+
+def test_install_on_host_needs_snippets_then_registers_a_working_hook(host: Lab,
+                                                                      vmid: int) -> None:
+    host.create_ct(vmid, gpus=(0,))
+    w = host.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 1000})
+    res = pveclean(host, "install", str(vmid))
+    assert res.returncode == 2, res.stderr
+    assert ENABLE_HINT in res.stderr and "nothing changed" in res.stderr
+    assert not (host.snippets / "pveclean-hook").exists() and "hookscript" not in conf(host, vmid)
+
+    res = pveclean(host, "install", str(vmid), "--enable-snippets")
+    assert res.returncode == 0, res.stderr
+    assert "content iso,vztmpl,backup,snippets" in (host.root / "etc/pve/storage.cfg").read_text()
+    script = host.snippets / "pveclean-hook"
+    st = script.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o755 and (st.st_uid, st.st_gid) == (0, 0)
+    text = script.read_text()
+    assert f'PVECLEAN_BIN="{Path(sys.executable).parent / "pveclean"}"' in text
+    assert f'PVECLEAN_CONFIG_FILE="{host.config_path}"' in text
+    assert conf(host, vmid)["hookscript"] == HOOK
+
+    # Proxmox now runs it: pct stop calls the registered hook, which stops the holder.
+    out = host.pct("stop", str(vmid)).stdout
+    assert f"pveclean: CT {vmid} pre-stop: stopped 1 GPU holders (1000 MiB freed)" in out
+    assert not any(host.alive(p) for p in w.host_pids(host))
+
+
+def test_second_install_changes_nothing(host: Lab, vmid: int) -> None:
+    host.create_ct(vmid, gpus=(0,), start=False)
+    assert pveclean(host, "install", str(vmid), "--enable-snippets").returncode == 0
+    script = host.snippets / "pveclean-hook"
+    before = (script.stat().st_mtime_ns, (host.root / "etc/pve/lxc" / f"{vmid}.conf").read_text())
+    res = pveclean(host, "install", str(vmid))
+    assert res.returncode == 0, res.stderr
+    assert f"CT {vmid} (labnode): unchanged, hookscript is {HOOK}" in res.stdout
+    assert "nothing to change" in res.stdout
+    after = (script.stat().st_mtime_ns, (host.root / "etc/pve/lxc" / f"{vmid}.conf").read_text())
+    assert after == before
+
+
+def test_other_hookscript_is_refused_then_chained_then_restored(host: Lab, vmid: int) -> None:
+    host.create_ct(vmid, gpus=(0,), start=False)
+    log = other_hook(host, vmid)
+    res = pveclean(host, "install", str(vmid), "--enable-snippets")
+    assert res.returncode == 2
+    assert (f"CT {vmid} already has hookscript local:snippets/other.sh; not replacing it: "
+            "rerun with --chain") in res.stderr
+    assert conf(host, vmid)["hookscript"] == "local:snippets/other.sh"
+    assert not (host.snippets / "pveclean-hook").exists()  # a refused plan changes nothing
+
+    res = pveclean(host, "install", str(vmid), "--enable-snippets", "--chain", "--dry-run")
+    assert res.returncode == 0 and "chain local:snippets/other.sh" in res.stdout
+    assert "dry run: 3 change(s) planned, nothing changed" in res.stdout
+    assert conf(host, vmid)["hookscript"] == "local:snippets/other.sh"
+    assert not (host.snippets / "pveclean-hook").exists()
+
+    res = pveclean(host, "install", str(vmid), "--enable-snippets", "--chain")
+    assert res.returncode == 0, res.stderr
+    assert conf(host, vmid)["hookscript"] == HOOK
+    record = host.root / "state/chain" / str(vmid)
+    assert record.read_text() == f"local:snippets/other.sh\n{host.snippets / 'other.sh'}\n"
+    host.pct("start", str(vmid))
+    host.pct("stop", str(vmid))
+    phases = [ln.split()[1] for ln in log.read_text().splitlines()]
+    assert phases[:3] == ["pre-start", "post-start", "pre-stop"]  # post-stop comes via LXC
+
+    res = pveclean(host, "uninstall", str(vmid))
+    assert res.returncode == 0, res.stderr
+    assert f"CT {vmid}: hookscript local:snippets/other.sh restored" in res.stdout
+    assert conf(host, vmid)["hookscript"] == "local:snippets/other.sh"
+    assert not record.exists()
+    res = pveclean(host, "uninstall", str(vmid))
+    assert res.returncode == 0 and "not pveclean's" in res.stdout
+    assert "nothing to change" in res.stdout
+
+
+def test_all_gpu_and_uninstall_all(host: Lab, vmid: int, vmid2: int) -> None:
+    host.create_ct(vmid, gpus=(1,), style="dev", start=False)
+    host.create_ct(vmid2, gpus=(), start=False)
+    res = pveclean(host, "install", "--all-gpu", "--enable-snippets")
+    assert res.returncode == 0, res.stderr
+    assert conf(host, vmid)["hookscript"] == HOOK and "hookscript" not in conf(host, vmid2)
+    res = pveclean(host, "uninstall", "--all")
+    assert res.returncode == 0, res.stderr
+    assert "hookscript" not in conf(host, vmid)
+    assert not (host.snippets / "pveclean-hook").exists()
+
+
+def test_locked_container_and_bad_input(host: Lab, vmid: int) -> None:
+    host.create_ct(vmid, gpus=(0,), start=False, extra=[("lock", "backup")])
+    res = pveclean(host, "install", str(vmid), "--enable-snippets")
+    assert res.returncode == 3 and f"CT {vmid} is locked (backup)" in res.stderr
+    assert "hookscript" not in conf(host, vmid)
+    for args, needle in ((["install"], "give container IDs or --all-gpu"),
+                         (["install", "12"], "invalid VMID 12"),
+                         (["install", "999999998"], "CT 999999998 does not exist"),
+                         (["install", str(vmid), "--storage", "nope"], "'nope' does not exist")):
+        res = pveclean(host, *args)
+        assert res.returncode in (2, 3) and needle in res.stderr, (args, res.stderr)
+        assert all(ln.startswith("pveclean: ") for ln in res.stderr.splitlines()), res.stderr
+
+
+# ---- across a cluster: fakepve over https ------------------------------------------------
+def test_cluster_install_only_where_the_storage_reaches(cluster: Cluster,
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        ) -> None:
+    pve = cluster.pve
+    rc = run_app(["install", "201", "--enable-snippets", "-c", str(cluster.config)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "CT 201 is on node pve2 and storage 'local' is not shared" in err
+    assert "hookscript" not in pve.ct(201).config
+
+    rc = run_app(["install", "--all-gpu", "--enable-snippets", "-c", str(cluster.config)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "note: CT 201 on node pve2 skipped: storage 'local' is not shared" in out
+    assert pve.ct(101).config["hookscript"] == HOOK
+    assert "hookscript" not in pve.ct(102).config  # no GPU
+    assert "snippets" in pve.storages["local"]["content"]
+    assert (cluster.local / "snippets/pveclean-hook").is_file()
+
+    rc = run_app(["install", "201", "--storage", "shared", "-c", str(cluster.config)])
+    assert rc == 0, capsys.readouterr()
+    assert pve.ct(201).config["hookscript"] == "shared:snippets/pveclean-hook"
+    assert os.access(cluster.shared / "snippets/pveclean-hook", os.X_OK)
+
+
+def test_cluster_chain_needs_the_containers_node(cluster: Cluster,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    cluster.pve.ct(201).config["hookscript"] = "shared:snippets/theirs.pl"
+    rc = run_app(["install", "201", "--storage", "shared", "--chain", "-c", str(cluster.config)])
+    assert rc == 2
+    assert "CT 201 is on node pve2: --chain records its hookscript" in capsys.readouterr().err
+    assert cluster.pve.ct(201).config["hookscript"] == "shared:snippets/theirs.pl"
+
+
+def test_cluster_locked_container_fails_cleanly(cluster: Cluster,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    asyncio.run(cluster.pve.hold_config_lock(101, None))  # a task holds the config lock
+    rc = run_app(["install", "101", "--enable-snippets", "-c", str(cluster.config)])
+    err = capsys.readouterr().err
+    assert rc == 3
+    assert "CT 101: PUT /nodes/pve1/lxc/101/config: can't lock file" in err
+    assert "hookscript" not in cluster.pve.ct(101).config
+
+
+def test_stamp_and_config_file(tmp_path: Path) -> None:
+    from pveclean import config
+    from pveclean.install import TEMPLATES, config_file, stamp
+
+    text = TEMPLATES[0].read_text()
+    out = stamp(text, "/opt/pveclean/bin/pveclean", "/srv/pc.yaml")
+    assert 'PVECLEAN_BIN="/opt/pveclean/bin/pveclean"' in out
+    assert 'PVECLEAN_CONFIG_FILE="/srv/pc.yaml"' in out
+    assert 'PVECLEAN_CONFIG_FILE=""' in stamp(text, "/usr/sbin/pveclean", None)
+    with pytest.raises(PvecleanError, match="cannot go into a shell script"):
+        stamp(text, '/tmp/x"; rm -rf /; "', None)
+    assert config_file(config.Config()) is None
+    assert config_file(config.parse("", str(config.DEFAULT_PATH))) is None
+    assert config_file(config.parse("", str(tmp_path / "c.yaml"))) == str(tmp_path / "c.yaml")
