@@ -176,9 +176,23 @@ def uninstall(
 
 
 @app.command()
-def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Containers, their GPUs, hookscripts and current holders."""
-    raise PvecleanError("status is not implemented yet", EXIT_USAGE)
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Containers, their GPUs, hookscripts and (on this node) current holders and last report.
+
+    Exit codes: 0 shown (warnings included); 2 config error; 3 the API failed.
+    """
+    from .pveapi import connect
+    from .status import collect, render
+
+    cfg = load(config)
+    data = collect(connect(cfg), cfg)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2, default=str))
+    else:
+        typer.echo(render(data))
 
 
 @app.command()
