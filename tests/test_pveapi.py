@@ -147,6 +147,7 @@ def test_offline_node(cluster: Cluster) -> None:
     assert str(exc.value).startswith("node 'pve2' is offline or unreachable")
 
 
+@pytest.mark.filterwarnings("ignore:Unverified HTTPS request")
 def test_login_and_certificate_errors(cluster: Cluster) -> None:
     (cluster.tmp / "wrong").write_text("nope\n")
     host = cluster.pve.url.removeprefix("https://")
