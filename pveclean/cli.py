@@ -100,7 +100,10 @@ def hook(
     vmid: Annotated[str, typer.Argument(help="Container ID.")],
     phase: Annotated[str, typer.Argument(help="pre-start, post-start, pre-stop or post-stop.")],
 ) -> None:
-    """Run a hook phase, as Proxmox calls the hookscript (normally via pveclean-hook)."""
+    """Run a hook phase, as Proxmox calls the hookscript (normally via pveclean-hook).
+
+    Example: pveclean hook 129 pre-stop
+    """
     from .hook import main as hook_main
 
     raise typer.Exit(hook_main([vmid, phase]))
@@ -160,6 +163,8 @@ def uninstall(
 
     With --all the snippet file goes too once no container uses it.
     Exit codes as for install.
+
+    Examples: pveclean uninstall 129 | pveclean uninstall --all --dry-run
     """
     from .install import apply_uninstall, carry_out, plan_uninstall
     from .pveapi import connect
@@ -183,6 +188,8 @@ def status(
     """Containers, their GPUs, hookscripts and (on this node) current holders and last report.
 
     Exit codes: 0 shown (warnings included); 2 config error; 3 the API failed.
+
+    Examples: pveclean status | pveclean status --json
     """
     from .pveapi import connect
     from .status import collect, render
@@ -197,16 +204,69 @@ def status(
 
 @app.command()
 def reports(
-    vmid: Annotated[str | None, typer.Argument(help="Only this container.")] = None,
-    last: Annotated[int, typer.Option("--last", min=1)] = 20,
+    target: Annotated[
+        list[str] | None,
+        typer.Argument(help="VMID to list, or: show FILE|latest [VMID]", show_default=False),
+    ] = None,
+    last: Annotated[int, typer.Option("--last", min=1, help="Show the last N runs.")] = 20,
+    verdict: Annotated[
+        str | None, typer.Option("--verdict", help="Only runs with this verdict.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
     config: ConfigOpt = None,
 ) -> None:
-    """List past runs."""
-    from .report import list_reports
+    """List past runs (time, vmid, phase, verdict, holders stopped, MiB freed, duration),
+    or render one report.
+
+    Examples: pveclean reports 129 --last 5 | pveclean reports --verdict residual |
+    pveclean reports show latest | pveclean reports show latest 129
+    """
+    from . import report as rp
+    from .pveconf import parse_vmid
+    from .render import render_report, reports_table
 
     cfg = load(config)
-    for p in list_reports(cfg.report_dir, int(vmid) if vmid else None)[-last:]:
-        typer.echo(str(p))
+    args = list(target or [])
+    if args and args[0] == "show":
+        which = args[1] if len(args) > 1 else "latest"
+        vid = parse_vmid(args[2]) if len(args) > 2 else None
+        if which == "latest":
+            files = rp.list_reports(cfg.report_dir, vid)
+            if not files:
+                raise PvecleanError(f"no reports in {cfg.report_dir}", EXIT_USAGE)
+            path = files[-1]
+        else:
+            path = Path(which) if "/" in which else Path(cfg.report_dir) / which
+        try:
+            data = rp.load(path)
+        except (OSError, rp.ReportError) as exc:
+            raise PvecleanError(f"cannot read report {path}: {exc}", EXIT_USAGE) from None
+        except Exception as exc:  # a corrupt file: one line, not a traceback
+            raise PvecleanError(f"{path} is not a readable report: {exc}", EXIT_USAGE) from None
+        typer.echo(json.dumps(data, indent=2, default=str) if as_json else render_report(data))
+        typer.echo(f"report: {path}", err=True)
+        return
+    if len(args) > 1:
+        raise PvecleanError("usage: pveclean reports [VMID] | reports show FILE|latest [VMID]",
+                            EXIT_USAGE)
+    vid = parse_vmid(args[0]) if args else None
+    rows = []
+    for path in rp.list_reports(cfg.report_dir, vid):
+        try:
+            data = rp.load(path)
+        except Exception:
+            continue  # an unreadable file does not hide the others
+        if verdict is None or data.get("verdict") == verdict:
+            rows.append((path.name, data))
+    rows = rows[-last:]
+    if as_json:
+        typer.echo(json.dumps([{"file": n, **{k: d.get(k) for k in (
+            "start", "vmid", "phase", "verdict", "duration_s", "summary")}} for n, d in rows],
+            indent=2, default=str))
+    elif not rows:
+        typer.echo(f"no reports in {cfg.report_dir}" + (f" for CT {vid}" if vid else ""))
+    else:
+        typer.echo("\n".join(reports_table(rows)))
 
 
 @config_app.command("check")
@@ -214,7 +274,10 @@ def config_check(
     path: Annotated[Path | None, typer.Argument(help="Config file to check.")] = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Validate a config file and print the effective configuration."""
+    """Validate a config file and print the effective configuration.
+
+    Examples: pveclean config check | pveclean config check /tmp/new.yaml
+    """
     cfg = load(path or config)
     typer.echo(dump(cfg), nl=False)
     typer.echo(f"config OK ({cfg.source})", err=True)

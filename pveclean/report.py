@@ -128,8 +128,15 @@ def list_reports(report_dir: str, vmid: int | None = None) -> list[Path]:
 
 
 def load(path: Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as fh:
-        data = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ReportError(f"{path}: not valid YAML{where}") from None
+    except UnicodeDecodeError:
+        raise ReportError(f"{path}: not a text file") from None
     if not isinstance(data, dict):
         raise ReportError(f"{path}: not a pveclean report")
     return data

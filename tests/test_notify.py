@@ -44,3 +44,39 @@ def test_missing_syslog_socket_does_not_fail_a_run(lab: Lab, vmid: int, tmp_path
     lab.create_ct(vmid, gpus=(0,), start=False)
     r = lab.pveclean("ct", str(vmid))
     assert r.returncode == 0, r.stderr
+
+
+def test_reports_table_filter_json_and_show(lab: Lab, vmid: int, vmid2: int) -> None:
+    import json
+
+    lab.create_ct(vmid, gpus=(0,))
+    lab.create_ct(vmid2, gpus=(0,), start=False)
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 4321})
+    assert lab.pveclean("ct", str(vmid)).returncode == 0
+    assert lab.pveclean("ct", str(vmid2)).returncode == 0
+    assert lab.pveclean("ct", str(vmid), "--dry-run").returncode == 0
+    r = lab.pveclean("reports")
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:4] == ["TIME", "(UTC)", "VMID", "PHASE"]
+    assert len(lines) == 4
+    row = next(ln for ln in lines if f" {vmid} " in ln and "clean" in ln)
+    assert " manual " in row and " 1/1 " in row and " 4321 " in row
+    r = lab.pveclean("reports", str(vmid2))
+    assert len(r.stdout.splitlines()) == 2 and "nothing-to-do" in r.stdout
+    r = lab.pveclean("reports", "--verdict", "dry-run", "--json")
+    (only,) = json.loads(r.stdout)
+    assert only["vmid"] == vmid and only["verdict"] == "dry-run"
+    r = lab.pveclean("reports", "--last", "1")
+    assert len(r.stdout.splitlines()) == 2 and "dry-run" in r.stdout
+    r = lab.pveclean("reports", "show", "latest", str(vmid2))
+    assert r.returncode == 0 and f"CT {vmid2} manual: no GPU holders" in r.stdout
+    r = lab.pveclean("reports", "show", "latest", str(vmid), "--json")
+    assert json.loads(r.stdout)["verdict"] == "dry-run"
+    name = next(lab.report_dir.glob(f"{vmid}-*.yaml")).name
+    r = lab.pveclean("reports", "show", name)
+    assert r.returncode == 0 and "python3" in r.stdout and "cmdline" not in r.stdout
+    bad = lab.report_dir / f"{vmid}-manual-20000101T000000.000000Z.yaml"
+    bad.write_text(": not [ yaml")
+    r = lab.pveclean("reports", "show", bad.name)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert lab.pveclean("reports", "12x").returncode == 2
