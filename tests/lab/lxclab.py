@@ -31,7 +31,8 @@ PCT_PY = HERE / "pct.py"
 # and that nothing on a normal host keeps open. nvidia-uvm gets /dev/zero's number because
 # that driver supports a private mmap, so "holds only a mapping" can be tested.
 GPU_NODES = ["nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"]
-CANDIDATES = [(1, 7), (10, 229), (10, 237), (10, 234), (10, 200), (10, 232), (10, 236)]
+CANDIDATES = [(1, 7), (10, 229), (10, 237), (10, 234), (10, 200), (10, 232), (10, 236),
+              (1, 8), (1, 9)]
 MAPPABLE = (1, 5)
 
 ALL_APPLETS = None  # None = every applet busybox has
@@ -161,24 +162,26 @@ class Lab:
 
     def _make_nodes(self) -> None:
         held = _held_rdevs()
-        numbers = [c for c in CANDIDATES if os.makedev(*c) not in held]
         plain = [n for n in GPU_NODES if n != "nvidia-uvm"]
-        if len(numbers) < len(plain):
-            raise LabUnavailable("not enough unused character device numbers for fake GPUs")
-        chosen = dict(zip(plain, numbers, strict=False))
-        chosen["nvidia-uvm"] = MAPPABLE
-        for name, (major, minor) in chosen.items():
-            path = self.root / "dev" / name
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-            os.chmod(path, 0o666)
-            try:
-                os.close(os.open(path, os.O_RDWR))
-            except OSError as exc:
-                raise LabUnavailable(f"fake GPU node {name} ({major}:{minor}) does not open: "
-                                     f"{exc.strerror}") from None
-            self.nodes[name] = path
+        candidates = [c for c in CANDIDATES if os.makedev(*c) not in held]
+        for name in [*plain, "nvidia-uvm"]:
+            pool = [MAPPABLE] if name == "nvidia-uvm" else candidates
+            while pool:
+                major, minor = pool.pop(0)
+                path = self.root / "dev" / name
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+                os.chmod(path, 0o666)
+                try:
+                    os.close(os.open(path, os.O_RDWR))
+                except OSError:
+                    continue  # no driver behind this number here: try the next one
+                self.nodes[name] = path
+                break
+            else:
+                raise LabUnavailable(f"no unused, openable character device number left for "
+                                     f"the fake {name} (another lab running?)")
 
     def _write_bin(self) -> None:
         py = sys.executable
