@@ -72,7 +72,7 @@ def test_reports_table_filter_json_and_show(lab: Lab, vmid: int, vmid2: int) -> 
     assert r.returncode == 0 and f"CT {vmid2} manual: no GPU holders" in r.stdout
     r = lab.pveclean("reports", "show", "latest", str(vmid), "--json")
     assert json.loads(r.stdout)["verdict"] == "dry-run"
-    name = next(lab.report_dir.glob(f"{vmid}-*.yaml")).name
+    name = sorted(lab.report_dir.glob(f"{vmid}-*.yaml"))[0].name  # the run that stopped it
     r = lab.pveclean("reports", "show", name)
     assert r.returncode == 0 and "python3" in r.stdout and "cmdline" not in r.stdout
     bad = lab.report_dir / f"{vmid}-manual-20000101T000000.000000Z.yaml"
