@@ -1,0 +1,176 @@
+"""`make bench`: pveclean against fuser, lsof and the seeds' one-liners, on the lab (issue 7).
+
+    python -m tests.bench.run [--quick] [--runs N] [--only SECTION,...] [--out DIR]
+
+Sections: discovery (host load of 1,000 and 5,000 idle processes with ~20 fds each; pveclean
+ct --dry-run against fuser -v and lsof on the lab's GPU nodes), growth (the container grows
+to 500 processes, its holders to 200), cleanup (the seeds' situation: pveclean against
+`fuser -k` on the host and in the container and `ps aux | grep | kill`), hooks (pre-start,
+post-start, pre-stop with nothing to clean). Prints the tables with the date and machine on
+top and writes them as Markdown and JSON to bench/results/ (git-ignored).
+
+Needs root and LXC, like the lab; without them it prints one line and exits 2. Everything it
+starts (labs, containers, load processes) is torn down at the end, on Ctrl-C or error too.
+Exit status: 0 when every section ran (targets met or not: see the table), 1 when a
+section failed, 2 when the lab cannot run here, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tests.lab.lxclab import REPO, LabUnavailable, cgroup2_root, lab_unavailable_reason
+
+from .cleanup import bench_cleanup
+from .discovery import bench_discovery, bench_growth
+from .hooks import bench_hooks
+from .load import HostLoad, build_loadproc
+from .measure import VmidPool, machine_info, new_lab, shielded
+from .settings import BenchConfig, quick
+from .table import Results, Row, Table, render_text, write_results
+
+SECTIONS = ("discovery", "growth", "cleanup", "hooks")
+RESULTS_DIR = REPO / "bench" / "results"
+Section = tuple[list[Row], list[Table], dict[str, Any]]
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP: unwind like Ctrl-C so that every `finally` cleans up."""
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m tests.bench.run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny sizes and one run each: checks that the bench works")
+    ap.add_argument("--runs", type=int, help="timed runs per measurement (default 11)")
+    ap.add_argument("--only", help=f"comma-separated sections out of {','.join(SECTIONS)}")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR,
+                    help="where the Markdown and JSON go (default bench/results)")
+    args = ap.parse_args(argv)
+    if args.only:
+        unknown = set(args.only.split(",")) - set(SECTIONS)
+        if unknown:
+            ap.error(f"unknown section(s): {', '.join(sorted(unknown))}")
+    if args.runs is not None and args.runs < 1:
+        ap.error("--runs must be at least 1")
+    return args
+
+
+def unavailable() -> str | None:
+    """Why the bench cannot run here, or None."""
+    reason = lab_unavailable_reason()
+    if reason:
+        return reason
+    try:
+        cgroup2_root()
+        build_loadproc()
+    except (LabUnavailable, RuntimeError) as exc:
+        return str(exc)
+    return None
+
+
+class Logger:
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def __call__(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.start:5.0f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def run_sections(cfg: BenchConfig, sections: list[str], res: Results, log: Logger) -> bool:
+    """Run the sections into `res`; a section that fails is recorded and the others run.
+    Returns True when all ran."""
+    pool = VmidPool()
+    ok = True
+
+    def record(name: str, fn: Callable[[], Section]) -> None:
+        nonlocal ok
+        try:
+            rows, tables, raw = fn()
+        except (KeyboardInterrupt, LabUnavailable):
+            raise
+        except Exception as exc:
+            ok = False
+            traceback.print_exc()
+            res.targets.append(Row(name.capitalize(), "section failed",
+                                   f"{type(exc).__name__}: {exc}"[:200], "runs", False))
+            return
+        res.targets += rows
+        res.details += tables
+        res.raw[name] = raw
+
+    if "discovery" in sections or "growth" in sections:
+        load = HostLoad(cfg.fds)
+        lab = new_lab()
+        try:
+            if "discovery" in sections:
+                record("discovery", lambda: bench_discovery(lab, pool.take(), cfg, load, log))
+            load.stop()
+            if "growth" in sections:
+                record("growth", lambda: bench_growth(lab, pool.take(), pool.take(), cfg, log))
+        finally:
+            with shielded():
+                load.stop()
+                lab.destroy()
+    if "cleanup" in sections:
+        record("cleanup", lambda: bench_cleanup(pool, cfg, log))
+    if "hooks" in sections:
+        record("hooks", lambda: bench_hooks(pool, cfg, log))
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = quick() if args.quick else BenchConfig()
+    if args.runs is not None:
+        cfg = dataclasses.replace(cfg, runs=args.runs, hook_runs=max(args.runs, 1))
+    sections = args.only.split(",") if args.only else list(SECTIONS)
+    reason = unavailable()
+    if reason:
+        print(f"bench: the lab cannot run here: {reason}", file=sys.stderr)
+        return 2
+    old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    log = Logger()
+    res = Results(machine_info())
+    res.raw["config"] = dataclasses.asdict(cfg)
+    try:
+        log(f"bench: sections {', '.join(sections)}" + (" (quick)" if args.quick else ""))
+        ok = run_sections(cfg, sections, res, log)
+    except KeyboardInterrupt as exc:
+        why = exc.args[0] if exc.args else "Ctrl-C"
+        print(f"bench: interrupted ({why}); labs and load processes cleaned up",
+              file=sys.stderr)
+        return 130
+    except LabUnavailable as exc:
+        print(f"bench: the lab cannot run here: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        for s, h in old.items():
+            with contextlib.suppress(Exception):
+                signal.signal(s, h)
+    res.total_seconds = time.monotonic() - log.start
+    res.notes += [f"NOT met: {r.section}: {r.measure}: {r.result} (target {r.target})"
+                  for r in res.targets if r.met is False]
+    print(render_text(res))
+    md, js = write_results(res, args.out)
+    print(f"\nresults: {md}\n         {js}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
