@@ -1,7 +1,4 @@
-# pvedeb: venv
-	$(BIN)/python packaging/build_deb.py dist
-
-clean: `make demo` shows the main job in a lab container, `make test` runs everything.
+# pveclean: `make demo` shows the main job in a lab container, `make test` runs everything.
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -50,6 +47,9 @@ bench: lab-deps venv
 
 gpu-check: venv
 	$(BIN)/python tests/gpu/gpu_check.py
+
+deb: venv
+	$(BIN)/python packaging/build_deb.py dist
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info tests/lab/build .mypy_cache .ruff_cache .pytest_cache
