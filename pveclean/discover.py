@@ -8,6 +8,7 @@ Only the container's own processes are read, so the cost does not grow with the 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from . import probe, procfs
 from .model import Discovery, GpuDevices, Holder
 from .nvml import Nvml, NvmlUnavailable
-from .pct import PctMissing, run_pct
+from .pct import PctMissing, start_pct, wait_pct
 
 
 class Deadline:
@@ -121,12 +122,17 @@ def scan_host(scope: Scope) -> HostView:
     return HostView(holders, statuses, tree, init_pid)
 
 
-def run_probe(scope: Scope, pct_command: str, timeout: float) -> probe.ProbeResult:
-    """The in-namespace view; raises RuntimeError with the reason when it did not work."""
+def start_probe(scope: Scope, pct_command: str) -> subprocess.Popen[bytes]:
+    """Start the in-namespace view; it runs while the host view and NVML are read."""
     try:
-        res = run_pct(pct_command, probe.probe_argv(scope.vmid, scope.probe_patterns), timeout)
+        return start_pct(pct_command, probe.probe_argv(scope.vmid, scope.probe_patterns))
     except PctMissing as exc:
         raise RuntimeError(str(exc)) from None
+
+
+def finish_probe(proc: subprocess.Popen[bytes], timeout: float) -> probe.ProbeResult:
+    """The probe's result; raises RuntimeError with the reason when it did not work."""
+    res = wait_pct(proc, timeout)
     if res.returncode is None:
         raise RuntimeError(f"pct exec did not finish within {timeout:.1f} s (frozen container?)")
     parsed = probe.parse_probe(res.stdout)
@@ -198,22 +204,21 @@ def discover(
     deadline: Deadline,
     probe_timeout: float = 10.0,
 ) -> Discovery:
-    view = scan_host(scope)
     sources = {"host": "ok"}
     warnings: list[str] = []
     running = scope.running
+    probing: subprocess.Popen[bytes] | None = None
     if pct_command is None:
         sources["probe"] = "disabled in config"
     elif not running:
         sources["probe"] = "container not running"
     else:
-        timeout = min(probe_timeout, max(deadline.remaining() * 0.3, 0.05))
         try:
-            warnings += merge_probe(view, run_probe(scope, pct_command, timeout), scope)
-            sources["probe"] = "ok"
+            probing = start_probe(scope, pct_command)
         except RuntimeError as exc:
             sources["probe"] = f"failed: {exc}"
             warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
+    view = scan_host(scope)
     others: list[dict[str, object]] = []
     if nvml is None:
         sources["nvml"] = "disabled"
@@ -224,5 +229,13 @@ def discover(
             sources["nvml"] = "ok"
         except NvmlUnavailable as exc:
             sources["nvml"] = f"unavailable: {exc}"
+    if probing is not None:
+        timeout = min(probe_timeout, max(deadline.remaining() * 0.3, 0.05))
+        try:
+            warnings += merge_probe(view, finish_probe(probing, timeout), scope)
+            sources["probe"] = "ok"
+        except RuntimeError as exc:
+            sources["probe"] = f"failed: {exc}"
+            warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
     holders = sorted(view.holders.values(), key=lambda h: h.host_pid)
     return Discovery(holders, running, view.init_pid, len(view.tree), sources, warnings, others)

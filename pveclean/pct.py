@@ -27,14 +27,13 @@ class PctMissing(Exception):
     pass
 
 
-def run_pct(pct_command: str, args: list[str], timeout: float) -> PctResult:
-    """Run `pct ARGS`; never waits longer than `timeout` (a hung `pct exec` into a frozen
-    container is killed with its whole process group)."""
+def start_pct(pct_command: str, args: list[str]) -> subprocess.Popen[bytes]:
+    """Start `pct ARGS` in its own process group, so a hung one can be killed whole."""
     argv = [*shlex.split(pct_command), *args]
     env = dict(os.environ)
     env.setdefault("PATH", HOOK_PATH)
     try:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -46,6 +45,11 @@ def run_pct(pct_command: str, args: list[str], timeout: float) -> PctResult:
         raise PctMissing(f"pct command not found: {argv[0]!r}") from None
     except PermissionError:
         raise PctMissing(f"pct command not executable: {argv[0]!r}") from None
+
+
+def wait_pct(proc: subprocess.Popen[bytes], timeout: float) -> PctResult:
+    """Collect a started pct; never waits longer than `timeout` (a hung `pct exec` into a
+    frozen container is killed with its whole process group)."""
     try:
         out, err = proc.communicate(timeout=max(timeout, 0.01))
         return PctResult(proc.returncode, out.decode(errors="replace"),
@@ -58,3 +62,7 @@ def run_pct(pct_command: str, args: list[str], timeout: float) -> PctResult:
         except subprocess.TimeoutExpired:
             out, err = b"", b""
         return PctResult(None, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def run_pct(pct_command: str, args: list[str], timeout: float) -> PctResult:
+    return wait_pct(start_pct(pct_command, args), timeout)

@@ -89,13 +89,14 @@ def stop_and_verify(
     nvml: Nvml | None,
     deadline: Deadline,
     progress: Progress | None,
-) -> tuple[list[Holder], bool, int]:
-    """Returns (all holders handled, verified-free, rounds used)."""
+) -> tuple[list[Holder], bool, int, float | None]:
+    """Returns (all holders handled, verified-free, rounds used, last exit, monotonic)."""
     all_holders = list(disc.holders)
     handled: set[ProcIdentity] = {h.identity for h in all_holders}
     targets = [h for h in all_holders if not h.protected]
     round_no = 0
     reserve = min(0.5, cfg.deadline_seconds * 0.1)
+    last_exit: float | None = None
     while True:
         proven: list[stopper.Target] = []
         for h in targets:
@@ -106,7 +107,9 @@ def stop_and_verify(
             else:
                 proven.append(stopper.Target(h, fd))
         if proven:
-            stopper.stop(proven, grace, deadline.end - reserve, progress)
+            exited = stopper.stop(proven, grace, deadline.end - reserve, progress)
+            if exited is not None:
+                last_exit = max(last_exit or exited, exited)
         known = {h.host_pid for h in all_holders}
         clean_since: float | None = None
         chase: list[Holder] = []
@@ -124,14 +127,14 @@ def stop_and_verify(
                 now = time.monotonic()
                 clean_since = clean_since or now
                 if now - clean_since >= SETTLE or deadline.remaining() < SETTLE:
-                    return all_holders, not leftover, round_no
+                    return all_holders, not leftover, round_no, last_exit
             else:
                 clean_since = None
                 survivors_only = all(h.identity in handled for h in live)
                 if survivors_only or deadline.remaining() <= 0:
-                    return all_holders, False, round_no
+                    return all_holders, False, round_no, last_exit
             if deadline.remaining() <= 0:
-                return all_holders, False, round_no
+                return all_holders, False, round_no, last_exit
             time.sleep(min(POLL_INTERVAL, deadline.remaining()))
         round_no += 1
         if progress:
@@ -194,6 +197,7 @@ def _clean(
         progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
     holders = disc.holders
     rounds = 0
+    verify_s: float | None = None
     if dry_run:
         for h in holders:
             h.outcome = "protected" if h.protected else "would-stop"
@@ -205,12 +209,17 @@ def _clean(
             if h.protected:
                 h.outcome = "protected"
         g = cfg.grace_seconds if grace is None else grace
-        holders, verified, rounds = stop_and_verify(disc, scope, cfg, g, nvml, deadline, progress)
+        holders, verified, rounds, last_exit = stop_and_verify(disc, scope, cfg, g, nvml,
+                                                               deadline, progress)
+        if last_exit is not None:
+            # how long verification took after the last holder was gone (pidfd readable)
+            verify_s = round(time.monotonic() - last_exit, 3)
         survivors = [h for h in holders if h.outcome in ("survived", "protected")]
         verdict = "clean" if verified and not survivors else "residual"
     after = _memory(nvml, deadline, errors) if not dry_run else before
     rep = build_report(vmid, phase, started, deadline, dry_run, verdict, holders, disc,
                        before, after, rounds, ctconf, errors, cfg)
+    rep["summary"]["verified_after_last_exit_s"] = verify_s
     return finish(rep, cfg, write_report)
 
 

@@ -106,12 +106,15 @@ def stop(
     grace: float,
     deadline_at: float,
     progress: Callable[[str], None] | None = None,
-) -> None:
-    """SIGTERM all at once, poll up to `grace`, SIGKILL the rest, poll until the deadline."""
+) -> float | None:
+    """SIGTERM all at once, poll up to `grace`, SIGKILL the rest, poll until the deadline.
+    Returns when (monotonic) the last of them exited, None if none did."""
     t0 = time.monotonic()
     termed = [t for t in targets if _send(t, signal.SIGTERM, t0)]
     if progress and termed:
-        progress(f"SIGTERM sent to {len(termed)}; waiting up to {grace:.1f} s")
+        left = deadline_at - time.monotonic()
+        progress(f"SIGTERM sent to {len(termed)}; waiting up to {min(grace, left):.1f} s for "
+                 f"them to exit (deadline in {left:.1f} s)")
     wait_exits(targets, min(t0 + grace, deadline_at))
     after_term = time.monotonic()
     rest = [t for t in targets if t.exited_at is None]
@@ -119,7 +122,9 @@ def stop(
         _send(t, signal.SIGKILL, t0)
     if rest:
         if progress:
-            progress(f"SIGKILL sent to {len(rest)} that ignored SIGTERM")
+            progress(f"SIGKILL sent to {len(rest)} still running after the grace "
+                     f"({', '.join(t.holder.name for t in rest[:5])}); waiting up to "
+                     f"{deadline_at - time.monotonic():.1f} s")
         wait_exits(rest, deadline_at)
     for t in targets:
         h = t.holder
@@ -135,4 +140,6 @@ def stop(
         else:
             h.outcome = "killed"
         os.close(t.pidfd)
+    exits = [t.exited_at for t in targets if t.exited_at is not None]
+    return max(exits) if exits else None
 

@@ -6,8 +6,19 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import pvesh
 from .lxclab import Lab, LabUnavailable, cgroup2_root
 from .scenarios import seeds
+
+
+def show(lab: Lab, *args: str) -> int:
+    """Run pveclean as an admin would (the lab's pct and pvesh first on PATH) and print it."""
+    env = lab.env()
+    env["PATH"] = f"{lab.root / 'bin'}:{env['PATH']}"
+    print(f"\n== pveclean {' '.join(args)}")
+    r = lab.pveclean(*args, env=env)
+    print(r.stdout + r.stderr, end="")
+    return r.returncode
 
 
 def main() -> int:
@@ -31,13 +42,13 @@ def main() -> int:
                 name = Path(f"/proc/{pid}/comm").read_text().strip()
                 where = "host" if w.vmid is None else f"CT {w.vmid}"
                 print(f"   {where:7} host PID {pid:<7} {name}")
-        print(f"\n== pveclean ct {vmid} --dry-run")
-        r = lab.pveclean("ct", str(vmid), "--dry-run")
-        print(r.stdout + r.stderr, end="")
-        print(f"\n== pveclean ct {vmid}")
-        r = lab.pveclean("ct", str(vmid))
-        print(r.stdout + r.stderr, end="")
-        print(f"(exit {r.returncode})")
+        pvesh.install(lab.root)
+        show(lab, "install", str(vmid), "--enable-snippets")
+        show(lab, "status")
+        show(lab, "ct", str(vmid), "--dry-run")
+        code = show(lab, "ct", str(vmid))
+        print(f"(exit {code})")
+        show(lab, "reports")
         left = [pid for w in s.targets() for pid in w.host_pids(lab) if lab.alive(pid)]
         alive = [pid for w in s.bystanders() for pid in w.host_pids(lab) if lab.alive(pid)]
         print(f"\n== afterwards: {len(left)} holder(s) of CT {vmid} left; "
@@ -46,7 +57,7 @@ def main() -> int:
         if reports:
             print(f"\n== report {reports[-1].name}:")
             print(reports[-1].read_text())
-        return 0 if r.returncode == 0 and not left and len(alive) == 3 else 1
+        return 0 if code == 0 and not left and len(alive) == 3 else 1
     finally:
         lab.destroy()
 
