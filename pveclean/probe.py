@@ -9,28 +9,34 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-# $1.. are case patterns. No ps, fuser, readlink or python needed: `ls -l` on the fd
-# directory shows link targets in every busybox and coreutils.
+# $1.. are case patterns. No ps, fuser, readlink or python needed: one `ls -l` over every
+# fd directory shows the link targets (busybox and coreutils alike); maps are read by the
+# shell's own `read`, so the probe forks once, whatever the number of processes.
 PROBE_SCRIPT = r"""
 self=$$
+p=
+ls -l /proc/[0-9]*/fd/ 2>/dev/null | while read -r line; do
+  case $line in
+    /proc/*/fd:|/proc/*/fd/:) p=${line#/proc/}; p=${p%%/*}; continue;;
+    *" -> "*) ;;
+    *) continue;;
+  esac
+  [ "$p" = "$self" ] && continue
+  t=${line##* -> }
+  for pat in "$@"; do
+    case $t in $pat) echo "fd $p $t"; break;; esac
+  done
+done
 for d in /proc/[0-9]*; do
   p=${d#/proc/}
   [ "$p" = "$self" ] && continue
-  ls -l "$d/fd/" 2>/dev/null | while read -r line; do
-    t=${line##* -> }
-    [ "$t" = "$line" ] && continue
+  [ -r "$d/maps" ] || continue
+  while read -r a b c d2 e path; do
+    case $path in /*) ;; *) continue;; esac
     for pat in "$@"; do
-      case $t in $pat) echo "fd $p $t"; break;; esac
+      case $path in $pat) echo "map $p $path"; break;; esac
     done
-  done
-  if [ -r "$d/maps" ]; then
-    while read -r a b c d2 e path; do
-      [ -n "$path" ] || continue
-      for pat in "$@"; do
-        case $path in $pat) echo "map $p $path"; break;; esac
-      done
-    done < "$d/maps" 2>/dev/null
-  fi
+  done < "$d/maps" 2>/dev/null
 done
 echo end
 """

@@ -177,6 +177,8 @@ def run_method(lab: Lab, s: Seeds, method: str, cfg: BenchConfig) -> Outcome:
         floor = holders_floor(s, cfg.term_delay_ms, cfg.grace_s)
         extra = {"exit": t.returncode, "verdict": rep.get("verdict"),
                  "duration_s": rep.get("duration_s"), "sigkilled": killed, "floor_s": floor,
+                 "after_last_exit_s": (rep.get("summary") or {}).get(
+                     "verified_after_last_exit_s"),
                  "overhead_s": wall - floor}
         note = (f"exit {t.returncode}, verdict {rep.get('verdict')}, SIGKILL after the grace "
                 f"for: {', '.join(killed) or '-'}")
@@ -265,9 +267,17 @@ def _cleanup_results(results: dict[str, list[Outcome]], cfg: BenchConfig
             f"pveclean's own duration_s: "
             + (f"{median(internal):.2f} s (overhead {median(internal) - floor:.2f} s)"
                if internal else "n/a"))
+        after = [float(o.extra["after_last_exit_s"]) for o in outs
+                 if o.extra.get("after_last_exit_s") is not None]
+        if after:
+            # the issue's target: done (verified) within 0.2 s after the last holder exits;
+            # measured by pveclean itself from the moment the last pidfd became readable
+            rows.append(Row("Cleanup", "pveclean: verified after the last holder exited",
+                            f"{median(after):.3f} s (max {max(after):.3f} s)",
+                            f"<= {TARGET_OVERHEAD_S} s", max(after) <= TARGET_OVERHEAD_S))
         rows.append(Row("Cleanup", "pveclean: wall time - holders' own exit time",
-                        f"{wall:.2f} s - {floor:.2f} s = {over:.2f} s",
-                        f"<= {TARGET_OVERHEAD_S} s", over <= TARGET_OVERHEAD_S))
+                        f"{wall:.2f} s - {floor:.2f} s = {over:.2f} s (start-up and "
+                        "discovery before the first signal included)"))
         if internal:
             rows.append(Row("Cleanup", "pveclean: its own duration_s - holders' own exit time",
                             f"{median(internal):.2f} s - {floor:.2f} s = "
