@@ -80,3 +80,37 @@ def test_reports_table_filter_json_and_show(lab: Lab, vmid: int, vmid2: int) -> 
     r = lab.pveclean("reports", "show", bad.name)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert lab.pveclean("reports", "12x").returncode == 2
+
+
+def test_progress_on_a_terminal_and_plain_otherwise(lab: Lab, vmid: int) -> None:
+    import os
+    import subprocess
+    import sys
+
+    lab.write_config(grace_seconds=0.5)
+    lab.create_ct(vmid, gpus=(0,))
+    lab.run_in_ct(vmid, "nccl-helper", hold=["/dev/nvidia0"], ignore_term=True)
+    master, slave = os.openpty()
+    try:
+        r = subprocess.run([sys.executable, "-m", "pveclean", "ct", str(vmid)], env=lab.env(),
+                           stdout=subprocess.PIPE, stderr=slave, timeout=60, check=False)
+        os.close(slave)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(master)
+    assert r.returncode == 0
+    text = out.decode()
+    assert "... found 1 GPU holder(s)" in text
+    assert "waiting up to 0.5 s" in text and "deadline in" in text
+    assert "SIGKILL sent to 1 still running after the grace (nccl-helper)" in text
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    plain = lab.pveclean("ct", str(vmid))  # stderr is a pipe: no progress lines
+    assert plain.returncode == 0 and "..." not in plain.stderr
