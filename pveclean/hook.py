@@ -7,13 +7,14 @@ Only pre-start can fail a task (a non-zero exit aborts the start); the others al
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import Any
 
 from . import chain, procfs, pveconf, report
 from .config import PHASES, Config, ConfigError, load
-from .model import PvecleanError
+from .model import GpuMemory, PvecleanError
 from .nvml import Nvml, NvmlUnavailable
 from .run import RunResult, clean, finish
 
@@ -34,6 +35,8 @@ def _where(res: RunResult) -> str:
 def pre_stop(vmid: int, cfg: Config) -> int:
     res = clean(vmid, cfg, phase="pre-stop")
     rep = res.report
+    if rep["verdict"] == "busy":
+        return _busy(vmid, "pre-stop", res)
     s = rep["summary"]
     dur = rep["duration_s"]
     if rep["verdict"] == "nothing-to-do":
@@ -63,27 +66,51 @@ def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> dict[str
     return None
 
 
+def _container_minors(vmid: int, cfg: Config) -> set[int]:
+    """N of each /dev/nvidiaN the container's config passes through."""
+    try:
+        paths = pveconf.read_config(cfg.pve_config_dir, vmid).gpu_paths()
+    except PvecleanError:
+        return set()
+    return {int(m.group(1)) for p in paths if (m := re.fullmatch(r"/dev/nvidia(\d+)", p))}
+
+
+def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
+               minors: set[int], used_by_ct: set[int]) -> list[dict[str, Any]]:
+    """Memory allocated on the container's GPUs that no live process accounts for."""
+    leaks = []
+    for g in gpus:
+        if g.reserved_mib is None:
+            continue  # NVML v1 mixes reserved into used: unaccounted memory is unknowable
+        if minors and g.minor is not None:
+            if g.minor not in minors:
+                continue  # not one of this container's GPUs
+        elif used_by_ct and g.index not in used_by_ct:
+            continue
+        accounted = sum(m or 0 for per in procs.values() for i, m in per.items()
+                        if i == g.index)
+        unaccounted = g.used_mib - accounted
+        if unaccounted > LEAK_SLACK_MIB:
+            leaks.append({"index": g.index, "uuid": g.uuid, "unaccounted_mib": unaccounted,
+                          "hint": f"no process holds this memory; once nothing uses GPU "
+                                  f"{g.index}, reset it: nvidia-smi -r -i {g.index}"})
+    return leaks
+
+
 def post_stop(vmid: int, cfg: Config) -> int:
     """The container's processes are gone: is the GPU memory they had released?"""
-    res = clean(vmid, cfg, phase="post-stop", write_report=False)
-    rep = res.report
-    pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
-    gpus_used = {int(g) for h in (pre or {}).get("holders", [])
-                 for g in (h.get("gpu_memory_mib") or {})}
     nvml = Nvml(cfg.nvml_library, timeout=min(5.0, cfg.deadline_seconds * 0.2))
+    res = clean(vmid, cfg, phase="post-stop", write_report=False, nvml=nvml)
+    rep = res.report
+    if rep["verdict"] == "busy":
+        return _busy(vmid, "post-stop", res)
+    pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
+    used_by_ct = {int(g) for h in (pre or {}).get("holders", [])
+                  for g in (h.get("gpu_memory_mib") or {})}
     leaks: list[dict[str, Any]] = []
     try:
-        procs = nvml.processes()
-        for g in nvml.memory():
-            accounted = sum(m or 0 for per in procs.values() for i, m in per.items()
-                            if i == g.index)
-            if g.reserved_mib is None:
-                continue  # NVML v1 mixes reserved into used: unaccounted memory is unknowable
-            unaccounted = g.used_mib - accounted
-            if unaccounted > LEAK_SLACK_MIB and (not gpus_used or g.index in gpus_used):
-                leaks.append({"index": g.index, "uuid": g.uuid, "unaccounted_mib": unaccounted,
-                              "hint": f"no process holds this memory; once nothing uses GPU "
-                                      f"{g.index}, reset it: nvidia-smi -r -i {g.index}"})
+        leaks = find_leaks(nvml.memory(), nvml.processes(), _container_minors(vmid, cfg),
+                           used_by_ct)
     except NvmlUnavailable as exc:
         rep.setdefault("warnings", []).append(f"post-stop memory check skipped: {exc}")
     rep["leaks"] = leaks
@@ -101,9 +128,22 @@ def post_stop(vmid: int, cfg: Config) -> int:
     return 0
 
 
+def _busy(vmid: int, phase: str, res: RunResult) -> int:
+    say(f"pveclean: WARNING: CT {vmid} {phase}: skipped, {'; '.join(res.report['errors'])}; "
+        f"{_where(res)}")
+    return 0
+
+
 def pre_start(vmid: int, cfg: Config) -> int:
     res = clean(vmid, cfg, phase="pre-start", write_report=False)
     rep = res.report
+    if rep["verdict"] == "busy":
+        res = finish(rep, cfg)
+        if cfg.pre_start_policy == "refuse":
+            say(f"pveclean: CT {vmid} pre-start: refusing to start: "
+                f"{'; '.join(rep['errors'])}; {_where(res)}")
+            return 1
+        return _busy(vmid, "pre-start", res)
     if not rep["container"]["running"]:
         # Leftover cgroups of an earlier run make lxc-start fail; empty ones can go.
         root = cfg.cgroup_root or procfs.cgroup2_root()

@@ -121,6 +121,7 @@ class GpuMemory:
     total_mib: int
     reserved_mib: int | None
     used_mib: int
+    minor: int | None = None  # N of /dev/nvidiaN
 
 
 @dataclass

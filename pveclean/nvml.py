@@ -113,6 +113,10 @@ class Nvml:
                     info = nv.nvmlDeviceGetMemoryInfo(h)
                 name = nv.nvmlDeviceGetName(h)
                 uuid = nv.nvmlDeviceGetUUID(h)
+                try:
+                    minor: int | None = int(nv.nvmlDeviceGetMinorNumber(h))
+                except nv.NVMLError:
+                    minor = None
                 out.append(
                     GpuMemory(
                         index=index,
@@ -121,6 +125,7 @@ class Nvml:
                         total_mib=int(info.total) // MIB,
                         reserved_mib=reserved,
                         used_mib=int(info.used) // MIB,
+                        minor=minor,
                     )
                 )
             return out

@@ -155,13 +155,15 @@ def clean(
     grace: float | None = None,
     progress: Progress | None = None,
     write_report: bool = True,
+    nvml: Nvml | None = None,
 ) -> RunResult:
     """One run under the container's lock; a second concurrent run reports `busy`."""
     started = time.time()
     ctconf = pveconf.read_config(cfg.pve_config_dir, vmid)
     try:
         with container_lock(cfg.state_dir, vmid, cfg.lock_wait_seconds, f"{phase} run"):
-            return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report)
+            return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report,
+                          nvml)
     except Busy as exc:
         rep = {
             "pveclean": __version__, "vmid": vmid, "phase": phase,
@@ -185,14 +187,22 @@ def _clean(
     grace: float | None,
     progress: Progress | None,
     write_report: bool,
+    nvml: Nvml | None,
 ) -> RunResult:
     started = time.time()
     deadline = Deadline(cfg.deadline_seconds)
     scope = make_scope(vmid, cfg, ctconf)
-    nvml = Nvml(cfg.nvml_library, timeout=min(5.0, cfg.deadline_seconds * 0.2))
+    # A stopped container with an empty cgroup tree has nothing to find: skip NVML, whose
+    # init can take seconds on a host without nvidia-persistenced (every start pays it).
+    idle = not scope.running and not procfs.tree_pids(scope.cgroup_dir)
+    if nvml is None and not idle:
+        nvml = Nvml(cfg.nvml_library, timeout=min(5.0, cfg.deadline_seconds * 0.2))
     errors: list[str] = []
-    before = _memory(nvml, deadline, errors)
-    disc = discover(scope, nvml, cfg.pct_command if cfg.probe else None, deadline)
+    before = None if idle else _memory(nvml, deadline, errors)
+    disc = discover(scope, None if idle else nvml, cfg.pct_command if cfg.probe else None,
+                    deadline)
+    if idle:
+        disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
     if progress:
         progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
     holders = disc.holders
@@ -216,7 +226,7 @@ def _clean(
             verify_s = round(time.monotonic() - last_exit, 3)
         survivors = [h for h in holders if h.outcome in ("survived", "protected")]
         verdict = "clean" if verified and not survivors else "residual"
-    after = _memory(nvml, deadline, errors) if not dry_run else before
+    after = _memory(nvml, deadline, errors) if not (dry_run or idle) else before
     rep = build_report(vmid, phase, started, deadline, dry_run, verdict, holders, disc,
                        before, after, rounds, ctconf, errors, cfg)
     rep["summary"]["verified_after_last_exit_s"] = verify_s
@@ -249,6 +259,7 @@ def memory_table(
         a = after_by.get(g.index)
         out.append({
             "index": g.index,
+            "minor": g.minor,
             "uuid": g.uuid,
             "name": g.name,
             "total_mib": g.total_mib,
@@ -282,7 +293,7 @@ def build_report(
     for h in holders:
         counts[h.outcome or "unknown"] = counts.get(h.outcome or "unknown", 0) + 1
     warnings = list(disc.warnings)
-    if "nvml" in disc.sources and disc.sources["nvml"] != "ok":
+    if disc.sources.get("nvml", "ok") != "ok" and not disc.sources["nvml"].startswith("not "):
         warnings.append(f"NVML not used ({disc.sources['nvml']}); verified by rescanning only")
     respawners = sorted({h.respawned_by for h in holders if h.respawned_by})
     if respawners:

@@ -211,3 +211,60 @@ def test_hookscript_without_pveclean_warns_and_succeeds(tmp_path: Path) -> None:
                          env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"},
                          check=False)
     assert res.returncode == 0 and "pveclean not found" in res.stdout
+
+
+def test_pre_start_with_nothing_left_never_touches_nvml(lab: Lab, vmid: int) -> None:
+    """A start must not pay NVML's init (seconds without nvidia-persistenced) for nothing."""
+    assert lab.nvml is not None
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    lab.install_hook(vmid)
+    lab.nvml.hang(20)
+    t0 = time.monotonic()
+    res = hook(lab, vmid, "pre-start")
+    assert res.returncode == 0 and res.stdout == ""
+    assert time.monotonic() - t0 < 2
+
+
+def test_busy_container_lock_is_said_in_the_task_log(lab: Lab, vmid: int) -> None:
+    import threading
+
+    from pveclean.lock import container_lock
+
+    lab.write_config(lock_wait_seconds=0.3)
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    lab.install_hook(vmid)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with container_lock(str(lab.root / "state"), vmid, 1, "pveclean ct (manual)"):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(5)
+    try:
+        res = hook(lab, vmid, "pre-stop")
+    finally:
+        release.set()
+        t.join()
+    assert res.returncode == 0
+    assert f"pveclean: WARNING: CT {vmid} pre-stop: skipped, another pveclean run holds" in \
+        res.stdout and "pveclean ct (manual)" in res.stdout
+    assert all(lab.alive(p) for p in w.host_pids(lab))
+
+
+def test_leaks_only_on_the_containers_gpus() -> None:
+    from pveclean.hook import find_leaks
+    from pveclean.model import GpuMemory
+
+    gpus = [GpuMemory(i, f"GPU-{i}", "H100", 81559, 512, used, minor=i)
+            for i, used in enumerate([5000, 3000, 2000])]
+    procs = {111: {0: 5000}, 222: {1: 1000}}  # GPU 1: 2000 unaccounted; GPU 2: 2000
+    leaks = find_leaks(gpus, procs, minors={1}, used_by_ct=set())
+    assert [(x["index"], x["unaccounted_mib"]) for x in leaks] == [(1, 2000)]
+    assert {x["index"] for x in find_leaks(gpus, procs, set(), set())} == {1, 2}
+    assert [x["index"] for x in find_leaks(gpus, procs, set(), {2})] == [2]
+    v1 = [GpuMemory(0, "GPU-0", "H100", 81559, None, 9000, minor=0)]
+    assert find_leaks(v1, {}, {0}, set()) == []  # v1: reserved is inside used, cannot tell
