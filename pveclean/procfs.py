@@ -6,7 +6,7 @@ from __future__ import annotations
 import glob
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,12 +157,6 @@ def read_status(pid: int) -> ProcStatus | None:
     return ProcStatus(pid, st.get("Name", "?"), state, ppid, uid, nspid or (pid,), starttime)
 
 
-def starttime(pid: int) -> int | None:
-    text = _read(f"{PROC}/{pid}/stat")
-    parsed = parse_stat(text) if text else None
-    return parsed[2] if parsed else None
-
-
 def cmdline(pid: int) -> str:
     try:
         with open(f"{PROC}/{pid}/cmdline", "rb") as fh:
@@ -281,11 +275,6 @@ def user_name(uid: int) -> str:
     except (KeyError, ImportError):
         return str(uid)
 
-
-def all_pids() -> Iterator[int]:
-    for entry in os.scandir(PROC):
-        if entry.name.isdigit():
-            yield int(entry.name)
 
 
 def _mount_of(fstype: str, option: str | None = None) -> str | None:
