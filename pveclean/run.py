@@ -120,19 +120,26 @@ def stop_and_verify(
             if new and round_no < cfg.chase_rounds and not deadline.expired():
                 chase = new
                 break
-            leftover = [h for h in live if h.identity not in handled] + [
-                h for h in view.holders.values() if h.protected
-            ]
+            if new:  # they keep coming back: report them, the rounds are spent
+                for h in new:
+                    h.outcome, h.respawned_by = "survived", _respawner(h)
+                    h.signals.append(f"appeared after the last of {cfg.chase_rounds} rounds; "
+                                     "not signalled")
+                    handled.add(h.identity)
+                    all_holders.append(h)
+                return all_holders, False, round_no, last_exit
+            protected = [h for h in view.holders.values() if h.protected]
             if not live and not nvml_pids:
                 now = time.monotonic()
                 clean_since = clean_since or now
                 if now - clean_since >= SETTLE or deadline.remaining() < SETTLE:
-                    return all_holders, not leftover, round_no, last_exit
+                    return all_holders, not protected, round_no, last_exit
             else:
                 clean_since = None
-                survivors_only = all(h.identity in handled for h in live)
-                if survivors_only or deadline.remaining() <= 0:
+                if live:  # survivors: stop() already waited for them up to the deadline
                     return all_holders, False, round_no, last_exit
+                # only NVML still lists our exited processes: the driver releases memory a
+                # little after the exit, so keep polling until it lets go or time runs out
             if deadline.remaining() <= 0:
                 return all_holders, False, round_no, last_exit
             time.sleep(min(POLL_INTERVAL, deadline.remaining()))

@@ -276,3 +276,16 @@ def test_unwritable_report_dir_cleans_and_exits_4(lab: Lab, vmid: int, tmp_path:
     assert not any(lab.alive(p) for p in w.host_pids(lab))
     assert "cannot create report dir" in r.stderr
     assert "verdict: clean" in r.stderr  # the report itself is not lost
+
+
+def test_endless_respawn_is_residual_once_rounds_are_spent(lab: Lab, vmid: int) -> None:
+    lab.write_config(chase_rounds=1)
+    lab.create_ct(vmid, gpus=(0,))
+    lab.run_in_ct(vmid, "vllm", hold=["/dev/nvidia0"], respawn=5,
+                  extra_args=["--child-name", "vllm-worker"])
+    code, rep = run_json(lab, vmid)
+    assert code == 1 and rep["verdict"] == "residual"
+    last = rep["holders"][-1]
+    assert last["outcome"] == "survived" and "after the last of 1 rounds" in last["signals"][0]
+    assert last["respawned_by"].startswith("vllm (host PID")
+    assert [h["outcome"] for h in rep["holders"][:2]] == ["terminated", "terminated"]
