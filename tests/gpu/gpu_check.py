@@ -48,6 +48,21 @@ print("ready", flush=True)
 time.sleep(3600)
 """
 
+# --fake-nvml: the same check on a machine without a GPU, against the lab's fake NVML and fake
+# nodes, so the stand-in container and every step of the script are tested before a GPU run.
+FAKE_HOLDER = r"""
+import os, signal, sys, time
+gib, gpu = float(sys.argv[1]), int(sys.argv[4])
+ignore_term, fork_child = sys.argv[2] == "1", sys.argv[3] == "1"
+if ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+fd = os.open(os.environ["GPU_CHECK_NODE"], os.O_RDWR)  # what a CUDA context holds
+if fork_child and os.fork() == 0:
+    time.sleep(3600); sys.exit(0)
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
 PCT = """#!/bin/sh
 # pct stand-in for the gpu-check's container {vmid}
 case "$1" in
@@ -76,9 +91,21 @@ def cgroup2_root() -> Path:
     raise CheckFailed("no cgroup v2 mount")
 
 
+FAKE_NVML: str | None = None
+
+
+def fake_memory(pid: int, gib: float, gpu: int) -> None:
+    """Fake mode: the memory a CUDA context would have, keyed by host PID as NVML does."""
+    if FAKE_NVML:
+        with open(Path(FAKE_NVML).parent / "fakenvml.state", "a") as fh:
+            fh.write(f"proc {gpu} {pid} {int(gib * 1024)}\n")
+
+
 def nvml_state() -> dict[int, int]:
     import pynvml
 
+    if FAKE_NVML and pynvml.nvmlLib is None:
+        pynvml.nvmlLib = ctypes.CDLL(FAKE_NVML)
     pynvml.nvmlInit()
     out = {}
     for i in range(pynvml.nvmlDeviceGetCount()):
@@ -92,6 +119,8 @@ def preflight() -> str | None:
         return "needs Linux"
     if os.geteuid() != 0:
         return "needs root (cgroups, PID namespaces, signals)"
+    if FAKE_NVML:
+        return None
     if not Path("/dev/nvidiactl").exists():
         return "no NVIDIA GPU here (/dev/nvidiactl missing): run it on a machine with a GPU"
     try:
@@ -149,13 +178,14 @@ def run(args: argparse.Namespace) -> int:
         init_pid = inner[0]
         move(init_pid, ct_cg / "ns")
         holder_py = work / "holder.py"
-        holder_py.write_text(HOLDER)
+        holder_py.write_text(FAKE_HOLDER if FAKE_NVML else HOLDER)
         outside = subprocess.Popen([sys.executable, str(holder_py), "1", "0", "0", str(gpu)],
                                    stdout=subprocess.PIPE)
         procs.append(outside)
         assert outside.stdout is not None
         if outside.stdout.readline().strip() != b"ready":
             raise CheckFailed("the outside CUDA holder did not start")
+        fake_memory(outside.pid, 1, gpu)
         baseline = nvml_state()[gpu]  # includes the outside holder, which must stay
         plan = [("worker-0", 2, False, False), ("worker-1", 2, True, False),
                 ("worker-2", 2, False, True)]
@@ -171,13 +201,16 @@ def run(args: argparse.Namespace) -> int:
             if p.stdout.readline().strip() != b"ready":
                 raise CheckFailed(f"CUDA holder {name} did not start")
             kids = _descendants(p.pid)
+            if kids:
+                fake_memory(kids[0], gib, gpu)
             for k in kids:
                 move(k, ct_cg / "ns" / ".lxc")
             inside += kids
         before = nvml_state()[gpu]
         confdir = work / "pve"
         confdir.mkdir()
-        nodes = sorted(str(p) for p in Path("/dev").glob("nvidia*") if p.is_char_device())
+        nodes = sorted(str(p) for p in Path(args.devices).parent.glob(Path(args.devices).name)
+                       if p.is_char_device())
         (confdir / f"{vmid}.conf").write_text("hostname: gpu-check\n" + "".join(
             f"lxc.mount.entry: {n} {n[1:]} none bind,optional,create=file\n" for n in nodes))
         pct = work / "pct"
@@ -188,7 +221,8 @@ def run(args: argparse.Namespace) -> int:
             "report_dir": str(work / "reports"), "state_dir": str(work / "state"),
             "pct_command": str(pct), "pve_config_dir": str(confdir),
             "grace_seconds": args.grace, "deadline_seconds": args.deadline,
-            "cgroup_root": str(cg),
+            "cgroup_root": str(cg), "devices": [args.devices],
+            **({"nvml_library": FAKE_NVML} if FAKE_NVML else {}),
         }))
         cfg.chmod(0o600)
         exe = shutil.which("pveclean") or str(Path(sys.executable).parent / "pveclean")
@@ -289,7 +323,17 @@ def main() -> int:
     ap.add_argument("--grace", type=float, default=5.0)
     ap.add_argument("--deadline", type=float, default=30.0)
     ap.add_argument("--tolerance-mib", type=int, default=256)
-    return run(ap.parse_args())
+    ap.add_argument("--devices", default="/dev/nvidia*", help="glob of the GPU device nodes")
+    ap.add_argument("--fake-nvml", metavar="LIB",
+                    help="test mode without a GPU: the lab's fake libnvidia-ml.so.1 (its state "
+                         "file beside it) and fake nodes from --devices")
+    args = ap.parse_args()
+    global FAKE_NVML
+    if args.fake_nvml:
+        FAKE_NVML = str(Path(args.fake_nvml).resolve())
+        os.environ["GPU_CHECK_NODE"] = sorted(
+            str(p) for p in Path(args.devices).parent.glob(Path(args.devices).name))[0]
+    return run(args)
 
 
 if __name__ == "__main__":
