@@ -50,6 +50,9 @@ def test_recycled_pid_is_never_signalled(lab: Lab, vmid: int) -> None:
     while read_status(pid) is not None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert read_status(pid) is None, "container init did not reap the holder"
+    # start times count in clock ticks (10 ms): let two pass so the new owner of the PID has
+    # a start time of its own, as any PID recycled after a real cleanup does
+    time.sleep(3 / os.sysconf("SC_CLK_TCK"))
     intruder = _spawn_with_pid(pid)
     if intruder is None:
         pytest.skip("could not get the same PID back (busy host)")
