@@ -22,8 +22,9 @@ from .model import EXIT_ACCESS, EXIT_OK, EXIT_USAGE, PvecleanError
 from .pveapi import Api, Container
 
 HOOK_NAME = "pveclean-hook"
-TEMPLATES = (  # a checkout or editable install; the .deb's copy
+TEMPLATES = (  # a checkout or editable install; a wheel's data files; the .deb's copy
     Path(__file__).resolve().parent.parent / "hookscripts" / HOOK_NAME,
+    Path(sys.prefix) / "share/pveclean/hookscripts" / HOOK_NAME,
     Path("/usr/share/pveclean/hookscripts") / HOOK_NAME,
 )
 MARKER = "# pveclean guest hookscript"
