@@ -143,22 +143,30 @@ class Lab:
             raise LabUnavailable(reason)
         root.mkdir(parents=True, exist_ok=True)
         lab = cls(root)
+        try:
+            lab._set_up(gpus)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)  # a half-built lab leaves nothing behind
+            raise
+        return lab
+
+    def _set_up(self, gpus: int) -> None:
+        root = self.root
         for d in ("lxc", "etc/pve/lxc", "dev", "bin", "var/lib/vz/snippets", "reports", "log"):
             (root / d).mkdir(parents=True, exist_ok=True)
         (root / "etc/pve/storage.cfg").write_text(
             "dir: local\n\tpath " + str(root / "var/lib/vz") + "\n\tcontent iso,vztmpl,backup\n"
         )
         BUILD.mkdir(exist_ok=True)
-        lab.holder_bin = build_holder(BUILD)
+        self.holder_bin = build_holder(BUILD)
         nvml_dir = root / "nvml"
-        lab.nvml = FakeNvml(nvml_dir)
-        shutil.copy2(FakeNvml(BUILD / "nvml").build(), lab.nvml.lib_path)
+        self.nvml = FakeNvml(nvml_dir)
+        shutil.copy2(FakeNvml(BUILD / "nvml").build(), self.nvml.lib_path)
         for i in range(gpus):
-            lab.nvml.add_gpu(i, total_mib=81559, reserved_mib=512)
-        lab._make_nodes()
-        lab._write_bin()
-        lab.write_config()
-        return lab
+            self.nvml.add_gpu(i, total_mib=81559, reserved_mib=512)
+        self._make_nodes()
+        self._write_bin()
+        self.write_config()
 
     def _make_nodes(self) -> None:
         held = _held_rdevs()
