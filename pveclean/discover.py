@@ -46,45 +46,47 @@ class Scope:
     running: bool = True
 
 
-def protected_name(pid: int, comm: str, protect: frozenset[str]) -> str | None:
+def protected_name(comm: str, exe: str | None, cmdline: str,
+                   protect: frozenset[str]) -> str | None:
     """The protected name this process carries. comm is cut to 15 characters by the kernel
     ("nvidia-persiste"), so the executable's and argv[0]'s base names count too."""
     for name in protect:
         if comm == name or comm == name[:15]:
             return name
-    exe = procfs.exe(pid)
-    argv0 = procfs.cmdline(pid).split(" ", 1)[0]
+    argv0 = cmdline.split(" ", 1)[0]
     for path in (exe, argv0):
         if path and os.path.basename(path.removesuffix(" (deleted)")) in protect:
             return os.path.basename(path.removesuffix(" (deleted)"))
     return None
 
 
-def _protect_reason(st: procfs.ProcStatus, scope: Scope) -> str | None:
+def _protect_reason(st: procfs.ProcStatus, scope: Scope, exe: str | None,
+                    cmdline: str) -> str | None:
     if len(st.nspid) < 2:
         return "in the host's PID namespace"
     if scope.running and st.nspid[1] == 1:
         return "the container's PID 1"
-    name = protected_name(st.pid, st.name, scope.protect)
+    name = protected_name(st.name, exe, cmdline, scope.protect)
     if name:
         return f"protected name '{name}'"
     return None
 
 
 def make_holder(st: procfs.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder:
+    exe, cmdline = procfs.exe(st.pid), procfs.cmdline(st.pid)
     return Holder(
         host_pid=st.pid,
         starttime=st.starttime,
         ct_pid=st.nspid[1] if len(st.nspid) >= 2 else None,
         name=st.name,
-        exe=procfs.exe(st.pid),
-        cmdline=procfs.cmdline(st.pid),
+        exe=exe,
+        cmdline=cmdline,
         uid=st.uid,
         user=procfs.user_name(st.uid),
         state=st.state,
         ppid=st.ppid,
         cgroup=f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/"),
-        protected=_protect_reason(st, scope),
+        protected=_protect_reason(st, scope, exe, cmdline),
     )
 
 

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -106,18 +105,7 @@ def test_second_run_waits_then_reports_busy(lab: Lab, vmid: int, vmid2: int) -> 
     lab.create_ct(vmid2, gpus=(0,), start=False)
     from pveclean.lock import container_lock
 
-    hold = threading.Event()
-    release = threading.Event()
-
-    def holder() -> None:
-        with container_lock(str(lab.root / "state"), vmid, 1, "test holder"):
-            hold.set()
-            release.wait(10)
-
-    t = threading.Thread(target=holder)
-    t.start()
-    assert hold.wait(5)
-    try:
+    with container_lock(str(lab.root / "state"), vmid, 1, "test holder"):
         t0 = time.monotonic()
         r = lab.pveclean("ct", str(vmid), "--json")
         assert r.returncode == 5
@@ -126,9 +114,6 @@ def test_second_run_waits_then_reports_busy(lab: Lab, vmid: int, vmid2: int) -> 
         assert time.monotonic() - t0 >= 0.5
         other = lab.pveclean("ct", str(vmid2), "--json")  # another container: not blocked
         assert other.returncode == 0, other.stderr
-    finally:
-        release.set()
-        t.join()
     files = sorted(lab.report_dir.glob(f"{vmid}-manual-*.yaml"))
     assert yaml.safe_load(files[-1].read_text())["verdict"] == "busy"
 

@@ -41,6 +41,15 @@ def hook(lab: Lab, vmid: int | str, phase: str) -> subprocess.CompletedProcess[s
         os.close(r)
 
 
+def leftover_after_stop(lab: Lab, vmid: int, **holder: object) -> list[int]:
+    """Stop the container, then leave a GPU holder of 'its earlier run' in its cgroup tree
+    (own PID namespace, as a process that escaped the container's end would be)."""
+    lab.pct("stop", str(vmid))
+    w = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia0"])], pidns=True,
+                        cgroup=lab.cgroup(vmid) / "ns", **holder)  # type: ignore[arg-type]
+    return [p for p in w.host_pids(lab) if w.popen is None or p != w.popen.pid]
+
+
 def test_pct_stop_cleans_seeds_and_post_stop_reports_clean(lab: Lab, vmid: int) -> None:
     s = seeds(lab, vmid, host=True)
     lab.install_hook(vmid)
@@ -94,10 +103,7 @@ def test_leaked_memory_after_stop(lab: Lab, vmid: int) -> None:
 def test_pre_start_cleans_leftovers_of_an_earlier_run(lab: Lab, vmid: int) -> None:
     lab.create_ct(vmid, gpus=(0,))
     lab.install_hook(vmid)
-    lab.pct("stop", str(vmid))
-    w = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia0"])], pidns=True,
-                        cgroup=lab.cgroup(vmid) / "ns", gpu_mib={0: 700})
-    left = [p for p in w.host_pids(lab) if w.popen is None or p != w.popen.pid]
+    left = leftover_after_stop(lab, vmid, gpu_mib={0: 700})
     assert left
     res = lab.pct("start", str(vmid))
     assert f"pveclean: CT {vmid} pre-start: stopped" in res.stdout
@@ -111,11 +117,7 @@ def test_refuse_policy_aborts_start_with_unkillable_leftover(lab: Lab, vmid: int
     lab.write_config(pre_start_policy="refuse", grace_seconds=0.3, deadline_seconds=2)
     lab.create_ct(vmid, gpus=(0,))
     lab.install_hook(vmid)
-    lab.pct("stop", str(vmid))
-    w = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia0"])], pidns=True,
-                        cgroup=lab.cgroup(vmid) / "ns")
-    left = [p for p in w.host_pids(lab) if w.popen is None or p != w.popen.pid]
-    freezer = lab.make_unkillable(left)
+    freezer = lab.make_unkillable(leftover_after_stop(lab, vmid))
     res = lab.pct("start", str(vmid), check=False)
     assert res.returncode != 0
     assert f"pveclean: CT {vmid} pre-start: refusing to start" in res.stdout
@@ -128,11 +130,7 @@ def test_warn_policy_lets_the_start_go_on(lab: Lab, vmid: int) -> None:
     lab.write_config(grace_seconds=0.3, deadline_seconds=2)
     lab.create_ct(vmid, gpus=(0,))
     lab.install_hook(vmid)
-    lab.pct("stop", str(vmid))
-    w = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia0"])], pidns=True,
-                        cgroup=lab.cgroup(vmid) / "ns")
-    left = [p for p in w.host_pids(lab) if w.popen is None or p != w.popen.pid]
-    freezer = lab.make_unkillable(left)
+    freezer = lab.make_unkillable(leftover_after_stop(lab, vmid))
     res = lab.pct("start", str(vmid), check=False)
     lab.thaw(freezer)
     assert "WARNING" in res.stdout and "starting anyway" in res.stdout
@@ -226,29 +224,14 @@ def test_pre_start_with_nothing_left_never_touches_nvml(lab: Lab, vmid: int) -> 
 
 
 def test_busy_container_lock_is_said_in_the_task_log(lab: Lab, vmid: int) -> None:
-    import threading
-
     from pveclean.lock import container_lock
 
     lab.write_config(lock_wait_seconds=0.3)
     lab.create_ct(vmid, gpus=(0,))
     w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
     lab.install_hook(vmid)
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with container_lock(str(lab.root / "state"), vmid, 1, "pveclean ct (manual)"):
-            held.set()
-            release.wait(10)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    assert held.wait(5)
-    try:
-        res = hook(lab, vmid, "pre-stop")
-    finally:
-        release.set()
-        t.join()
+    with container_lock(str(lab.root / "state"), vmid, 1, "pveclean ct (manual)"):
+        res = hook(lab, vmid, "pre-stop")  # another process: it waits for our flock
     assert res.returncode == 0
     assert f"pveclean: WARNING: CT {vmid} pre-stop: skipped, another pveclean run holds" in \
         res.stdout and "pveclean ct (manual)" in res.stdout
