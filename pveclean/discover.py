@@ -108,7 +108,7 @@ def scan_host(scope: Scope) -> HostView:
         if st is None:
             continue  # exited while we looked
         statuses[pid] = st
-        if scope.running and len(st.nspid) >= 2 and st.nspid[1] == 1 and rel == "ns":
+        if scope.running and len(st.nspid) >= 2 and st.nspid[1] == 1:
             init_pid = pid
         if st.state == "Z":
             continue  # a zombie holds nothing: its fds and mappings are gone
