@@ -289,3 +289,13 @@ def test_endless_respawn_is_residual_once_rounds_are_spent(lab: Lab, vmid: int) 
     assert last["outcome"] == "survived" and "after the last of 1 rounds" in last["signals"][0]
     assert last["respawned_by"].startswith("vllm (host PID")
     assert [h["outcome"] for h in rep["holders"][:2]] == ["terminated", "terminated"]
+
+
+def test_holder_in_a_systemd_service_cgroup_is_found(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], cgroup="system.slice/vllm.service")
+    (pid,) = w.host_pids(lab)
+    code, rep = run_json(lab, vmid)
+    assert code == 0 and rep["verdict"] == "clean"
+    assert holder_by_pid(rep, pid)["cgroup"] == f"/lxc/{vmid}/ns/system.slice/vllm.service"
+    assert rep["container"]["init_pid"] == lab.init_pid(vmid)
