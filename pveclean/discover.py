@@ -33,6 +33,10 @@ class Deadline:
     def expired(self) -> bool:
         return time.monotonic() >= self.end
 
+    def cap(self, timeout: float) -> float:
+        """`timeout`, cut to what is left of the run (never zero: one last short try)."""
+        return min(timeout, max(self.remaining(), 0.05))
+
 
 @dataclass
 class Scope:
@@ -226,7 +230,7 @@ def discover(
         sources["nvml"] = "disabled"
     else:
         try:
-            procs = nvml.processes(timeout=min(nvml.timeout, max(deadline.remaining(), 0.05)))
+            procs = nvml.processes(timeout=deadline.cap(nvml.timeout))
             others = merge_nvml(view, procs, scope)
             sources["nvml"] = "ok"
         except NvmlUnavailable as exc:

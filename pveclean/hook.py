@@ -16,7 +16,7 @@ from . import chain, procfs, pveconf, report
 from .config import PHASES, Config, ConfigError, load
 from .model import GpuMemory, PvecleanError
 from .nvml import Nvml, NvmlUnavailable
-from .run import RunResult, clean, finish
+from .run import RunResult, cgroup_root, clean, finish
 
 LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack, contexts
 
@@ -61,7 +61,7 @@ def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> dict[str
             if time.time() - path.stat().st_mtime > max_age:
                 return None
             return report.load(path)
-        except (OSError, report.ReportError, Exception):
+        except (OSError, report.ReportError):
             return None
     return None
 
@@ -99,7 +99,7 @@ def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
 
 def post_stop(vmid: int, cfg: Config) -> int:
     """The container's processes are gone: is the GPU memory they had released?"""
-    nvml = Nvml(cfg.nvml_library, timeout=min(5.0, cfg.deadline_seconds * 0.2))
+    nvml = Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds)
     res = clean(vmid, cfg, phase="post-stop", write_report=False, nvml=nvml)
     rep = res.report
     if rep["verdict"] == "busy":
@@ -146,8 +146,7 @@ def pre_start(vmid: int, cfg: Config) -> int:
         return _busy(vmid, "pre-start", res)
     if not rep["container"]["running"]:
         # Leftover cgroups of an earlier run make lxc-start fail; empty ones can go.
-        root = cfg.cgroup_root or procfs.cgroup2_root()
-        removed = procfs.remove_empty_cgroups(procfs.container_cgroup(root, vmid))
+        removed = procfs.remove_empty_cgroups(procfs.container_cgroup(cgroup_root(cfg), vmid))
         if removed:
             rep["removed_cgroups"] = removed
     if rep["verdict"] == "nothing-to-do" and not rep.get("removed_cgroups"):

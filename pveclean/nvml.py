@@ -56,6 +56,11 @@ class Nvml:
         self._nv: Any = None
         self._handles: list[tuple[int, Any]] = []
 
+    @classmethod
+    def for_run(cls, library: str | None, deadline_seconds: float) -> Nvml:
+        """A session whose calls may use at most a fifth of the run (5 s at most)."""
+        return cls(library, timeout=min(5.0, deadline_seconds * 0.2))
+
     def _init(self) -> Any:
         if self._nv is not None:
             return self._nv

@@ -296,7 +296,10 @@ def frozen(pid: int) -> bool:
         num, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if num == "0" and not controllers:
-            root = _mount_of("cgroup2")
+            try:
+                root: str | None = cgroup2_root()
+            except PvecleanError:
+                root = None
             events = _read(f"{root}{path}/cgroup.events") if root else None
             if events and "frozen 1" in events:
                 return True

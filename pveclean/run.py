@@ -42,8 +42,12 @@ class RunResult:
         return str(self.report["verdict"])
 
 
+def cgroup_root(cfg: Config) -> str:
+    return cfg.cgroup_root or procfs.cgroup2_root()
+
+
 def make_scope(vmid: int, cfg: Config, ctconf: pveconf.CtConfig) -> Scope:
-    root = cfg.cgroup_root or procfs.cgroup2_root()
+    root = cgroup_root(cfg)
     devices = procfs.gpu_devices(cfg.devices)
     patterns = sorted({*ctconf.gpu_paths(), "/dev/nvidia*", "/dev/nvidia-caps/*"})
     return Scope(vmid, procfs.container_cgroup(root, vmid), devices, frozenset(cfg.protect),
@@ -54,7 +58,7 @@ def _memory(nvml: Nvml | None, deadline: Deadline, errors: list[str]) -> list[Gp
     if nvml is None or nvml.error:
         return None
     try:
-        return nvml.memory(timeout=min(nvml.timeout, max(deadline.remaining(), 0.05)))
+        return nvml.memory(timeout=deadline.cap(nvml.timeout))
     except NvmlUnavailable as exc:
         errors.append(str(exc))
         return None
@@ -68,7 +72,7 @@ def _remaining_holders(
     nvml_pids: set[int] = set()
     if nvml is not None and not nvml.error:
         try:
-            procs = nvml.processes(timeout=min(nvml.timeout, max(deadline.remaining(), 0.05)))
+            procs = nvml.processes(timeout=deadline.cap(nvml.timeout))
             # A PID of ours that NVML still lists has not released its memory yet.
             nvml_pids = {p for p in procs if p in view.statuses or p in known_pids}
         except NvmlUnavailable:
@@ -203,7 +207,7 @@ def _clean(
     # init can take seconds on a host without nvidia-persistenced (every start pays it).
     idle = not scope.running and not procfs.tree_pids(scope.cgroup_dir)
     if nvml is None and not idle:
-        nvml = Nvml(cfg.nvml_library, timeout=min(5.0, cfg.deadline_seconds * 0.2))
+        nvml = Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds)
     errors: list[str] = []
     before = None if idle else _memory(nvml, deadline, errors)
     disc = discover(scope, None if idle else nvml, cfg.pct_command if cfg.probe else None,
