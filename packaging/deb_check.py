@@ -12,9 +12,10 @@ In each root (a chroot with /proc mounted, removed afterwards):
     apt-get purge removes it and leaves nothing of the package behind.
 
 The debootstrapped roots are cached as tarballs in $PVECLEAN_DEB_CACHE
-(default /var/cache/pveclean-deb-check, outside the clone: CI runs in a fresh one), with the
-.debs apt fetched. Needs root, debootstrap and lintian (installed with apt-get if missing) and
-Debian's archive ($PVECLEAN_DEB_MIRROR, default http://deb.debian.org/debian).
+(default /var/cache/pveclean-deb-check, outside the clone: CI runs in a fresh one) for up to
+30 days, with the .debs apt fetched (apt still checks them against the archive's lists).
+Needs root, debootstrap and lintian (installed with apt-get if missing) and Debian's archive
+($PVECLEAN_DEB_MIRROR, default http://deb.debian.org/debian).
 
 Usage: deb_check.py DEB [--releases bookworm,trixie]
 """
@@ -36,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("PVECLEAN_DEB_CACHE", "/var/cache/pveclean-deb-check"))
 MIRROR = os.environ.get("PVECLEAN_DEB_MIRROR", "http://deb.debian.org/debian")
 RELEASES = ("bookworm", "trixie")
+MAX_AGE_DAYS = 30  # then debootstrap again: a fresh root should look like a fresh install
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "HOME": "/root",
        "DEBIAN_FRONTEND": "noninteractive"}
 # Proxmox runs hookscripts with this environment (see docs/proxmox.md)
@@ -98,7 +100,7 @@ def remove_tree(path: Path) -> None:
 def base_tarball(release: str) -> Path:
     """The debootstrapped minbase root of release, made once and cached."""
     tar = CACHE / f"{release}.tar"
-    if tar.is_file():
+    if tar.is_file() and time.time() - tar.stat().st_mtime < MAX_AGE_DAYS * 86400:
         return tar
     CACHE.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{release}-", dir=CACHE))
