@@ -39,15 +39,16 @@ REPO = Path(__file__).resolve().parent.parent
 HERE = REPO / "packaging"
 LIB = "usr/lib/pveclean"
 
-# distribution -> (Debian licence short name (DEP-5), what of the wheel to ship); the licence
-# text comes from the wheel. nvidia-ml-py's wheel also has a top-level example.py: not shipped.
-VENDORED = {
-    "typer": ("Expat", ("typer",)),
-    "click": ("BSD-3-clause", ("click",)),
-    "typing_extensions": ("PSF-2.0", ("typing_extensions.py",)),
-    "shellingham": ("ISC", ("shellingham",)),
-    "proxmoxer": ("Expat", ("proxmoxer",)),
-    "nvidia-ml-py": ("BSD-3-clause", ("pynvml.py",)),
+# distribution -> (Debian licence short name (DEP-5), what of the wheel to ship, copyright
+# holders where the licence file does not name them); the licence text comes from the wheel.
+# nvidia-ml-py's wheel also has a top-level example.py: not shipped.
+VENDORED: dict[str, tuple[str, tuple[str, ...], str | None]] = {
+    "typer": ("Expat", ("typer",), None),
+    "click": ("BSD-3-clause", ("click",), None),
+    "typing_extensions": ("PSF-2.0", ("typing_extensions.py",), "Python Software Foundation"),
+    "shellingham": ("ISC", ("shellingham",), None),
+    "proxmoxer": ("Expat", ("proxmoxer",), None),
+    "nvidia-ml-py": ("BSD-3-clause", ("pynvml.py",), None),
 }
 DEPENDS = "python3 (>= 3.11), python3-yaml (>= 6.0), python3-requests (>= 2.28)"
 
@@ -103,6 +104,13 @@ def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
+def vendored_entry(dist: str) -> tuple[str, tuple[str, ...], str | None]:
+    for d, entry in VENDORED.items():
+        if norm(d) == norm(dist):
+            return entry
+    raise SystemExit(f"build_deb: {dist} is not one of the vendored distributions")
+
+
 def unpack_wheel(whl: Path, lib: Path) -> tuple[str, list[str], str]:
     """Unpack a pure-Python wheel into lib: (distribution, top-level entries, licence text).
     Keeps METADATA of the dist-info (importlib.metadata still answers), drops the rest."""
@@ -117,7 +125,7 @@ def unpack_wheel(whl: Path, lib: Path) -> tuple[str, list[str], str]:
         found = re.search(r"^Name: (.+)$", z.read(f"{info}/METADATA").decode(), re.M)
         assert found
         dist = found.group(1).strip()
-        keep = next(v[1] for d, v in VENDORED.items() if norm(d) == norm(dist))
+        keep = vendored_entry(dist)[1]
         lic_names = [n for n in names if n.startswith(f"{info}/")
                      and re.search(r"/(licenses/)?(LICEN[CS]E|COPYING)[^/]*$", n)]
         licence = "\n\n".join(z.read(n).decode() for n in lic_names)
@@ -138,7 +146,7 @@ def unpack_wheel(whl: Path, lib: Path) -> tuple[str, list[str], str]:
             target.chmod(0o644)
             if not n.startswith(f"{info}/"):
                 top.add(n.split("/")[0])
-    return dist, sorted(top), licence
+    return dist, [*sorted(top), info], licence
 
 
 def nvml_licence(lib: Path) -> str:
@@ -165,12 +173,13 @@ def copyright_file(vendored: list[tuple[str, list[str], str]]) -> str:
         "",
     ]
     for dist, top, licence in vendored:
-        short = VENDORED[next(d for d in VENDORED if norm(d) == norm(dist))][0]
-        holders = sorted({m.strip() for m in re.findall(r"^\s*(Copyright.*\S)", licence, re.M)
-                          if not re.search(r"notice|holders? (and|nor)", m, re.I)})
+        short, _, named = vendored_entry(dist)
+        holders = [named] if named else sorted(
+            {m.strip() for m in re.findall(r"^\s*(Copyright.*\S)", licence, re.M)
+             if not re.search(r"notice|holders? (and|nor)", m, re.I)})
         if not holders:
             raise SystemExit(f"build_deb: no copyright line in {dist}'s licence")
-        files = " ".join(f"{LIB}/{t}/*" if "." not in t else f"{LIB}/{t}" for t in top)
+        files = " ".join(f"{LIB}/{t}" if t.endswith(".py") else f"{LIB}/{t}/*" for t in top)
         out += [f"Files: {files}", "Copyright: " + "\n ".join(
             re.sub(r"^Copyright\s*(\([cC]\)|©)?\s*", "", h) for h in holders),
             f"Comment: vendored from the {dist} wheel, with its own licence text.",

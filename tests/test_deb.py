@@ -145,7 +145,7 @@ def test_copyright_covers_every_vendored_file(tree: Path) -> None:
         assert "\n" in p["License"] or short in licences, p["Files"]
         assert p["Copyright"], p["Files"]
     lib = tree / LIB.lstrip("/")
-    for path in lib.rglob("*.py"):
+    for path in (p for p in lib.rglob("*") if p.is_file()):
         rel = "/" + str(path.relative_to(tree))
         if rel.startswith(f"{LIB}/pveclean/"):
             continue
