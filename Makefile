@@ -54,8 +54,8 @@ deb: venv
 
 # As root: the .deb installed with apt into debootstrapped bookworm and trixie roots (cached in
 # /var/cache/pveclean-deb-check), upgraded, removed and purged there; lintian clean.
-deb-check: deb
-	$(BIN)/python packaging/deb_check.py dist/pveclean_$$($(BIN)/python -c 'import re; print(re.match(r"pveclean \(([^)]+)\)", open("packaging/debian/changelog").read()).group(1))')_all.deb
+deb-check: venv
+	$(BIN)/python packaging/deb_check.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info tests/lab/build .mypy_cache .ruff_cache .pytest_cache

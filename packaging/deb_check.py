@@ -258,7 +258,8 @@ def run_release(release: str, prev: Path, deb: Path, version: str, work: Path) -
         left = [p for p in ("/etc/pveclean", "/var/log/pveclean", "/var/lib/pveclean",
                             "/usr/share/pveclean", "/usr/share/doc/pveclean")
                 if root.file(p).exists()]
-        check(release, f"after purge: conffile and the package's directories gone {left or ''}",
+        check(release, "after purge: conffile and the package's directories gone"
+              + (f" {left}" if left else ""),
               not left and st in ("", "un"), f"status {st!r}")
         check(release, "nothing created under /etc/pve", not root.file("/etc/pve").exists())
     log(f"== {release}: {time.monotonic() - t0:.0f} s")
@@ -274,9 +275,20 @@ def lintian(deb: Path) -> None:
     check("lintian", "no errors or warnings (pedantic)", r.returncode == 0, out)
 
 
+def build(out: Path, *extra: str) -> Path:
+    r = subprocess.run([sys.executable, str(REPO / "packaging/build_deb.py"), str(out), *extra],
+                       stdout=subprocess.PIPE, text=True, check=False)
+    if r.returncode != 0:
+        raise SystemExit(f"deb-check: build_deb.py {' '.join(extra)} failed")
+    deb = Path(r.stdout.strip().splitlines()[-1])
+    log(f"built {deb}")
+    return deb
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("deb", type=Path)
+    ap.add_argument("deb", type=Path, nargs="?",
+                    help="the package to check (default: build it into dist/)")
     ap.add_argument("--releases", default=",".join(RELEASES))
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -284,21 +296,15 @@ def main() -> int:
         return 2
     t0 = time.monotonic()
     host_tools()
-    deb = args.deb.resolve()
     sys.path.insert(0, str(REPO))
     from pveclean import __version__
 
+    deb = (args.deb or build(REPO / "dist")).resolve()
     version = deb.name.split("_")[1]
     with tempfile.TemporaryDirectory(prefix="pveclean-deb-check-", dir="/var/tmp") as tmp:
         work = Path(tmp)
         # the version to upgrade from: the same tree, sorting before the real one
-        r = subprocess.run([sys.executable, str(REPO / "packaging/build_deb.py"), str(work),
-                            "--version", f"{version}~debcheck"], capture_output=True,
-                           text=True, check=False)
-        if r.returncode != 0:
-            print(f"deb-check: test build failed:\n{r.stderr[-3000:]}", file=sys.stderr)
-            return 1
-        prev = Path(r.stdout.strip().splitlines()[-1])
+        prev = build(work, "--version", f"{version}~debcheck")
         try:
             lintian(deb)
             for release in args.releases.split(","):
