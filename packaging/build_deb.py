@@ -14,7 +14,9 @@ wheel must be `py3-none-any` and is checked to hold no compiled file.
 /usr/sbin/pveclean runs /usr/bin/python3 -I with /usr/lib/pveclean first on sys.path. The
 hookscripts that `pveclean install` stamps call /usr/sbin/pveclean, a path every version of the
 package keeps. The man page pveclean(8) and the bash completion are generated from the staged
-CLI at build time.
+CLI at build time. postinst byte-compiles the private directory with py3compile, and a
+python3 runtime.d hook compiles it again when Debian's default Python changes (the upgrade from
+Proxmox VE 8 to 9).
 
 Usage: build_deb.py OUT_DIR [--version V] [--wheels DIR]
 """
@@ -265,6 +267,8 @@ def build(out_dir: Path, python: str, version: str | None, wheels: Path | None) 
         put(root, f"{doc}/README.md.gz", gz((REPO / "README.md").read_bytes()))
         put(root, f"{doc}/changelog.gz", gz(changelog.encode()))
         put(root, f"{doc}/copyright", copyright_file(vendored))
+        put(root, "usr/share/python3/runtime.d/pveclean.rtupdate",
+            (HERE / "debian/rtupdate").read_bytes(), 0o755)
         overrides = HERE / "debian/lintian-overrides"
         if overrides.is_file():
             put(root, "usr/share/lintian/overrides/pveclean", overrides.read_bytes())

@@ -7,7 +7,8 @@ In each root (a chroot with /proc mounted, removed afterwards):
     python3-requests come from the archive), a hookscript is stamped as `pveclean install`
     stamps it, then apt upgrades to the real package: the stamped hookscript still runs pveclean;
   - pveclean --version, config check, hook 129 pre-start/pre-stop (no Proxmox here: exit 0),
-    bash completion through bash, byte-compiled modules, nothing created under /etc/pve;
+    bash completion through bash, byte-compiled modules (by postinst, and by the runtime.d
+    hook that python3 runs when its default version changes), nothing under /etc/pve;
   - apt-get remove keeps a changed conffile (and the hookscript then still exits 0),
     apt-get purge removes it and leaves nothing of the package behind.
 
@@ -228,6 +229,11 @@ def run_release(release: str, prev: Path, deb: Path, version: str, work: Path) -
         r = root.sh("ls /usr/lib/pveclean/pveclean/__pycache__/")
         check(release, "modules byte-compiled by postinst",
               "hook.cpython-3" in r.stdout and "cli.cpython-3" in r.stdout, r.stdout + r.stderr)
+        r = root.sh("py3clean -p pveclean && ! ls /usr/lib/pveclean/pveclean/__pycache__ 2>&1 "
+                    "&& /usr/share/python3/runtime.d/pveclean.rtupdate rtupdate python3 python3"
+                    " && ls /usr/lib/pveclean/pveclean/__pycache__/")
+        check(release, "the python3 runtime.d hook compiles them again (default Python changed)",
+              r.returncode == 0 and "hook.cpython-3" in r.stdout, r.stdout + r.stderr)
         r = root.sh("bash -c '. /usr/share/bash-completion/completions/pveclean; "
                     "COMP_WORDS=(pveclean con); COMP_CWORD=1; _pveclean_completion pveclean; "
                     "echo \"${COMPREPLY[*]}\"'")

@@ -84,6 +84,8 @@ def test_layout(deb: Path) -> None:
     assert files["/usr/sbin/pveclean"] == "-rwxr-xr-x root/root"
     assert files["/usr/share/pveclean/hookscripts/pveclean-hook"] == "-rwxr-xr-x root/root"
     assert files["/etc/pveclean/pveclean.yaml"] == "-rw-r--r-- root/root"
+    # byte-compiled again for the new Python when Debian's default changes (VE 8 -> 9)
+    assert files["/usr/share/python3/runtime.d/pveclean.rtupdate"] == "-rwxr-xr-x root/root"
     # nothing arch-dependent or left from the old /opt layout; Debian's own yaml and requests
     bad = [f for f in files if f.startswith("/opt") or re.search(r"\.(so|pyc|pyd)$|/bin/", f)
            or f.startswith((f"{LIB}/yaml", f"{LIB}/requests", f"{LIB}/urllib3",
