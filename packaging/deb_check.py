@@ -43,7 +43,7 @@ ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "HOME": "/root",
        "DEBIAN_FRONTEND": "noninteractive"}
 # Proxmox runs hookscripts with this environment (see docs/proxmox.md)
 HOOK_ENV = {"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"}
-APT = "apt-get -y -q -o Dpkg::Use-Pty=0"
+APT = "apt-get -y -q -o Dpkg::Use-Pty=0 -o Acquire::Retries=3"
 
 failures: list[str] = []
 
@@ -108,8 +108,15 @@ def base_tarball(release: str) -> Path:
     try:
         t0 = time.monotonic()
         log(f"debootstrap {release} (cached in {tar} afterwards)")
-        r = subprocess.run(["debootstrap", "--variant=minbase", release, str(tmp / "root"),
-                            MIRROR], capture_output=True, text=True, check=False)
+        for attempt in (1, 2):  # a network hiccup or a mirror sync: once more
+            remove_tree(tmp / "root")
+            r = subprocess.run(["debootstrap", "--variant=minbase", release,
+                                str(tmp / "root"), MIRROR], capture_output=True, text=True,
+                               check=False)
+            if r.returncode == 0 or attempt == 2:
+                break
+            log(f"debootstrap {release} failed, once more")
+            time.sleep(10)
         if r.returncode != 0:
             raise SystemExit(f"deb-check: debootstrap {release} failed:\n{r.stdout[-3000:]}"
                              f"{r.stderr[-2000:]}")
