@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: all test demo bench lint venv lab-deps gpu-check deb clean
+.PHONY: all test demo bench lint venv lab-deps gpu-check deb deb-check clean
 
 all: test
 
@@ -33,7 +33,7 @@ lab-deps:
 	fi
 
 lint: venv
-	$(BIN)/ruff check pveclean tests
+	$(BIN)/ruff check pveclean tests packaging
 	$(BIN)/mypy
 
 test: lab-deps venv lint
@@ -48,8 +48,14 @@ bench: lab-deps venv
 gpu-check: venv
 	$(BIN)/python tests/gpu/gpu_check.py
 
+# dist/pveclean_<version>_all.deb, for Proxmox VE 8 and 9 (see packaging/build_deb.py)
 deb: venv
 	$(BIN)/python packaging/build_deb.py dist
+
+# As root: the .deb installed with apt into debootstrapped bookworm and trixie roots (cached in
+# /var/cache/pveclean-deb-check), upgraded, removed and purged there; lintian clean.
+deb-check: venv
+	$(BIN)/python packaging/deb_check.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info tests/lab/build .mypy_cache .ruff_cache .pytest_cache
