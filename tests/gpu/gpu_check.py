@@ -292,10 +292,21 @@ def run(args: argparse.Namespace) -> int:
                 p.kill()
             with contextlib.suppress(Exception):
                 p.wait(5)
+        # A killed process leaves its cgroup only once it is reaped: rmdir until it is empty
+        # (EBUSY meanwhile) or 5 s pass, so no cgroup outlives the check.
+        end = time.monotonic() + 5
         for d in (ct_cg, mon_cg):
             for sub in sorted((x for x, _d, _f in os.walk(d)), key=len, reverse=True):
-                with contextlib.suppress(OSError):
-                    os.rmdir(sub)
+                while True:
+                    try:
+                        os.rmdir(sub)
+                        break
+                    except FileNotFoundError:
+                        break
+                    except OSError:
+                        if time.monotonic() >= end:
+                            break
+                        time.sleep(0.02)
         shutil.rmtree(work, ignore_errors=True)
 
 
