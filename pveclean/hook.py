@@ -2,7 +2,8 @@
 
 Lean on purpose (no typer, no proxmoxer): it runs on every container start and stop.
 Proxmox gives hooks no timeout, so every phase is bounded by the config's deadline.
-Only pre-start can fail a task (a non-zero exit aborts the start); the others always exit 0.
+Only pre-start can fail a task (a non-zero exit aborts the start), and only by a decision:
+EXIT_REFUSE (see model.py); the others always exit 0.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from . import chain, procfs, pveconf, report
 from .config import PHASES, Config, ConfigError, load
-from .model import GpuMemory, PvecleanError
+from .model import EXIT_REFUSE, EXIT_USAGE, GpuMemory, PvecleanError
 from .nvml import Nvml, NvmlUnavailable
 from .run import RunResult, cgroup_root, clean, finish
 
@@ -139,11 +140,7 @@ def pre_start(vmid: int, cfg: Config) -> int:
     rep = res.report
     if rep["verdict"] == "busy":
         res = finish(rep, cfg)
-        if cfg.pre_start_policy == "refuse":
-            say(f"pveclean: CT {vmid} pre-start: refusing to start: "
-                f"{'; '.join(rep['errors'])}; {_where(res)}")
-            return 1
-        return _busy(vmid, "pre-start", res)
+        return _busy(vmid, "pre-start", res)  # not knowing is no reason to refuse
     if not rep["container"]["running"]:
         # Leftover cgroups of an earlier run make lxc-start fail; empty ones can go.
         removed = procfs.remove_empty_cgroups(procfs.container_cgroup(cgroup_root(cfg), vmid))
@@ -164,7 +161,7 @@ def pre_start(vmid: int, cfg: Config) -> int:
     if cfg.pre_start_policy == "refuse":
         say(f"pveclean: CT {vmid} pre-start: refusing to start: {len(left)} process(es) of an "
             f"earlier run still hold GPUs: {names}; {_where(res)}")
-        return 1
+        return EXIT_REFUSE
     say(f"pveclean: WARNING: CT {vmid} pre-start: {len(left)} leftover process(es) still hold "
         f"GPUs: {names}; starting anyway (pre_start_policy: warn); {_where(res)}")
     return 0
@@ -174,14 +171,39 @@ HANDLERS = {"pre-stop": pre_stop, "post-stop": post_stop, "pre-start": pre_start
 
 
 def main(argv: list[str]) -> int:
+    """Never raises: every failure is one line in the task log. Only pre-start can return
+    EXIT_REFUSE (a decision); the shim turns every other non-zero status into a warning."""
+    phase = argv[1] if len(argv) == 2 else "?"
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        say(f"pveclean: hook {phase}: interrupted; nothing more done")
+    except SystemExit as exc:  # a library calling sys.exit(): never a refusal
+        say(f"pveclean: hook {phase}: stopped early (exit {exc.code}); nothing more done")
+    except BaseException as exc:  # MemoryError, a bug: one line, never a traceback
+        say(f"pveclean: hook {phase}: internal error: {type(exc).__name__}: {exc}")
+    return 0
+
+
+def _chained(vmid: int, phase: str, cfg: Config) -> int:
+    """The chained hookscript's exit code; a failure to run it is reported, not fatal."""
+    try:
+        return chain.run_chained(vmid, phase, cfg)
+    except Exception as exc:
+        say(f"pveclean: CT {vmid} {phase}: chained hookscript not run: "
+            f"{type(exc).__name__}: {exc}")
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     if len(argv) != 2:
         say("usage: pveclean hook VMID PHASE")
-        return 2
+        return EXIT_USAGE
     try:
         vmid = pveconf.parse_vmid(argv[0])
     except PvecleanError as exc:
         say(f"pveclean: {exc}")
-        return 2
+        return EXIT_USAGE
     phase = argv[1]
     if phase not in PHASES:
         say(f"pveclean: CT {vmid}: unknown hook phase '{phase}'; nothing to do")
@@ -193,9 +215,16 @@ def main(argv: list[str]) -> int:
         # failing, and a broken pveclean config must not keep containers from starting.
         say(f"pveclean: CT {vmid} {phase}: config error, nothing done: {exc}")
         return 0
-    chained = chain.run_chained(vmid, phase, cfg)
+    # The chained script runs first, as it did before pveclean was installed; its own time is
+    # not pveclean's: the run's deadline starts when it returns. A chained script that fails in
+    # pre-start would have aborted the start under Proxmox: that stays a refusal.
+    chained = _chained(vmid, phase, cfg)
+    refused = phase == "pre-start" and chained != 0
+    if refused:
+        say(f"pveclean: CT {vmid} pre-start: refusing to start: the chained hookscript "
+            f"exited {chained}")
     if not cfg.phase_enabled(phase) or phase not in HANDLERS:
-        return chained if phase == "pre-start" else 0
+        return EXIT_REFUSE if refused else 0
     try:
         code = HANDLERS[phase](vmid, cfg)
     except PvecleanError as exc:
@@ -204,7 +233,6 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # a hook must never die with a traceback in the task log
         say(f"pveclean: CT {vmid} {phase}: internal error: {type(exc).__name__}: {exc}")
         code = 0
-    if phase == "pre-start":
-        return code or chained
+    if phase == "pre-start" and (refused or code == EXIT_REFUSE):
+        return EXIT_REFUSE
     return 0
-
