@@ -15,9 +15,10 @@ from typing import Any
 
 from . import chain, procfs, pveconf, report
 from .config import PHASES, Config, ConfigError, load
+from .discover import Deadline, Reads
 from .model import EXIT_REFUSE, EXIT_USAGE, GpuMemory, PvecleanError
-from .nvml import Nvml, NvmlUnavailable
-from .run import RunResult, cgroup_root, clean, finish
+from .nvml import Nvml
+from .run import RunResult, cgroup_root, clean, finish, new_worker, reserve_for, stall_for
 
 LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack, contexts
 
@@ -99,21 +100,29 @@ def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
 
 
 def post_stop(vmid: int, cfg: Config) -> int:
-    """The container's processes are gone: is the GPU memory they had released?"""
-    nvml = Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds)
-    res = clean(vmid, cfg, phase="post-stop", write_report=False, nvml=nvml)
-    rep = res.report
-    if rep["verdict"] == "busy":
-        return _busy(vmid, "post-stop", res)
-    pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
-    used_by_ct = {int(g) for h in (pre or {}).get("holders", [])
-                  for g in (h.get("gpu_memory_mib") or {})}
-    leaks: list[dict[str, Any]] = []
-    try:
-        leaks = find_leaks(nvml.memory(), nvml.processes(), _container_minors(vmid, cfg),
-                           used_by_ct)
-    except NvmlUnavailable as exc:
-        rep.setdefault("warnings", []).append(f"post-stop memory check skipped: {exc}")
+    """The container's processes are gone: is the GPU memory they had released?
+    NVML is asked in the run's worker, within the run's deadline (see worker.py)."""
+    deadline = Deadline(cfg.deadline_seconds)
+    with new_worker(cfg) as wk:
+        res = clean(vmid, cfg, phase="post-stop", write_report=False, worker=wk,
+                    deadline=deadline)
+        rep = res.report
+        if rep["verdict"] == "busy":
+            return _busy(vmid, "post-stop", res)
+        pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
+        used_by_ct = {int(g) for h in (pre or {}).get("holders", [])
+                      for g in (h.get("gpu_memory_mib") or {})}
+        leaks: list[dict[str, Any]] = []
+        reads = Reads(wk, deadline, stall_for(cfg), True,
+                      Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout)
+        end = deadline.end - reserve_for(cfg)
+        memory = reads.memory(end)
+        procs = reads.processes(end) if memory is not None else None
+        if memory is None or procs is None:
+            rep.setdefault("warnings", []).append(
+                f"post-stop memory check skipped: {reads.nvml_error}")
+        else:
+            leaks = find_leaks(memory, procs, _container_minors(vmid, cfg), used_by_ct)
     rep["leaks"] = leaks
     if pre is not None:
         rep["pre_stop_report"] = {"start": pre.get("start"), "verdict": pre.get("verdict"),

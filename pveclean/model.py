@@ -140,3 +140,9 @@ class Discovery:
     sources: dict[str, str]  # source -> "ok" or why it did not run
     warnings: list[str] = field(default_factory=list)
     other_holders: list[dict[str, Any]] = field(default_factory=list)
+    # Why the run cannot vouch for the whole tree: PIDs whose /proc reads hung, a scan that
+    # did not finish. Any entry rules out a `clean` verdict.
+    problems: list[str] = field(default_factory=list)
+    probe: Any = None  # the in-namespace probe, still running (merged when it arrives)
+    scanned: bool = True  # False: the host scan did not finish; the holders are unknown
+    view: Any = None  # discover.HostView of the first scan (maps probe PIDs to host PIDs)

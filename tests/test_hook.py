@@ -153,7 +153,7 @@ def test_frozen_container_cannot_hang_pre_stop(lab: Lab, vmid: int) -> None:
     assert res.returncode == 0
     assert elapsed < 4 + 1.5, elapsed
     (pre,) = reports(lab, vmid, "pre-stop")
-    assert pre["sources"]["probe"].startswith("failed: pct exec did not finish")
+    assert pre["sources"]["probe"].startswith("late: not finished when the run ended")
     assert pre["verdict"] == "clean"  # cgroup v2 lets SIGKILL through a freeze
     assert not any(lab.alive(p) for p in pids)
 
