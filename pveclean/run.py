@@ -92,6 +92,19 @@ def raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
+def fd_budget() -> int:
+    """How many pidfds may be open at once: the open-file limit less what is open and a
+    margin (pipes, the report, NVML's worker). Holders beyond it are stopped in batches."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        used = 64
+    return max(16, soft - used - 64)
+
+
 def _identities(reads: Reads, hs: list[Holder], scope: Scope, end: float) -> list[str | None]:
     """Identity checks of `hs` in the worker; a PID whose reads hang is not signalled."""
     while True:
@@ -161,18 +174,20 @@ def stop_and_verify(
     end = deadline.end - reserve_for(cfg)
     last_exit: float | None = None
     while True:
-        proven, rejected = stopper.prove_all(
-            targets, lambda hs: _identities(reads, hs, scope, end))
-        for h, why in rejected:
-            h.outcome = "exited" if why.startswith("exited") else "skipped"
-            h.signals.append(why)
-        if proven:
-            exited = stopper.stop(
-                proven, grace, end, progress,
-                lambda pids: reads.call(stopper.describe, pids, end=deadline.end,  # type: ignore
-                                        what="survivors' state"))
-            if exited is not None:
-                last_exit = max(last_exit or exited, exited)
+        batch = fd_budget()
+        for i in range(0, len(targets), batch):  # one batch unless the hard limit is low
+            proven, rejected = stopper.prove_all(
+                targets[i:i + batch], lambda hs: _identities(reads, hs, scope, end))
+            for h, why in rejected:
+                h.outcome = "exited" if why.startswith("exited") else "skipped"
+                h.signals.append(why)
+            if proven:
+                exited = stopper.stop(
+                    proven, grace, end, progress,
+                    lambda pids: reads.call(stopper.describe, pids,  # type: ignore
+                                            end=deadline.end, what="survivors' state"))
+                if exited is not None:
+                    last_exit = max(last_exit or exited, exited)
         known = {h.host_pid for h in all_holders}
         clean_since: float | None = None
         chase: list[Holder] = []

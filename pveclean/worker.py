@@ -127,8 +127,12 @@ class Worker:
             try:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-                # Close every inherited fd but the two pipe ends (and stdio): above all the
-                # container lock's, so a worker stuck in the kernel never keeps the lock.
+                # stdio to /dev/null: a worker stuck in the kernel must not keep the task
+                # log's pipe open (Proxmox reads it to the end). Every other inherited fd is
+                # closed, above all the container lock's, so it never keeps the lock either.
+                null = os.open(os.devnull, os.O_RDWR)
+                for std in (0, 1, 2):
+                    os.dup2(null, std)
                 keep = sorted({req_r, resp_w})
                 os.closerange(3, keep[0])
                 os.closerange(keep[0] + 1, keep[1])
