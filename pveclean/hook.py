@@ -50,9 +50,25 @@ def pre_stop(vmid: int, cfg: Config) -> int:
         left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
         names = ", ".join(f"PID {h['host_pid']} {h['name']} ({h['outcome']}, state "
                           f"{h['state']})" for h in left[:5])
+        why = f": {names}" if left else f" or cannot be ruled out: {_first_error(rep)}"
         say(f"pveclean: WARNING: CT {vmid} pre-stop: {len(left)} GPU holder(s) REMAIN after "
-            f"{dur:.1f} s: {names}; GPU memory may stay allocated; {_where(res)}")
+            f"{dur:.1f} s{why}; GPU memory may stay allocated; {_where(res)}")
+    _unsaved(res)
     return 0
+
+
+def _first_error(rep: dict[str, Any]) -> str:
+    errors = rep.get("errors") or ["unknown"]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{str(errors[0])[:300]}{more}"
+
+
+def _unsaved(res: RunResult) -> None:
+    """A report that could not be written goes to stderr (the task log) in full; the syslog
+    line was sent by finish()."""
+    if res.report_error:
+        sys.stderr.write("--- pveclean report (not saved) ---\n" + report.to_yaml(res.report))
+        sys.stderr.flush()
 
 
 def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> dict[str, Any] | None:
@@ -130,6 +146,7 @@ def post_stop(vmid: int, cfg: Config) -> int:
     if leaks and rep["verdict"] in ("clean", "nothing-to-do"):
         rep["verdict"] = "leaked"
     res = finish(rep, cfg)
+    _unsaved(res)
     if rep["verdict"] == "leaked":
         desc = ", ".join(f"GPU {x['index']} {x['unaccounted_mib']} MiB" for x in leaks)
         say(f"pveclean: CT {vmid} post-stop: leaked {desc}; see {res.path}")
@@ -158,6 +175,7 @@ def pre_start(vmid: int, cfg: Config) -> int:
     if rep["verdict"] == "nothing-to-do" and not rep.get("removed_cgroups"):
         return 0
     res = finish(rep, cfg)
+    _unsaved(res)
     if rep["verdict"] == "nothing-to-do":
         return 0
     s = rep["summary"]
@@ -167,6 +185,10 @@ def pre_start(vmid: int, cfg: Config) -> int:
         return 0
     left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
     names = ", ".join(f"PID {h['host_pid']} {h['name']} (state {h['state']})" for h in left[:5])
+    if not left:  # nothing seen that stays: not knowing is no reason to refuse
+        say(f"pveclean: WARNING: CT {vmid} pre-start: could not check every leftover process: "
+            f"{_first_error(rep)}; starting anyway; {_where(res)}")
+        return 0
     if cfg.pre_start_policy == "refuse":
         say(f"pveclean: CT {vmid} pre-start: refusing to start: {len(left)} process(es) of an "
             f"earlier run still hold GPUs: {names}; {_where(res)}")
