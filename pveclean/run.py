@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +38,6 @@ from .model import (
     ProcIdentity,
 )
 from .nvml import Nvml
-from .pct import wait_pct
 from .worker import Worker, WorkerError
 
 Progress = Callable[[str], None]
@@ -150,10 +151,20 @@ def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
 
 
 def _drop_probe(disc: Discovery, why: str) -> None:
-    if disc.probe is not None:
-        wait_pct(disc.probe, 0.0)  # kills its process group
-        disc.probe = None
-        disc.sources["probe"] = why
+    """Kill a probe still running, its whole process group, without reading what it wrote
+    (a `pct exec` stuck in a frozen container may never close its pipes)."""
+    proc = disc.probe
+    if proc is None:
+        return
+    disc.probe = None
+    disc.sources["probe"] = why
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(0.05)
 
 
 def stop_and_verify(
