@@ -355,6 +355,9 @@ class Reads:
                                      f"{doing(exc.note)}")
                 return None, [], (f"unavailable: {self.nvml_error}" if self.nvml_error
                                   else "not asked: the host scan did not finish")
+            except worker.RemoteError as exc:  # a bug, not a hang: said, never a traceback
+                self.problems.append(f"host scan failed: {exc}")
+                return None, [], "not asked: the host scan failed"
 
     def rescan(self, scope: Scope, known: set[int], end: float
                ) -> tuple[HostView, set[int]] | None:
@@ -370,6 +373,9 @@ class Reads:
                 self.problems.append(f"verification scan did not finish before the deadline: "
                                      f"{doing(exc.note)}")
                 return None
+            except worker.RemoteError as exc:
+                self.problems.append(f"verification scan failed: {exc}")
+                return None
 
     def memory(self, end: float) -> list[GpuMemory] | None:
         if self.nvml_error is not None:
@@ -377,7 +383,7 @@ class Reads:
         try:
             mem, err = self.worker.call(w_memory, self._nvml_t(),
                                         timeout=end - time.monotonic(), what="NVML memory")
-        except worker.WorkerError as exc:
+        except (worker.WorkerError, worker.RemoteError) as exc:
             self.nvml_error = f"NVML memory query did not answer: {exc}"
             return None
         if err:
@@ -390,7 +396,7 @@ class Reads:
         try:
             procs, err = self.worker.call(w_processes, self._nvml_t(),
                                           timeout=end - time.monotonic(), what="NVML processes")
-        except worker.WorkerError as exc:
+        except (worker.WorkerError, worker.RemoteError) as exc:
             self.nvml_error = f"NVML process query did not answer: {exc}"
             return None
         if err:
@@ -404,6 +410,9 @@ class Reads:
                                     what=what)
         except worker.WorkerError as exc:
             self.problems.append(f"{what} did not finish: {doing(exc.note)}")
+            return None
+        except worker.RemoteError as exc:
+            self.problems.append(f"{what} failed: {exc}")
             return None
 
 

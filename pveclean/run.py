@@ -38,7 +38,7 @@ from .model import (
     ProcIdentity,
 )
 from .nvml import Nvml
-from .worker import Worker, WorkerError
+from .worker import RemoteError, Worker, WorkerError
 
 Progress = Callable[[str], None]
 POLL_INTERVAL = 0.02  # rescans while verifying; each is a cgroup walk, not a /proc walk
@@ -121,6 +121,9 @@ def _identities(reads: Reads, hs: list[Holder], scope: Scope, end: float) -> lis
             reads.problems.append(f"identity check did not finish before the deadline: "
                                   f"{doing(exc.note)}")
             return ["identity check did not finish before the deadline; not signalled"] * len(hs)
+        except RemoteError as exc:
+            reads.problems.append(f"identity check failed: {exc}")
+            return [f"identity check failed ({exc}); not signalled"] * len(hs)
 
 
 def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
