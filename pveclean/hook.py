@@ -145,7 +145,7 @@ def post_stop(vmid: int, cfg: Config) -> int:
                                   "freed_mib": (pre.get("summary") or {}).get("freed_mib")}
     if leaks and rep["verdict"] in ("clean", "nothing-to-do"):
         rep["verdict"] = "leaked"
-    res = finish(rep, cfg)
+    res = finish(rep, cfg, deadline=deadline)
     _unsaved(res)
     if rep["verdict"] == "leaked":
         desc = ", ".join(f"GPU {x['index']} {x['unaccounted_mib']} MiB" for x in leaks)

@@ -303,7 +303,7 @@ def clean(
             "holders": [], "gpus": [], "warnings": [], "errors": [str(exc)],
             "_started": started,
         }
-        return finish(rep, cfg, write_report)
+        return finish(rep, cfg, write_report, deadline)
     finally:
         if worker is None:
             wk.close()
@@ -380,24 +380,43 @@ def _clean(
     rep["summary"]["verified_after_last_exit_s"] = verify_s
     if wk.killed:
         rep["summary"]["readers_killed"] = len(wk.killed)
-    return finish(rep, cfg, write_report)
+    return finish(rep, cfg, write_report, deadline)
 
 
-def finish(rep: dict[str, Any], cfg: Config, write_report: bool = True) -> RunResult:
-    """Redact, write and prune; a report that cannot be written is kept in the result."""
+REPORT_WAIT = 0.5  # s: writing the report may take at least this, even at the deadline
+
+
+def _write_report(rep: dict[str, Any], cfg: Config) -> str:
+    """In a worker: write, prune, publish (a report dir or metrics file on a hung NFS mount
+    blocks here, not in the run)."""
+    path = report.write(rep, cfg.report_dir)
+    report.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
+    notify.publish(rep, str(path), cfg.syslog, cfg.syslog_socket, cfg.metrics_path)
+    return str(path)
+
+
+def finish(rep: dict[str, Any], cfg: Config, write_report: bool = True,
+           deadline: Deadline | None = None) -> RunResult:
+    """Redact, write and prune within what is left of the run (at least REPORT_WAIT); a report
+    that cannot be written is kept in the result and said in syslog."""
     rep = report.Redactor(cfg.redact).value(rep)
     code = VERDICT_EXIT.get(str(rep["verdict"]), EXIT_OK)
     if not write_report:
         return RunResult(rep, None, code)
-    try:
-        path = report.write(rep, cfg.report_dir)
-    except report.ReportError as exc:
-        rep.setdefault("errors", []).append(str(exc))
-        notify.publish(rep, None, cfg.syslog, cfg.syslog_socket, cfg.metrics_path)
-        return RunResult(rep, None, max(code, EXIT_REPORT), str(exc))
-    report.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
-    notify.publish(rep, str(path), cfg.syslog, cfg.syslog_socket, cfg.metrics_path)
-    return RunResult(rep, path, code)
+    wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
+    with Worker() as wk:
+        try:
+            return RunResult(rep, Path(wk.call(_write_report, rep, cfg, timeout=wait,
+                                               what="report")), code)
+        except RemoteError as exc:
+            why = str(exc).removeprefix("ReportError: ")
+        except WorkerError:
+            why = (f"writing the report to {cfg.report_dir} did not finish within {wait:.1f} s "
+                   "(a hung file system?)")
+    rep.setdefault("errors", []).append(why)
+    # syslog only: a metrics file on the same hung file system would block this process
+    notify.publish(rep, None, cfg.syslog, cfg.syslog_socket, None)
+    return RunResult(rep, None, max(code, EXIT_REPORT), why)
 
 
 def memory_table(

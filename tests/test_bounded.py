@@ -192,6 +192,24 @@ def test_a_hung_fuse_fd_cannot_hang_pre_stop(lab: Lab, vmid: int, hangfs: HangFs
     assert rep["verdict"] != "busy"
 
 
+def test_report_dir_on_a_hung_mount_cannot_hang_a_run(lab: Lab, vmid: int,
+                                                      hangfs: HangFs) -> None:
+    deadline = 3
+    lab.write_config(grace_seconds=0.5, deadline_seconds=deadline,
+                     report_dir=str(hangfs.mountpoint / "reports"))
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    hangfs.hang()
+    t0 = time.monotonic()
+    r = lab.pveclean("ct", str(vmid))
+    took = time.monotonic() - t0
+    assert took < deadline + MARGIN + START_UP, took
+    assert r.returncode == 4  # EXIT_REPORT: cleaned, but the report could not be written
+    assert "writing the report to" in r.stderr and "did not finish" in r.stderr
+    assert "--- report (not saved) ---" in r.stderr and "verdict: clean" in r.stderr
+    assert not any(lab.alive(p) for p in w.host_pids(lab))
+
+
 def test_hung_nvml_ends_a_cleanup_within_the_deadline(lab: Lab, vmid: int) -> None:
     assert lab.nvml is not None
     deadline = 3
@@ -209,7 +227,7 @@ def test_hung_nvml_ends_a_cleanup_within_the_deadline(lab: Lab, vmid: int) -> No
     assert len(files) == 1 and yaml.safe_load(files[0].read_text())["verdict"] == "clean"
 
 
-@pytest.mark.parametrize("limit", ["-Sn 1024", "-n 1024"])  # soft only: raised; hard: batches
+@pytest.mark.parametrize("limit", ["-Sn 1024", "-n 1024"], ids=["soft", "hard"])  # hard: batches
 def test_many_holders_none_skipped(lab: Lab, vmid: int, limit: str) -> None:
     """1,500 holders (5,000 run in `make soak`): one pidfd each, none lost to EMFILE."""
     n = 1500

@@ -45,6 +45,11 @@ def leftover_after_stop(lab: Lab, vmid: int, **holder: object) -> list[int]:
     """Stop the container, then leave a GPU holder of 'its earlier run' in its cgroup tree
     (own PID namespace, as a process that escaped the container's end would be)."""
     lab.pct("stop", str(vmid))
+    # LXC tears the container down (post-stop hook, cgroups) after `pct stop` returns; a
+    # leftover made before its monitor is gone could be swept away with it
+    monitor = lab.cgroup(vmid).parent.parent / "lxc.monitor" / str(vmid) / "cgroup.procs"
+    wait_for(lambda: bool(reports(lab, vmid, "post-stop")), 5)
+    wait_for(lambda: not monitor.exists() or not monitor.read_text().strip(), 5)
     w = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia0"])], pidns=True,
                         cgroup=lab.cgroup(vmid) / "ns", **holder)  # type: ignore[arg-type]
     return [p for p in w.host_pids(lab) if w.popen is None or p != w.popen.pid]
