@@ -244,3 +244,19 @@ def test_many_holders_none_skipped(lab: Lab, vmid: int, limit: str) -> None:
     assert rep["verdict"] == "clean", rep["errors"]
     assert rep["summary"]["outcomes"] == {"terminated": n}
     assert not any(lab.alive(p) for p in pids)
+
+
+def test_a_scan_cut_by_the_deadline_is_a_verdict_with_its_reason(lab: Lab, vmid: int) -> None:
+    """Too many processes to read in the time given: the worker is killed at the deadline,
+    nothing unread is signalled, and the report says why."""
+    n, deadline = 1500, 0.1
+    lab.write_config(grace_seconds=0.1, deadline_seconds=deadline)
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], children=n - 1)
+    code, rep, took = ct_json(lab, str(vmid))
+    assert took < deadline + MARGIN + START_UP
+    assert rep["duration_s"] <= deadline + MARGIN
+    assert code == 1 and rep["verdict"] == "residual"
+    assert any(e.startswith("host scan did not finish within") for e in rep["errors"]), rep
+    assert rep["summary"]["readers_killed"] >= 1
+    assert all(lab.alive(p) for p in w.host_pids(lab))  # unread: never signalled
