@@ -38,7 +38,9 @@ def run_shim(script: Path, vmid: str, phase: str,
 
 
 @pytest.mark.parametrize("body, says", [
-    ("#!/nonexistent/python3.11\n", "could not be run (exit 127"),  # interpreter gone
+    ("#!/nonexistent/python3.11\n", "its interpreter /nonexistent/python3.11 is missing"),
+    ("#! /nonexistent/python3 -s\n", "its interpreter /nonexistent/python3 is missing"),
+    ("#!/bin/sh\nexec /nonexistent/python3 -m pveclean\n", "could not be run (exit 127"),
     ("#!/bin/sh\necho 'Traceback (most recent call last):' >&2\nexit 1\n", "failed (exit 1)"),
     ("#!/bin/sh\nkill -9 $$\n", "killed by signal 9"),  # the OOM killer
     ("#!/bin/sh\nexit 2\n", "failed (exit 2)"),
@@ -50,6 +52,8 @@ def test_shim_turns_every_failure_into_one_warning(tmp_path: Path, body: str, sa
     assert res.returncode == 0
     warnings = [ln for ln in res.stdout.splitlines() if ln.startswith("pveclean-hook:")]
     assert len(warnings) == 1 and "WARNING" in warnings[0] and says in warnings[0], res.stdout
+    if "interpreter" in says:  # nothing else in the task log
+        assert res.stdout.count("\n") == 1 and res.stderr == ""
 
 
 def test_shim_fails_pre_start_only_on_the_refuse_code(tmp_path: Path) -> None:
