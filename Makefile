@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: all test demo bench lint venv lab-deps gpu-check deb deb-check clean
+.PHONY: all test demo bench soak lint venv lab-deps gpu-check deb deb-check clean
 
 all: test
 
@@ -44,6 +44,9 @@ demo: lab-deps venv
 
 bench: lab-deps venv
 	$(BIN)/python -m tests.bench.run
+
+soak: lab-deps venv
+	$(BIN)/python -m tests.soak --cycles $(or $(CYCLES),100)
 
 gpu-check: venv
 	$(BIN)/python tests/gpu/gpu_check.py

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import probe, procfs
-from .model import Discovery, GpuDevices, Holder
+from . import probe, procfs, worker
+from .model import Discovery, GpuDevices, GpuMemory, Holder
 from .nvml import Nvml, NvmlUnavailable
 from .pct import PctMissing, start_pct, wait_pct
 
@@ -102,12 +103,18 @@ class HostView:
     init_pid: int | None
 
 
-def scan_host(scope: Scope) -> HostView:
+def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
+              stall: float | None = None) -> HostView:
+    """The host view. In the worker, each PID is announced before its /proc files are read,
+    so a read that hangs (FUSE, NFS, a wedged driver) is pinned to its PID (see worker.py)."""
     tree = procfs.tree_pids(scope.cgroup_dir)
     holders: dict[int, Holder] = {}
     statuses: dict[int, procfs.ProcStatus] = {}
     init_pid = None
     for pid, rel in tree.items():
+        if pid in skip:
+            continue  # its reads hung in an earlier try
+        worker.note(("pid", pid), stall)
         st = procfs.read_status(pid)
         if st is None:
             continue  # exited while we looked
@@ -148,10 +155,15 @@ def finish_probe(proc: subprocess.Popen[bytes], timeout: float) -> probe.ProbeRe
     return parsed
 
 
-def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope) -> list[str]:
-    """Map container PIDs to host PIDs through NSpid and cross-check with the host view."""
+def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope,
+                make: Callable[[list[tuple[procfs.ProcStatus, str]]], list[Holder]] | None = None
+                ) -> tuple[list[str], list[Holder]]:
+    """Map container PIDs to host PIDs through NSpid and cross-check with the host view.
+    Returns warnings and the holders only the probe saw (`make` builds them: in the worker)."""
     warnings: list[str] = []
     by_ct_pid = {st.nspid[1]: pid for pid, st in view.statuses.items() if len(st.nspid) >= 2}
+    new: list[tuple[procfs.ProcStatus, str]] = []
+    paths_of: dict[int, list[str]] = {}
     for ct_pid, paths in sorted(result.holders.items()):
         host_pid = by_ct_pid.get(ct_pid)
         if host_pid is None:
@@ -163,15 +175,20 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope) -> list
         h = view.holders.get(host_pid)
         if h is None:
             st = view.statuses[host_pid]
-            h = make_holder(st, view.tree.get(host_pid, "."), scope)
-            h.devices = list(paths)
-            view.holders[host_pid] = h
+            new.append((st, view.tree.get(host_pid, ".")))
+            paths_of[host_pid] = list(paths)
             warnings.append(
                 f"probe found PID {host_pid} ({st.name}) holding {', '.join(paths)} that the "
                 "host view did not match"
             )
+            continue
         h.add_source("probe")
-    return warnings
+    built = (make or (lambda found: [make_holder(st, rel, scope) for st, rel in found]))(new)
+    for h in built:
+        h.devices = paths_of.get(h.host_pid, [])
+        h.add_source("probe")
+        view.holders[h.host_pid] = h
+    return warnings, built
 
 
 def merge_nvml(
@@ -203,13 +220,219 @@ def merge_nvml(
     return others
 
 
+# ---- reads made in the worker process (see worker.py); module-level so they pickle -------
+def _nvml() -> Nvml:
+    st = worker.state()
+    if "nvml" not in st:
+        st["nvml"] = Nvml(st.get("nvml_library"), st.get("nvml_timeout", 5.0))
+    nv: Nvml = st["nvml"]
+    return nv
+
+
+def _nvml_allowance(timeout: float) -> float:
+    return 2 * timeout + 0.5  # init, then the query, each bounded by the adapter's timeout
+
+
+def w_host(scope: Scope, skip: frozenset[int], stall: float, with_nvml: bool,
+           nvml_timeout: float) -> tuple[HostView, list[dict[str, object]], str]:
+    view = scan_host(scope, skip, stall)
+    if not with_nvml:
+        return view, [], "disabled"
+    worker.note(("nvml", "process query"), _nvml_allowance(nvml_timeout))
+    try:
+        procs = _nvml().processes(timeout=nvml_timeout)
+    except NvmlUnavailable as exc:
+        return view, [], f"unavailable: {exc}"
+    worker.note(("others", None), None)
+    return view, merge_nvml(view, procs, scope), "ok"
+
+
+def w_memory(nvml_timeout: float) -> tuple[list[GpuMemory] | None, str | None]:
+    worker.note(("nvml", "memory query"), _nvml_allowance(nvml_timeout))
+    try:
+        return _nvml().memory(timeout=nvml_timeout), None
+    except NvmlUnavailable as exc:
+        return None, str(exc)
+
+
+def w_processes(nvml_timeout: float) -> tuple[dict[int, dict[int, int | None]] | None, str | None]:
+    worker.note(("nvml", "process query"), _nvml_allowance(nvml_timeout))
+    try:
+        return _nvml().processes(timeout=nvml_timeout), None
+    except NvmlUnavailable as exc:
+        return None, str(exc)
+
+
+def w_rescan(scope: Scope, skip: frozenset[int], stall: float, known: set[int],
+             with_nvml: bool, nvml_timeout: float) -> tuple[HostView, set[int]]:
+    """The container's holders now, and the NVML processes that are ours."""
+    view = scan_host(scope, skip, stall)
+    nvml_pids: set[int] = set()
+    if with_nvml and not _nvml().error:
+        worker.note(("nvml", "process query"), _nvml_allowance(nvml_timeout))
+        try:
+            procs = _nvml().processes(timeout=nvml_timeout)
+            # A PID of ours that NVML still lists has not released its memory yet.
+            nvml_pids = {p for p in procs if p in view.statuses or p in known}
+        except NvmlUnavailable:
+            pass
+    return view, nvml_pids
+
+
+def w_make_holders(found: list[tuple[procfs.ProcStatus, str]], scope: Scope) -> list[Holder]:
+    out = []
+    for st, rel in found:
+        worker.note(("pid", st.pid), None)
+        out.append(make_holder(st, rel, scope))
+    return out
+
+
+def w_parents(ppids: list[int]) -> dict[int, str]:
+    out = {}
+    for ppid in ppids:
+        worker.note(("pid", ppid), None)
+        st = procfs.read_status(ppid)
+        if st:
+            out[ppid] = f"{st.name} (host PID {ppid})"
+    return out
+
+
+class Reads:
+    """The parent's side: every read above, in a worker, bounded by the run's deadline.
+    A PID whose reads stall is skipped (and named in `problems`); a scan that does not finish
+    by the deadline ends as `None`."""
+
+    def __init__(self, wk: worker.Worker, deadline: Deadline, stall: float,
+                 nvml_on: bool, nvml_timeout: float) -> None:
+        self.worker, self.deadline, self.stall = wk, deadline, stall
+        self.nvml_on, self.nvml_timeout = nvml_on, nvml_timeout
+        self.skip: set[int] = set()
+        self.problems: list[str] = []
+        self.nvml_error: str | None = None if nvml_on else "disabled"
+
+    def _nvml_t(self) -> float:
+        return self.deadline.cap(self.nvml_timeout)
+
+    def stalled_pid(self, exc: worker.WorkerError) -> bool:
+        """A stall on one PID: skip it from now on. Else (NVML, the deadline): False."""
+        n = exc.note
+        if exc.stalled and isinstance(n, tuple) and n[0] == "pid":
+            pid = int(n[1])
+            self.skip.add(pid)
+            self.problems.append(
+                f"PID {pid}: reading its /proc files did not finish within {self.stall:.1f} s "
+                "(a file on a hung FUSE/NFS mount, or a process stuck in a driver call); not "
+                "scanned, not signalled")
+            return True
+        return False
+
+    def _nvml_hung(self, exc: worker.WorkerError) -> bool:
+        n = exc.note
+        if isinstance(n, tuple) and n[0] == "nvml" and not self.deadline.expired():
+            self.nvml_error = f"NVML {n[1]} did not answer (the reader was killed)"
+            return True
+        return False
+
+    def host(self, scope: Scope, end: float
+             ) -> tuple[HostView | None, list[dict[str, object]], str]:
+        """(host view with NVML merged, other GPU users, NVML status)."""
+        while True:
+            left = end - time.monotonic()
+            try:
+                view, others, status = self.worker.call(
+                    w_host, scope, frozenset(self.skip), self.stall,
+                    self.nvml_error is None, self._nvml_t(), timeout=left, what="host scan")
+                if status.startswith("unavailable: "):
+                    self.nvml_error = status.removeprefix("unavailable: ")
+                elif self.nvml_on and self.nvml_error is not None:
+                    status = f"unavailable: {self.nvml_error}"
+                return view, others, status
+            except worker.WorkerError as exc:
+                if self.stalled_pid(exc) or self._nvml_hung(exc):
+                    continue
+                self.problems.append(f"host scan did not finish within "
+                                     f"{self.deadline.elapsed():.1f} s of the run: "
+                                     f"{doing(exc.note)}")
+                return None, [], (f"unavailable: {self.nvml_error}" if self.nvml_error
+                                  else "not asked: the host scan did not finish")
+            except worker.RemoteError as exc:  # a bug, not a hang: said, never a traceback
+                self.problems.append(f"host scan failed: {exc}")
+                return None, [], "not asked: the host scan failed"
+
+    def rescan(self, scope: Scope, known: set[int], end: float
+               ) -> tuple[HostView, set[int]] | None:
+        while True:
+            try:
+                return self.worker.call(
+                    w_rescan, scope, frozenset(self.skip), self.stall, known,
+                    self.nvml_error is None, self._nvml_t(),
+                    timeout=end - time.monotonic(), what="verification scan")
+            except worker.WorkerError as exc:
+                if self.stalled_pid(exc) or self._nvml_hung(exc):
+                    continue
+                self.problems.append(f"verification scan did not finish before the deadline: "
+                                     f"{doing(exc.note)}")
+                return None
+            except worker.RemoteError as exc:
+                self.problems.append(f"verification scan failed: {exc}")
+                return None
+
+    def memory(self, end: float) -> list[GpuMemory] | None:
+        if self.nvml_error is not None:
+            return None
+        try:
+            mem, err = self.worker.call(w_memory, self._nvml_t(),
+                                        timeout=end - time.monotonic(), what="NVML memory")
+        except (worker.WorkerError, worker.RemoteError) as exc:
+            self.nvml_error = f"NVML memory query did not answer: {exc}"
+            return None
+        if err:
+            self.nvml_error = err
+        return mem
+
+    def processes(self, end: float) -> dict[int, dict[int, int | None]] | None:
+        if self.nvml_error is not None:
+            return None
+        try:
+            procs, err = self.worker.call(w_processes, self._nvml_t(),
+                                          timeout=end - time.monotonic(), what="NVML processes")
+        except (worker.WorkerError, worker.RemoteError) as exc:
+            self.nvml_error = f"NVML process query did not answer: {exc}"
+            return None
+        if err:
+            self.nvml_error = err
+        return procs
+
+    def call(self, fn: object, *args: object, end: float, what: str) -> object | None:
+        """Any other read; None when it did not finish (the reason goes to `problems`)."""
+        try:
+            return self.worker.call(fn, *args, timeout=end - time.monotonic(),  # type: ignore
+                                    what=what)
+        except worker.WorkerError as exc:
+            self.problems.append(f"{what} did not finish: {doing(exc.note)}")
+            return None
+        except worker.RemoteError as exc:
+            self.problems.append(f"{what} failed: {exc}")
+            return None
+
+
+def doing(note: object) -> str:
+    if isinstance(note, tuple) and note[0] == "pid":
+        return f"it was reading /proc/{note[1]}"
+    if isinstance(note, tuple) and note[0] == "nvml":
+        return f"it was waiting for the NVML {note[1]}"
+    return "it was starting"
+
+
 def discover(
     scope: Scope,
-    nvml: Nvml | None,
+    reads: Reads,
     pct_command: str | None,
     deadline: Deadline,
-    probe_timeout: float = 10.0,
+    end: float,
 ) -> Discovery:
+    """Host view and NVML decide; the probe is started here and left running (the run
+    merges it when it arrives, see run.py): it never holds up a stop or a verdict."""
     sources = {"host": "ok"}
     warnings: list[str] = []
     running = scope.running
@@ -221,27 +444,16 @@ def discover(
     else:
         try:
             probing = start_probe(scope, pct_command)
+            sources["probe"] = "pending"
         except RuntimeError as exc:
             sources["probe"] = f"failed: {exc}"
             warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
-    view = scan_host(scope)
-    others: list[dict[str, object]] = []
-    if nvml is None:
-        sources["nvml"] = "disabled"
-    else:
-        try:
-            procs = nvml.processes(timeout=deadline.cap(nvml.timeout))
-            others = merge_nvml(view, procs, scope)
-            sources["nvml"] = "ok"
-        except NvmlUnavailable as exc:
-            sources["nvml"] = f"unavailable: {exc}"
-    if probing is not None:
-        timeout = min(probe_timeout, max(deadline.remaining() * 0.3, 0.05))
-        try:
-            warnings += merge_probe(view, finish_probe(probing, timeout), scope)
-            sources["probe"] = "ok"
-        except RuntimeError as exc:
-            sources["probe"] = f"failed: {exc}"
-            warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
+    view, others, nvml_status = reads.host(scope, end)
+    sources["nvml"] = nvml_status
+    if view is None:
+        sources["host"] = "did not finish"
+        return Discovery([], running, None, len(procfs.tree_pids(scope.cgroup_dir)), sources,
+                         warnings, [], list(reads.problems), probing, scanned=False)
     holders = sorted(view.holders.values(), key=lambda h: h.host_pid)
-    return Discovery(holders, running, view.init_pid, len(view.tree), sources, warnings, others)
+    return Discovery(holders, running, view.init_pid, len(view.tree), sources, warnings, others,
+                     list(reads.problems), probing, view=view)

@@ -2,7 +2,8 @@
 
 Lean on purpose (no typer, no proxmoxer): it runs on every container start and stop.
 Proxmox gives hooks no timeout, so every phase is bounded by the config's deadline.
-Only pre-start can fail a task (a non-zero exit aborts the start); the others always exit 0.
+Only pre-start can fail a task (a non-zero exit aborts the start), and only by a decision:
+EXIT_REFUSE (see model.py); the others always exit 0.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any
 
 from . import chain, procfs, pveconf, report
 from .config import PHASES, Config, ConfigError, load
-from .model import GpuMemory, PvecleanError
-from .nvml import Nvml, NvmlUnavailable
-from .run import RunResult, cgroup_root, clean, finish
+from .discover import Deadline, Reads
+from .model import EXIT_REFUSE, EXIT_USAGE, GpuMemory, PvecleanError
+from .nvml import Nvml
+from .run import RunResult, cgroup_root, clean, finish, new_worker, reserve_for, stall_for
 
 LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack, contexts
 
@@ -48,9 +50,25 @@ def pre_stop(vmid: int, cfg: Config) -> int:
         left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
         names = ", ".join(f"PID {h['host_pid']} {h['name']} ({h['outcome']}, state "
                           f"{h['state']})" for h in left[:5])
+        why = f": {names}" if left else f" or cannot be ruled out: {_first_error(rep)}"
         say(f"pveclean: WARNING: CT {vmid} pre-stop: {len(left)} GPU holder(s) REMAIN after "
-            f"{dur:.1f} s: {names}; GPU memory may stay allocated; {_where(res)}")
+            f"{dur:.1f} s{why}; GPU memory may stay allocated; {_where(res)}")
+    _unsaved(res)
     return 0
+
+
+def _first_error(rep: dict[str, Any]) -> str:
+    errors = rep.get("errors") or ["unknown"]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{str(errors[0])[:300]}{more}"
+
+
+def _unsaved(res: RunResult) -> None:
+    """A report that could not be written goes to stderr (the task log) in full; the syslog
+    line was sent by finish()."""
+    if res.report_error:
+        sys.stderr.write("--- pveclean report (not saved) ---\n" + report.to_yaml(res.report))
+        sys.stderr.flush()
 
 
 def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> dict[str, Any] | None:
@@ -98,28 +116,37 @@ def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
 
 
 def post_stop(vmid: int, cfg: Config) -> int:
-    """The container's processes are gone: is the GPU memory they had released?"""
-    nvml = Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds)
-    res = clean(vmid, cfg, phase="post-stop", write_report=False, nvml=nvml)
-    rep = res.report
-    if rep["verdict"] == "busy":
-        return _busy(vmid, "post-stop", res)
-    pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
-    used_by_ct = {int(g) for h in (pre or {}).get("holders", [])
-                  for g in (h.get("gpu_memory_mib") or {})}
-    leaks: list[dict[str, Any]] = []
-    try:
-        leaks = find_leaks(nvml.memory(), nvml.processes(), _container_minors(vmid, cfg),
-                           used_by_ct)
-    except NvmlUnavailable as exc:
-        rep.setdefault("warnings", []).append(f"post-stop memory check skipped: {exc}")
+    """The container's processes are gone: is the GPU memory they had released?
+    NVML is asked in the run's worker, within the run's deadline (see worker.py)."""
+    deadline = Deadline(cfg.deadline_seconds)
+    with new_worker(cfg) as wk:
+        res = clean(vmid, cfg, phase="post-stop", write_report=False, worker=wk,
+                    deadline=deadline)
+        rep = res.report
+        if rep["verdict"] == "busy":
+            return _busy(vmid, "post-stop", res)
+        pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
+        used_by_ct = {int(g) for h in (pre or {}).get("holders", [])
+                      for g in (h.get("gpu_memory_mib") or {})}
+        leaks: list[dict[str, Any]] = []
+        reads = Reads(wk, deadline, stall_for(cfg), True,
+                      Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout)
+        end = deadline.end - reserve_for(cfg)
+        memory = reads.memory(end)
+        procs = reads.processes(end) if memory is not None else None
+        if memory is None or procs is None:
+            rep.setdefault("warnings", []).append(
+                f"post-stop memory check skipped: {reads.nvml_error}")
+        else:
+            leaks = find_leaks(memory, procs, _container_minors(vmid, cfg), used_by_ct)
     rep["leaks"] = leaks
     if pre is not None:
         rep["pre_stop_report"] = {"start": pre.get("start"), "verdict": pre.get("verdict"),
                                   "freed_mib": (pre.get("summary") or {}).get("freed_mib")}
     if leaks and rep["verdict"] in ("clean", "nothing-to-do"):
         rep["verdict"] = "leaked"
-    res = finish(rep, cfg)
+    res = finish(rep, cfg, deadline=deadline)
+    _unsaved(res)
     if rep["verdict"] == "leaked":
         desc = ", ".join(f"GPU {x['index']} {x['unaccounted_mib']} MiB" for x in leaks)
         say(f"pveclean: CT {vmid} post-stop: leaked {desc}; see {res.path}")
@@ -139,11 +166,7 @@ def pre_start(vmid: int, cfg: Config) -> int:
     rep = res.report
     if rep["verdict"] == "busy":
         res = finish(rep, cfg)
-        if cfg.pre_start_policy == "refuse":
-            say(f"pveclean: CT {vmid} pre-start: refusing to start: "
-                f"{'; '.join(rep['errors'])}; {_where(res)}")
-            return 1
-        return _busy(vmid, "pre-start", res)
+        return _busy(vmid, "pre-start", res)  # not knowing is no reason to refuse
     if not rep["container"]["running"]:
         # Leftover cgroups of an earlier run make lxc-start fail; empty ones can go.
         removed = procfs.remove_empty_cgroups(procfs.container_cgroup(cgroup_root(cfg), vmid))
@@ -152,6 +175,7 @@ def pre_start(vmid: int, cfg: Config) -> int:
     if rep["verdict"] == "nothing-to-do" and not rep.get("removed_cgroups"):
         return 0
     res = finish(rep, cfg)
+    _unsaved(res)
     if rep["verdict"] == "nothing-to-do":
         return 0
     s = rep["summary"]
@@ -161,10 +185,14 @@ def pre_start(vmid: int, cfg: Config) -> int:
         return 0
     left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
     names = ", ".join(f"PID {h['host_pid']} {h['name']} (state {h['state']})" for h in left[:5])
+    if not left:  # nothing seen that stays: not knowing is no reason to refuse
+        say(f"pveclean: WARNING: CT {vmid} pre-start: could not check every leftover process: "
+            f"{_first_error(rep)}; starting anyway; {_where(res)}")
+        return 0
     if cfg.pre_start_policy == "refuse":
         say(f"pveclean: CT {vmid} pre-start: refusing to start: {len(left)} process(es) of an "
             f"earlier run still hold GPUs: {names}; {_where(res)}")
-        return 1
+        return EXIT_REFUSE
     say(f"pveclean: WARNING: CT {vmid} pre-start: {len(left)} leftover process(es) still hold "
         f"GPUs: {names}; starting anyway (pre_start_policy: warn); {_where(res)}")
     return 0
@@ -174,14 +202,39 @@ HANDLERS = {"pre-stop": pre_stop, "post-stop": post_stop, "pre-start": pre_start
 
 
 def main(argv: list[str]) -> int:
+    """Never raises: every failure is one line in the task log. Only pre-start can return
+    EXIT_REFUSE (a decision); the shim turns every other non-zero status into a warning."""
+    phase = argv[1] if len(argv) == 2 else "?"
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        say(f"pveclean: hook {phase}: interrupted; nothing more done")
+    except SystemExit as exc:  # a library calling sys.exit(): never a refusal
+        say(f"pveclean: hook {phase}: stopped early (exit {exc.code}); nothing more done")
+    except BaseException as exc:  # MemoryError, a bug: one line, never a traceback
+        say(f"pveclean: hook {phase}: internal error: {type(exc).__name__}: {exc}")
+    return 0
+
+
+def _chained(vmid: int, phase: str, cfg: Config) -> int:
+    """The chained hookscript's exit code; a failure to run it is reported, not fatal."""
+    try:
+        return chain.run_chained(vmid, phase, cfg)
+    except Exception as exc:
+        say(f"pveclean: CT {vmid} {phase}: chained hookscript not run: "
+            f"{type(exc).__name__}: {exc}")
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     if len(argv) != 2:
         say("usage: pveclean hook VMID PHASE")
-        return 2
+        return EXIT_USAGE
     try:
         vmid = pveconf.parse_vmid(argv[0])
     except PvecleanError as exc:
         say(f"pveclean: {exc}")
-        return 2
+        return EXIT_USAGE
     phase = argv[1]
     if phase not in PHASES:
         say(f"pveclean: CT {vmid}: unknown hook phase '{phase}'; nothing to do")
@@ -193,9 +246,16 @@ def main(argv: list[str]) -> int:
         # failing, and a broken pveclean config must not keep containers from starting.
         say(f"pveclean: CT {vmid} {phase}: config error, nothing done: {exc}")
         return 0
-    chained = chain.run_chained(vmid, phase, cfg)
+    # The chained script runs first, as it did before pveclean was installed; its own time is
+    # not pveclean's: the run's deadline starts when it returns. A chained script that fails in
+    # pre-start would have aborted the start under Proxmox: that stays a refusal.
+    chained = _chained(vmid, phase, cfg)
+    refused = phase == "pre-start" and chained != 0
+    if refused:
+        say(f"pveclean: CT {vmid} pre-start: refusing to start: the chained hookscript "
+            f"exited {chained}")
     if not cfg.phase_enabled(phase) or phase not in HANDLERS:
-        return chained if phase == "pre-start" else 0
+        return EXIT_REFUSE if refused else 0
     try:
         code = HANDLERS[phase](vmid, cfg)
     except PvecleanError as exc:
@@ -204,7 +264,6 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # a hook must never die with a traceback in the task log
         say(f"pveclean: CT {vmid} {phase}: internal error: {type(exc).__name__}: {exc}")
         code = 0
-    if phase == "pre-start":
-        return code or chained
+    if phase == "pre-start" and (refused or code == EXIT_REFUSE):
+        return EXIT_REFUSE
     return 0
-

@@ -1,5 +1,11 @@
-"""Per-container run lock: two runs on one container never interleave their signals;
-runs on different containers never wait for each other."""
+"""Per-container run lock: two cleanups on one container never interleave their signals;
+runs on different containers never wait for each other.
+
+Only runs that signal take it. Read-only runs (`--dry-run`, `status`) take no lock at all, not
+even a shared one: a shared lock would still make a cleanup wait (or report `busy`) behind a
+dry run stuck on a hung probe, and a read-only run has nothing to protect. The wait is bounded
+by the caller (within the run's deadline); the lock goes with its fd, and the run's worker
+closes its inherited copy, so a reader stuck in the kernel never keeps it."""
 
 from __future__ import annotations
 

@@ -12,6 +12,11 @@ EXIT_USAGE = 2  # bad arguments or config
 EXIT_ACCESS = 3  # container does not exist, pct or cgroup access failed
 EXIT_REPORT = 4  # the cleanup ran but its report could not be written
 EXIT_BUSY = 5  # another run holds this container's lock
+# `pveclean hook CT pre-start` only: a deliberate refusal to start (pre_start_policy: refuse
+# with holders left, or a chained hookscript that failed). The shim fails the start on this
+# code alone; any other status (a crash, a missing interpreter) is a warning and exit 0.
+# 75 is EX_TEMPFAIL in sysexits.h; nothing else in pveclean uses it.
+EXIT_REFUSE = 75
 
 VERDICT_EXIT = {
     "clean": EXIT_OK,
@@ -135,3 +140,9 @@ class Discovery:
     sources: dict[str, str]  # source -> "ok" or why it did not run
     warnings: list[str] = field(default_factory=list)
     other_holders: list[dict[str, Any]] = field(default_factory=list)
+    # Why the run cannot vouch for the whole tree: PIDs whose /proc reads hung, a scan that
+    # did not finish. Any entry rules out a `clean` verdict.
+    problems: list[str] = field(default_factory=list)
+    probe: Any = None  # the in-namespace probe, still running (merged when it arrives)
+    scanned: bool = True  # False: the host scan did not finish; the holders are unknown
+    view: Any = None  # discover.HostView of the first scan (maps probe PIDs to host PIDs)

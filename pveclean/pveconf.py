@@ -16,7 +16,8 @@ _ALLOW = re.compile(r"^\s*c\s+(\d+|\*):(\d+|\*)\s+[rwm]+\s*$")
 def parse_vmid(text: str) -> int:
     """A Proxmox VMID: an integer 100..999999999 (pve-common's pve-vmid format)."""
     t = text.strip()
-    if not t.isdigit() or (len(t) > 1 and t.startswith("0")):
+    # ASCII only: str.isdigit() accepts '²' and Arabic-Indic digits, which int() then reads
+    if not (t.isascii() and t.isdigit()) or (len(t) > 1 and t.startswith("0")):
         raise PvecleanError(f"invalid VMID {text!r}: expected a number {VMID_MIN}..{VMID_MAX}",
                             EXIT_USAGE)
     vmid = int(t)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +16,17 @@ from typing import Any
 from . import __version__, notify, procfs, pveconf, report
 from . import stop as stopper
 from .config import Config
-from .discover import Deadline, HostView, Scope, discover, scan_host
+from .discover import (
+    Deadline,
+    Reads,
+    Scope,
+    discover,
+    doing,
+    finish_probe,
+    merge_probe,
+    w_make_holders,
+    w_parents,
+)
 from .lock import Busy, container_lock
 from .model import (
     EXIT_OK,
@@ -23,7 +37,8 @@ from .model import (
     Holder,
     ProcIdentity,
 )
-from .nvml import Nvml, NvmlUnavailable
+from .nvml import Nvml
+from .worker import RemoteError, Worker, WorkerError
 
 Progress = Callable[[str], None]
 POLL_INTERVAL = 0.02  # rescans while verifying; each is a cgroup walk, not a /proc walk
@@ -54,35 +69,105 @@ def make_scope(vmid: int, cfg: Config, ctconf: pveconf.CtConfig) -> Scope:
                  patterns, running=procfs.monitor_running(root, vmid))
 
 
-def _memory(nvml: Nvml | None, deadline: Deadline, errors: list[str]) -> list[GpuMemory] | None:
-    if nvml is None or nvml.error:
-        return None
+def reserve_for(cfg: Config) -> float:
+    """Time kept back at the end of the run for the report (and its last NVML query)."""
+    return min(0.5, cfg.deadline_seconds * 0.1)
+
+
+def stall_for(cfg: Config) -> float:
+    """How long the /proc reads of one process may take before it counts as hung."""
+    return max(0.2, min(1.0, cfg.deadline_seconds * 0.1))
+
+
+def new_worker(cfg: Config) -> Worker:
+    return Worker(nvml_library=cfg.nvml_library,
+                  nvml_timeout=Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout)
+
+
+def raise_open_files_limit() -> None:
+    """One pidfd per holder is open at once: 5,000 holders need more than the usual 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def fd_budget() -> int:
+    """How many pidfds may be open at once: the open-file limit less what is open and a
+    margin (pipes, the report, NVML's worker). Holders beyond it are stopped in batches."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
     try:
-        return nvml.memory(timeout=deadline.cap(nvml.timeout))
-    except NvmlUnavailable as exc:
-        errors.append(str(exc))
-        return None
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        used = 64
+    return max(16, soft - used - 64)
 
 
-def _remaining_holders(
-    scope: Scope, nvml: Nvml | None, known_pids: set[int], deadline: Deadline
-) -> tuple[HostView, set[int]]:
-    """Rescan: the container's holders now, and NVML processes that are ours."""
-    view = scan_host(scope)
-    nvml_pids: set[int] = set()
-    if nvml is not None and not nvml.error:
+def _identities(reads: Reads, hs: list[Holder], scope: Scope, end: float) -> list[str | None]:
+    """Identity checks of `hs` in the worker; a PID whose reads hang is not signalled."""
+    while True:
         try:
-            procs = nvml.processes(timeout=deadline.cap(nvml.timeout))
-            # A PID of ours that NVML still lists has not released its memory yet.
-            nvml_pids = {p for p in procs if p in view.statuses or p in known_pids}
-        except NvmlUnavailable:
-            pass
-    return view, nvml_pids
+            out: list[str | None] = reads.worker.call(
+                stopper.check_identities, hs, scope.vmid, scope.devices, scope.running,
+                reads.stall, frozenset(reads.skip), timeout=end - time.monotonic(),
+                what="identity check")
+            return out
+        except WorkerError as exc:
+            if reads.stalled_pid(exc):
+                continue
+            reads.problems.append(f"identity check did not finish before the deadline: "
+                                  f"{doing(exc.note)}")
+            return ["identity check did not finish before the deadline; not signalled"] * len(hs)
+        except RemoteError as exc:
+            reads.problems.append(f"identity check failed: {exc}")
+            return [f"identity check failed ({exc}); not signalled"] * len(hs)
 
 
-def _respawner(h: Holder) -> str | None:
-    st = procfs.read_status(h.ppid)
-    return f"{st.name} (host PID {h.ppid})" if st else None
+def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
+                 wait: float = 0.0) -> list[Holder]:
+    """Merge the probe if it has arrived (or arrives within `wait`); returns holders only it
+    saw. A probe still running stays pending."""
+    proc = disc.probe
+    if proc is None or (wait <= 0 and proc.poll() is None):
+        return []
+    disc.probe = None
+    try:
+        result = finish_probe(proc, max(wait, 0.01))
+    except RuntimeError as exc:
+        disc.sources["probe"] = f"failed: {exc}"
+        disc.warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
+        return []
+    disc.sources["probe"] = "ok"
+    if disc.view is None:
+        return []
+
+    def make(found: list[tuple[procfs.ProcStatus, str]]) -> list[Holder]:
+        got = reads.call(w_make_holders, found, scope, end=end, what="probe holders")
+        return got if isinstance(got, list) else []
+
+    warnings, new = merge_probe(disc.view, result, scope, make)
+    disc.warnings += warnings
+    return new
+
+
+def _drop_probe(disc: Discovery, why: str) -> None:
+    """Kill a probe still running, its whole process group, without reading what it wrote
+    (a `pct exec` stuck in a frozen container may never close its pipes)."""
+    proc = disc.probe
+    if proc is None:
+        return
+    disc.probe = None
+    disc.sources["probe"] = why
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(0.05)
 
 
 def stop_and_verify(
@@ -90,43 +175,59 @@ def stop_and_verify(
     scope: Scope,
     cfg: Config,
     grace: float,
-    nvml: Nvml | None,
+    reads: Reads,
     deadline: Deadline,
     progress: Progress | None,
 ) -> tuple[list[Holder], bool, int, float | None]:
-    """Returns (all holders handled, verified-free, rounds used, last exit, monotonic)."""
+    """Returns (all holders handled, verified-free, rounds used, last exit, monotonic).
+    Every read goes through the worker; the parent holds the pidfds and signals."""
     all_holders = list(disc.holders)
     handled: set[ProcIdentity] = {h.identity for h in all_holders}
     targets = [h for h in all_holders if not h.protected]
     round_no = 0
-    reserve = min(0.5, cfg.deadline_seconds * 0.1)
+    end = deadline.end - reserve_for(cfg)
     last_exit: float | None = None
     while True:
-        proven: list[stopper.Target] = []
-        for h in targets:
-            fd, why = stopper.prove(h, scope.vmid, scope.devices, scope.running)
-            if fd is None:
+        batch = fd_budget()
+        for i in range(0, len(targets), batch):  # one batch unless the hard limit is low
+            proven, rejected = stopper.prove_all(
+                targets[i:i + batch], lambda hs: _identities(reads, hs, scope, end))
+            for h, why in rejected:
                 h.outcome = "exited" if why.startswith("exited") else "skipped"
                 h.signals.append(why)
-            else:
-                proven.append(stopper.Target(h, fd))
-        if proven:
-            exited = stopper.stop(proven, grace, deadline.end - reserve, progress)
-            if exited is not None:
-                last_exit = max(last_exit or exited, exited)
+            if proven:
+                exited = stopper.stop(
+                    proven, grace, end, progress,
+                    lambda pids: reads.call(stopper.describe, pids,  # type: ignore
+                                            end=deadline.end, what="survivors' state"))
+                if exited is not None:
+                    last_exit = max(last_exit or exited, exited)
         known = {h.host_pid for h in all_holders}
         clean_since: float | None = None
         chase: list[Holder] = []
         while True:
-            view, nvml_pids = _remaining_holders(scope, nvml, known, deadline)
+            for h in _merge_probe(disc, scope, reads, end):
+                if h.identity not in handled and not h.protected:
+                    chase.append(h)
+                elif h.identity not in handled:
+                    h.outcome = "protected"
+                    handled.add(h.identity)
+                    all_holders.append(h)
+            if chase and not deadline.expired():
+                break
+            rescan = reads.rescan(scope, known, end)
+            if rescan is None:
+                return all_holders, False, round_no, last_exit
+            view, nvml_pids = rescan
             live = [h for h in view.holders.values() if not h.protected]
             new = [h for h in live if h.identity not in handled]
             if new and round_no < cfg.chase_rounds and not deadline.expired():
                 chase = new
                 break
             if new:  # they keep coming back: report them, the rounds are spent
+                parents = _parents(reads, new, end)
                 for h in new:
-                    h.outcome, h.respawned_by = "survived", _respawner(h)
+                    h.outcome, h.respawned_by = "survived", parents.get(h.ppid)
                     h.signals.append(f"appeared after the last of {cfg.chase_rounds} rounds; "
                                      "not signalled")
                     handled.add(h.identity)
@@ -136,7 +237,7 @@ def stop_and_verify(
             if not live and not nvml_pids:
                 now = time.monotonic()
                 clean_since = clean_since or now
-                if now - clean_since >= SETTLE or deadline.remaining() < SETTLE:
+                if now - clean_since >= SETTLE or end - now < SETTLE:
                     return all_holders, not protected, round_no, last_exit
             else:
                 clean_since = None
@@ -144,18 +245,24 @@ def stop_and_verify(
                     return all_holders, False, round_no, last_exit
                 # only NVML still lists our exited processes: the driver releases memory a
                 # little after the exit, so keep polling until it lets go or time runs out
-            if deadline.remaining() <= 0:
+            if end - time.monotonic() <= 0:
                 return all_holders, False, round_no, last_exit
-            time.sleep(min(POLL_INTERVAL, deadline.remaining()))
+            time.sleep(min(POLL_INTERVAL, max(end - time.monotonic(), 0)))
         round_no += 1
         if progress:
             progress(f"round {round_no}: {len(chase)} new holder(s) appeared; stopping them")
+        parents = _parents(reads, chase, end)
         for h in chase:
             h.round = round_no
-            h.respawned_by = _respawner(h)
+            h.respawned_by = parents.get(h.ppid)
             handled.add(h.identity)
             all_holders.append(h)
         targets = chase
+
+
+def _parents(reads: Reads, hs: list[Holder], end: float) -> dict[int, str]:
+    got = reads.call(w_parents, sorted({h.ppid for h in hs}), end=end, what="parents")
+    return got if isinstance(got, dict) else {}
 
 
 def clean(
@@ -166,15 +273,25 @@ def clean(
     grace: float | None = None,
     progress: Progress | None = None,
     write_report: bool = True,
-    nvml: Nvml | None = None,
+    worker: Worker | None = None,
+    deadline: Deadline | None = None,
 ) -> RunResult:
-    """One run under the container's lock; a second concurrent run reports `busy`."""
+    """One run. A cleanup holds the container's lock (a second one reports `busy`); a dry run
+    only reads and takes no lock, so it can never hold up a cleanup. One deadline covers the
+    whole run, the lock wait included; the report is written in the time kept back for it."""
     started = time.time()
+    deadline = deadline or Deadline(cfg.deadline_seconds)
+    raise_open_files_limit()
     ctconf = pveconf.read_config(cfg.pve_config_dir, vmid)
+    wk = worker or new_worker(cfg)
     try:
-        with container_lock(cfg.state_dir, vmid, cfg.lock_wait_seconds, f"{phase} run"):
-            return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report,
-                          nvml)
+        if dry_run:
+            return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
+                          deadline, started)
+        wait = min(cfg.lock_wait_seconds, max(0.0, deadline.remaining() - reserve_for(cfg)))
+        with container_lock(cfg.state_dir, vmid, wait, f"{phase} run"):
+            return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
+                          deadline, started)
     except Busy as exc:
         rep = {
             "pveclean": __version__, "vmid": vmid, "phase": phase,
@@ -186,7 +303,10 @@ def clean(
             "holders": [], "gpus": [], "warnings": [], "errors": [str(exc)],
             "_started": started,
         }
-        return finish(rep, cfg, write_report)
+        return finish(rep, cfg, write_report, deadline)
+    finally:
+        if worker is None:
+            wk.close()
 
 
 def _clean(
@@ -198,67 +318,105 @@ def _clean(
     grace: float | None,
     progress: Progress | None,
     write_report: bool,
-    nvml: Nvml | None,
+    wk: Worker,
+    deadline: Deadline,
+    started: float,
 ) -> RunResult:
-    started = time.time()
-    deadline = Deadline(cfg.deadline_seconds)
     scope = make_scope(vmid, cfg, ctconf)
+    end = deadline.end - reserve_for(cfg)
     # A stopped container with an empty cgroup tree has nothing to find: skip NVML, whose
     # init can take seconds on a host without nvidia-persistenced (every start pays it).
     idle = not scope.running and not procfs.tree_pids(scope.cgroup_dir)
-    if nvml is None and not idle:
-        nvml = Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds)
+    reads = Reads(wk, deadline, stall_for(cfg), not idle,
+                  Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout)
     errors: list[str] = []
-    before = None if idle else _memory(nvml, deadline, errors)
-    disc = discover(scope, None if idle else nvml, cfg.pct_command if cfg.probe else None,
-                    deadline)
+    before = None if idle else reads.memory(end)
+    disc = discover(scope, reads, cfg.pct_command if cfg.probe else None, deadline, end)
     if idle:
         disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
     if progress:
         progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
-    holders = disc.holders
     rounds = 0
     verify_s: float | None = None
     if dry_run:
+        if disc.holders and disc.probe is not None:  # something to show: the probe's view too
+            disc.holders += [h for h in _merge_probe(
+                disc, scope, reads, end, wait=min(10.0, max(deadline.remaining() * 0.3, 0.05)))
+                if h.host_pid not in {x.host_pid for x in disc.holders}]
+        holders = disc.holders
         for h in holders:
             h.outcome = "protected" if h.protected else "would-stop"
         verdict = "dry-run"
-    elif not holders:
+    elif not disc.holders:
+        holders = []
         verdict = "nothing-to-do"
     else:
-        for h in holders:
+        for h in disc.holders:
             if h.protected:
                 h.outcome = "protected"
         g = cfg.grace_seconds if grace is None else grace
-        holders, verified, rounds, last_exit = stop_and_verify(disc, scope, cfg, g, nvml,
+        holders, verified, rounds, last_exit = stop_and_verify(disc, scope, cfg, g, reads,
                                                                deadline, progress)
         if last_exit is not None:
             # how long verification took after the last holder was gone (pidfd readable)
             verify_s = round(time.monotonic() - last_exit, 3)
         survivors = [h for h in holders if h.outcome in ("survived", "protected")]
         verdict = "clean" if verified and not survivors else "residual"
-    after = _memory(nvml, deadline, errors) if not (dry_run or idle) else before
+    if disc.probe is not None:
+        late = ("not waited for: the host view and NVML found nothing to clean"
+                if not holders else
+                f"late: not finished when the run ended ({deadline.elapsed():.2f} s); "
+                "its findings were not used")
+        _drop_probe(disc, late)
+    after = reads.memory(end) if not (dry_run or idle or not disc.scanned) else before
+    problems = list(dict.fromkeys(reads.problems))
+    errors += problems
+    if problems and verdict in ("clean", "nothing-to-do"):
+        verdict = "residual"  # part of the tree could not be read: nothing to vouch for
+    if reads.nvml_error and not idle and disc.sources.get("nvml") == "ok":
+        errors.append(reads.nvml_error)
     rep = build_report(vmid, phase, started, deadline, dry_run, verdict, holders, disc,
                        before, after, rounds, ctconf, errors, cfg)
     rep["summary"]["verified_after_last_exit_s"] = verify_s
-    return finish(rep, cfg, write_report)
+    if wk.killed:
+        rep["summary"]["readers_killed"] = len(wk.killed)
+    return finish(rep, cfg, write_report, deadline)
 
 
-def finish(rep: dict[str, Any], cfg: Config, write_report: bool = True) -> RunResult:
-    """Redact, write and prune; a report that cannot be written is kept in the result."""
+REPORT_WAIT = 0.5  # s: writing the report may take at least this, even at the deadline
+
+
+def _write_report(rep: dict[str, Any], cfg: Config) -> str:
+    """In a worker: write, prune, publish (a report dir or metrics file on a hung NFS mount
+    blocks here, not in the run)."""
+    path = report.write(rep, cfg.report_dir)
+    report.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
+    notify.publish(rep, str(path), cfg.syslog, cfg.syslog_socket, cfg.metrics_path)
+    return str(path)
+
+
+def finish(rep: dict[str, Any], cfg: Config, write_report: bool = True,
+           deadline: Deadline | None = None) -> RunResult:
+    """Redact, write and prune within what is left of the run (at least REPORT_WAIT); a report
+    that cannot be written is kept in the result and said in syslog."""
     rep = report.Redactor(cfg.redact).value(rep)
     code = VERDICT_EXIT.get(str(rep["verdict"]), EXIT_OK)
     if not write_report:
         return RunResult(rep, None, code)
-    try:
-        path = report.write(rep, cfg.report_dir)
-    except report.ReportError as exc:
-        rep.setdefault("errors", []).append(str(exc))
-        notify.publish(rep, None, cfg.syslog, cfg.syslog_socket, cfg.metrics_path)
-        return RunResult(rep, None, max(code, EXIT_REPORT), str(exc))
-    report.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
-    notify.publish(rep, str(path), cfg.syslog, cfg.syslog_socket, cfg.metrics_path)
-    return RunResult(rep, path, code)
+    wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
+    with Worker() as wk:
+        try:
+            return RunResult(rep, Path(wk.call(_write_report, rep, cfg, timeout=wait,
+                                               what="report")), code)
+        except RemoteError as exc:
+            why = str(exc).removeprefix("ReportError: ")
+        except WorkerError:
+            why = (f"writing the report to {cfg.report_dir} did not finish within {wait:.1f} s "
+                   "(a hung file system?)")
+    rep.setdefault("errors", []).append(why)
+    # syslog only: a metrics file on the same hung file system would block this process
+    notify.publish(rep, None, cfg.syslog, cfg.syslog_socket, None)
+    return RunResult(rep, None, max(code, EXIT_REPORT), why)
 
 
 def memory_table(

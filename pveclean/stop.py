@@ -48,6 +48,67 @@ def prove(holder: Holder, vmid: int, devices: GpuDevices, running: bool = True
     return None, reason
 
 
+def prove_all(
+    holders: list[Holder],
+    check: Callable[[list[Holder]], list[str | None]],
+) -> tuple[list[Target], list[tuple[Holder, str]]]:
+    """prove() for many: every pidfd is opened first, then `check` (the identity checks, run
+    in the worker because they read /proc) says for each holder why not, or None; then a null
+    signal through each pidfd proves the process lived across its check."""
+    opened: list[tuple[Holder, int]] = []
+    rejected: list[tuple[Holder, str]] = []
+    for h in holders:
+        try:
+            opened.append((h, os.pidfd_open(h.host_pid)))
+        except ProcessLookupError:
+            rejected.append((h, "exited before it was signalled"))
+        except OSError as exc:
+            rejected.append((h, f"pidfd_open failed: {exc.strerror}"))
+    reasons = check([h for h, _fd in opened]) if opened else []
+    targets: list[Target] = []
+    for (h, fd), reason in zip(opened, reasons, strict=True):
+        if reason is None:
+            try:
+                signal.pidfd_send_signal(fd, 0)
+                targets.append(Target(h, fd))
+                continue
+            except ProcessLookupError:
+                reason = "exited before it was signalled"
+            except OSError as exc:
+                reason = f"pidfd signal check failed: {exc.strerror}"
+        os.close(fd)
+        rejected.append((h, reason))
+    return targets, rejected
+
+
+def check_identities(holders: list[Holder], vmid: int, devices: GpuDevices, running: bool,
+                     stall: float | None = None, hung: frozenset[int] = frozenset()
+                     ) -> list[str | None]:
+    """_check_identity for each (in the worker: each PID announced first, see worker.py)."""
+    from . import worker
+
+    out: list[str | None] = []
+    for h in holders:
+        if h.host_pid in hung:
+            out.append("reading its /proc files hung; not signalled")
+            continue
+        worker.note(("pid", h.host_pid), stall)
+        out.append(_check_identity(h, vmid, devices, running))
+    return out
+
+
+def describe(pids: list[int]) -> dict[int, tuple[str | None, str | None, bool]]:
+    """(state, wchan, frozen) of processes that survived (in the worker: /proc reads)."""
+    from . import worker
+
+    out: dict[int, tuple[str | None, str | None, bool]] = {}
+    for pid in pids:
+        worker.note(("pid", pid), None)
+        st = procfs.read_status(pid)
+        out[pid] = (st.state if st else None, procfs.wchan(pid), procfs.frozen(pid))
+    return out
+
+
 def _check_identity(holder: Holder, vmid: int, devices: GpuDevices, running: bool
                     ) -> str | None:
     st = procfs.read_status(holder.host_pid)
@@ -106,6 +167,8 @@ def stop(
     grace: float,
     deadline_at: float,
     progress: Callable[[str], None] | None = None,
+    describe_fn: Callable[[list[int]], dict[int, tuple[str | None, str | None, bool]] | None]
+    | None = None,
 ) -> float | None:
     """SIGTERM all at once, poll up to `grace`, SIGKILL the rest, poll until the deadline.
     Returns when (monotonic) the last of them exited, None if none did."""
@@ -126,14 +189,16 @@ def stop(
                      f"({', '.join(t.holder.name for t in rest[:5])}); waiting up to "
                      f"{deadline_at - time.monotonic():.1f} s")
         wait_exits(rest, deadline_at)
+    stuck = [t.holder.host_pid for t in targets if t.exited_at is None]
+    info = ((describe_fn or describe)(stuck) or {}) if stuck else {}
     for t in targets:
         h = t.holder
         if t.exited_at is None:
             h.outcome = "survived"
-            st = procfs.read_status(h.host_pid)
-            h.state = st.state if st else h.state
-            h.wchan = procfs.wchan(h.host_pid)
-            if procfs.frozen(h.host_pid):
+            state, wch, is_frozen = info.get(h.host_pid, (None, None, False))
+            h.state = state or h.state
+            h.wchan = wch
+            if is_frozen:
                 h.state += " (frozen)"
         elif t.exited_at <= after_term and not any(s.startswith("SIGKILL") for s in h.signals):
             h.outcome = "terminated"

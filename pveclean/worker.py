@@ -1,0 +1,259 @@
+"""A forked worker for every read that can hang in the kernel.
+
+A `stat()` through a process's fd on a FUSE or hard-NFS mount that never answers, reading
+/proc/PID/maps of a process wedged in the GPU driver, an NVML call stuck in the kernel: none of
+these can be interrupted from inside the process that makes them. So pveclean makes them in a
+child forked from itself (no new interpreter: start-up stays a fork), reads each answer through
+a pipe with a deadline and a size bound, and SIGKILLs the child when the deadline passes or
+when it stops making progress. The parent keeps the pidfds and sends every signal; the worker
+only reads, so a killed worker loses nothing but time.
+
+Protocol: the parent sends one pickled request (a module-level function and its arguments);
+the child answers with zero or more notes ("reading PID 4242", with how long that step may
+take) and then one result or error. A note that is not followed by another message within its
+allowance is a stall: the parent kills the worker and says what it was doing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import select
+import signal
+import struct
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+MAX_ANSWER = 256 * 1024 * 1024  # bytes: 5,000 holders with 8 KiB command lines fit
+_HEADER = struct.Struct("<QB")  # length of the body, kind
+NOTE, RESULT, ERROR = 1, 2, 3
+REAP_WAIT = 0.2  # s to wait for a killed worker to go; one stuck in D state is left behind
+
+
+class WorkerError(Exception):
+    """The worker did not answer: it hung (past the deadline or stalled) or died."""
+
+    def __init__(self, message: str, note: Any = None, stalled: bool = False) -> None:
+        super().__init__(message)
+        self.note = note  # the last note: what it was doing
+        self.stalled = stalled  # stuck past a note's allowance, not the call's deadline
+
+
+class RemoteError(Exception):
+    """The called function raised in the worker; the message is `Type: text`."""
+
+    def __init__(self, message: str, type_name: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+
+
+# ---- the child side ---------------------------------------------------------------------
+_out_fd = -1
+_state: dict[str, Any] = {}
+
+
+def note(what: Any, allowance: float | None) -> None:
+    """From a function running in the worker: say what comes next and how long it may take
+    (None: no limit of its own, only the call's deadline)."""
+    if _out_fd >= 0:
+        _send(_out_fd, NOTE, (what, allowance))
+
+
+def state() -> dict[str, Any]:
+    """Per-worker state that lives across calls (the NVML session)."""
+    return _state
+
+
+def _send(fd: int, kind: int, value: Any) -> None:
+    body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    data = memoryview(_HEADER.pack(len(body), kind) + body)
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _serve(req_fd: int, out_fd: int, init: dict[str, Any]) -> None:
+    global _out_fd
+    _out_fd = out_fd
+    _state.update(init)
+    while True:
+        head = _read_exact(req_fd, _HEADER.size)
+        if head is None:
+            return  # the parent closed the pipe: done
+        size, _kind = _HEADER.unpack(head)
+        body = _read_exact(req_fd, size)
+        if body is None:
+            return
+        fn, args = pickle.loads(body)
+        try:
+            value = fn(*args)
+        except BaseException as exc:  # reported to the parent, which decides
+            text = str(exc) or "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            _send(out_fd, ERROR, (type(exc).__name__, text))
+            continue
+        _send(out_fd, RESULT, value)
+
+
+# ---- the parent side --------------------------------------------------------------------
+class Worker:
+    """One forked reader, started on the first call and again after a kill."""
+
+    def __init__(self, **init: Any) -> None:
+        self.init = init  # copied into the child's state()
+        self.pid: int | None = None
+        self._req = self._resp = -1
+        self.started = 0  # how many children were forked (1 unless one was killed)
+        self.killed: list[str] = []  # why each killed one was killed
+
+    def _start(self) -> None:
+        req_r, req_w = os.pipe2(os.O_CLOEXEC)
+        resp_r, resp_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 0
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                # stdio to /dev/null: a worker stuck in the kernel must not keep the task
+                # log's pipe open (Proxmox reads it to the end). Every other inherited fd is
+                # closed, above all the container lock's, so it never keeps the lock either.
+                null = os.open(os.devnull, os.O_RDWR)
+                for std in (0, 1, 2):
+                    os.dup2(null, std)
+                keep = sorted({req_r, resp_w})
+                os.closerange(3, keep[0])
+                os.closerange(keep[0] + 1, keep[1])
+                os.closerange(keep[1] + 1, os.sysconf("SC_OPEN_MAX"))
+                _serve(req_r, resp_w, self.init)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(req_r)
+        os.close(resp_w)
+        self.pid, self._req, self._resp = pid, req_w, resp_r
+        self.started += 1
+
+    def call(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        timeout: float,
+        what: str,
+        on_note: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """fn(*args) in the worker. Raises WorkerError when it does not answer within
+        `timeout` or stalls past a note's allowance (the worker is then killed), RemoteError
+        when fn raised there."""
+        end = time.monotonic() + max(timeout, 0.0)
+        if self.pid is None:
+            self._start()
+        last_note: Any = None
+        try:
+            body = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+            self._write(_HEADER.pack(len(body), 0) + body, end, what)
+            step_end = end
+            while True:
+                kind, value = self._read_message(step_end, end, what, last_note)
+                if kind == NOTE:
+                    last_note, allowance = value
+                    if on_note is not None:
+                        on_note(last_note)
+                    now = time.monotonic()
+                    step_end = end if allowance is None else min(end, now + allowance)
+                    continue
+                if kind == ERROR:
+                    raise RemoteError(f"{value[0]}: {value[1]}", value[0])
+                return value
+        except WorkerError as exc:
+            self.kill(str(exc))
+            exc.note = exc.note if exc.note is not None else last_note
+            raise
+
+    def _write(self, data: bytes, end: float, what: str) -> None:
+        view = memoryview(data)
+        poller = select.poll()
+        poller.register(self._req, select.POLLOUT)
+        while view:
+            left = end - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                raise WorkerError(f"{what}: the worker did not take the request in time")
+            try:
+                n = os.write(self._req, view[: 1 << 16])
+            except BrokenPipeError:
+                raise WorkerError(f"{what}: the worker died") from None
+            view = view[n:]
+
+    def _read_exact(self, n: int, step_end: float, end: float, what: str,
+                    last_note: Any) -> bytes:
+        buf = bytearray()
+        poller = select.poll()
+        poller.register(self._resp, select.POLLIN)
+        while len(buf) < n:
+            left = step_end - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                if step_end < end:
+                    raise WorkerError(f"{what}: stalled", last_note, stalled=True)
+                raise WorkerError(f"{what}: did not finish in time", last_note)
+            chunk = os.read(self._resp, min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise WorkerError(f"{what}: the worker died", last_note)
+            buf += chunk
+        return bytes(buf)
+
+    def _read_message(self, step_end: float, end: float, what: str,
+                      last_note: Any) -> tuple[int, Any]:
+        head = self._read_exact(_HEADER.size, step_end, end, what, last_note)
+        size, kind = _HEADER.unpack(head)
+        if size > MAX_ANSWER:
+            raise WorkerError(f"{what}: answer of {size} bytes is over the {MAX_ANSWER} bound",
+                              last_note)
+        body = self._read_exact(size, step_end, end, what, last_note)
+        return kind, pickle.loads(body)
+
+    def kill(self, why: str = "done") -> None:
+        """SIGKILL the worker and reap it if it goes within REAP_WAIT (a process stuck in
+        an uninterruptible driver call may not; it holds no lock and no pidfd)."""
+        pid = self.pid
+        if pid is None:
+            return
+        if why != "done":
+            self.killed.append(why)
+        self.pid = None
+        for fd in (self._req, self._resp):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._req = self._resp = -1
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        end = time.monotonic() + REAP_WAIT
+        while True:
+            try:
+                done, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if done or time.monotonic() >= end:
+                return
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        self.kill("done")
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -1,0 +1,262 @@
+"""Bounded by construction (issue 13): reads that hang in the kernel run in a forked worker
+that the run kills; read-only runs never hold up a cleanup; thousands of holders fit."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pveclean import worker
+from pveclean.worker import RemoteError, Worker, WorkerError
+from tests.lab.hangfs import HangFs
+from tests.lab.lxclab import Lab
+from tests.test_hook import hook, reports
+
+MARGIN = 1.0  # s: what a run may take past deadline_seconds (report writing, teardown)
+START_UP = 1.0  # s: interpreter start-up of a `pveclean` process on a loaded test machine
+
+
+# ---- the worker on its own --------------------------------------------------------------
+def _add(a: int, b: int) -> int:
+    return a + b
+
+
+def _sleep_forever() -> None:
+    while True:
+        time.sleep(1)
+
+
+def _stall_on_second() -> None:
+    worker.note(("pid", 1), 5.0)
+    worker.note(("pid", 2), 0.2)
+    _sleep_forever()
+
+
+def _big(n: int) -> bytes:
+    return b"x" * n
+
+
+def _raises() -> None:
+    raise ValueError("bad value")
+
+
+def _fds() -> list[int]:
+    return sorted(int(x) for x in os.listdir("/proc/self/fd"))
+
+
+def test_worker_answers_and_reports_errors() -> None:
+    with Worker() as w:
+        assert w.call(_add, 2, 3, timeout=5, what="add") == 5
+        with pytest.raises(RemoteError, match="ValueError: bad value"):
+            w.call(_raises, timeout=5, what="raise")
+        assert w.call(_add, 1, 1, timeout=5, what="again") == 2
+        assert w.started == 1
+
+
+def test_worker_is_killed_at_the_deadline_and_replaced() -> None:
+    with Worker() as w:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match="did not finish in time"):
+            w.call(_sleep_forever, timeout=0.3, what="sleep")
+        assert time.monotonic() - t0 < 0.3 + 0.3
+        assert w.killed and w.pid is None
+        assert w.call(_add, 1, 2, timeout=5, what="after") == 3  # a fresh worker
+        assert w.started == 2
+
+
+def test_a_stall_names_what_the_worker_was_doing() -> None:
+    with Worker() as w:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as err:
+            w.call(_stall_on_second, timeout=10, what="scan")
+        assert err.value.stalled and err.value.note == ("pid", 2)
+        assert time.monotonic() - t0 < 0.2 + 0.3
+
+
+def test_an_answer_over_the_size_bound_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker, "MAX_ANSWER", 1000)
+    with Worker() as w, pytest.raises(WorkerError, match="over the 1000 bound"):
+        w.call(_big, 5000, timeout=5, what="big")
+
+
+def test_worker_keeps_no_inherited_fd(tmp_path: Path) -> None:
+    """Above all not the container lock's: a worker stuck in the kernel must not keep it."""
+    lock = os.open(tmp_path / "lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    with Worker() as w:
+        fds = w.call(_fds, timeout=5, what="fds")
+        os.close(lock)  # our copy gone: the lock must be free although the worker lives
+        other = os.open(tmp_path / "lock", os.O_RDWR)
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if the worker kept it
+        os.close(other)
+    assert len(fds) == 6, fds  # stdio (on /dev/null), two pipe ends, listdir's own fd
+
+
+# ---- lab --------------------------------------------------------------------------------
+def ct_json(lab: Lab, *args: str) -> tuple[int, dict[str, Any], float]:
+    t0 = time.monotonic()
+    r = lab.pveclean("ct", *args, "--json")
+    took = time.monotonic() - t0
+    return r.returncode, json.loads(r.stdout), took
+
+
+def test_dry_run_stuck_on_a_hung_probe_never_blocks_a_cleanup(lab: Lab, vmid: int) -> None:
+    lab.write_config(grace_seconds=0.5, deadline_seconds=20)
+    lab.create_ct(vmid, gpus=(0, 1))
+    a = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 500})
+    b = lab.run_in_ct(vmid, "nccl-helper", hold=["/dev/nvidia1"], ignore_term=True)
+    pids = a.host_pids(lab) + b.host_pids(lab)
+    lab.freeze(lab.cgroup(vmid) / "ns")  # the container's shell hangs: pct exec never returns
+    dry = subprocess.Popen([str(Path(sys.executable).parent / "pveclean"), "ct", str(vmid),
+                            "--dry-run", "--json"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=lab.env(), text=True)
+    try:
+        time.sleep(1.0)  # the dry run is now waiting for its probe
+        assert dry.poll() is None
+        code, rep, took = ct_json(lab, str(vmid))
+        assert dry.poll() is None, "the dry run was expected to still wait for its probe"
+    finally:
+        lab.freeze(lab.cgroup(vmid) / "ns", False)
+        out, _err = dry.communicate(timeout=30)
+    assert rep["verdict"] == "clean", rep["errors"]
+    assert code == 0 and not any(lab.alive(p) for p in pids)
+    assert took < 0.5 + 5  # it never waited for the dry run's lock: there is none
+    assert json.loads(out)["verdict"] == "dry-run"
+
+
+def test_status_and_dry_runs_take_no_lock(lab: Lab, vmid: int) -> None:
+    from pveclean.lock import container_lock
+
+    lab.write_config(lock_wait_seconds=0.2)
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    with container_lock(str(lab.root / "state"), vmid, 1, "a cleanup"):
+        code, rep, _took = ct_json(lab, str(vmid), "--dry-run")  # reads while a cleanup runs
+    assert code == 0 and rep["verdict"] == "dry-run"
+    assert [h["host_pid"] for h in rep["holders"]] == w.host_pids(lab)
+
+
+def holds(pid: int, path: Path) -> bool:
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(path)
+                   for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def hangfs(lab: Lab) -> Any:
+    fs = HangFs(lab.root / "fuse")
+    try:
+        yield fs
+    finally:
+        fs.close()  # aborts the connection: every reader stuck on it goes on
+
+
+def test_a_hung_fuse_fd_cannot_hang_pre_stop(lab: Lab, vmid: int, hangfs: HangFs) -> None:
+    """A holder with an fd on a file system whose server stopped answering (a hard NFS
+    mount whose server went away): stat() through its fd blocks, even past SIGKILL."""
+    deadline = 4
+    lab.write_config(grace_seconds=0.5, deadline_seconds=deadline)
+    lab.create_ct(vmid, gpus=(0, 1))
+    ok = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 300})
+    wedged = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia1"]), str(hangfs.file)],
+                             pidns=True, cgroup=lab.cgroup(vmid) / "ns")
+    (wpid,) = [p for p in wedged.host_pids(lab) if holds(p, hangfs.file)]
+    lab.install_hook(vmid)
+    hangfs.hang()
+    t0 = time.monotonic()
+    res = hook(lab, vmid, "pre-stop")  # returns only when every writer of its output is gone
+    took = time.monotonic() - t0
+    assert res.returncode == 0
+    assert took < deadline + MARGIN + START_UP, took
+    (pre,) = reports(lab, vmid, "pre-stop")
+    assert pre["duration_s"] <= deadline + MARGIN
+    assert pre["verdict"] == "residual"
+    assert any(e.startswith(f"PID {wpid}: reading its /proc files did not finish")
+               for e in pre["errors"]), pre["errors"]
+    assert not any(lab.alive(p) for p in ok.host_pids(lab))  # the others were cleaned
+    assert lab.alive(wpid)  # never proven a holder: never signalled
+    assert f"pveclean: WARNING: CT {vmid} pre-stop" in res.stdout
+    # the killed reader kept no lock: the next run is not `busy`
+    _code, rep, _took = ct_json(lab, str(vmid), "--grace", "0")
+    assert rep["verdict"] != "busy"
+
+
+def test_report_dir_on_a_hung_mount_cannot_hang_a_run(lab: Lab, vmid: int,
+                                                      hangfs: HangFs) -> None:
+    deadline = 3
+    lab.write_config(grace_seconds=0.5, deadline_seconds=deadline,
+                     report_dir=str(hangfs.mountpoint / "reports"))
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    hangfs.hang()
+    t0 = time.monotonic()
+    r = lab.pveclean("ct", str(vmid))
+    took = time.monotonic() - t0
+    assert took < deadline + MARGIN + START_UP, took
+    assert r.returncode == 4  # EXIT_REPORT: cleaned, but the report could not be written
+    assert "writing the report to" in r.stderr and "did not finish" in r.stderr
+    assert "--- report (not saved) ---" in r.stderr and "verdict: clean" in r.stderr
+    assert not any(lab.alive(p) for p in w.host_pids(lab))
+
+
+def test_hung_nvml_ends_a_cleanup_within_the_deadline(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    deadline = 3
+    lab.write_config(grace_seconds=0.5, deadline_seconds=deadline)
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 100})
+    lab.nvml.hang(60)
+    code, rep, took = ct_json(lab, str(vmid))
+    assert took < deadline + MARGIN + START_UP
+    assert rep["duration_s"] <= deadline + MARGIN
+    assert rep["verdict"] == "clean" and code == 0  # the host view decides
+    assert "did not answer" in rep["sources"]["nvml"]
+    assert not any(lab.alive(p) for p in w.host_pids(lab))
+    files = list(lab.report_dir.glob(f"{vmid}-manual-*.yaml"))
+    assert len(files) == 1 and yaml.safe_load(files[0].read_text())["verdict"] == "clean"
+
+
+@pytest.mark.parametrize("limit", ["-Sn 1024", "-n 1024"], ids=["soft", "hard"])  # hard: batches
+def test_many_holders_none_skipped(lab: Lab, vmid: int, limit: str) -> None:
+    """1,500 holders (5,000 run in `make soak`): one pidfd each, none lost to EMFILE."""
+    n = 1500
+    lab.write_config(grace_seconds=5, deadline_seconds=60)
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], children=n - 1)
+    pids = w.host_pids(lab)
+    assert len(pids) == n
+    r = subprocess.run(["sh", "-c", f'ulimit {limit}; exec "$0" ct {vmid} --json',
+                        str(Path(sys.executable).parent / "pveclean")],
+                       capture_output=True, text=True, env=lab.env(), timeout=120, check=False)
+    rep = json.loads(r.stdout)
+    assert rep["summary"]["holders"] == n
+    assert rep["verdict"] == "clean", rep["errors"]
+    assert rep["summary"]["outcomes"] == {"terminated": n}
+    assert not any(lab.alive(p) for p in pids)
+
+
+def test_a_scan_cut_by_the_deadline_is_a_verdict_with_its_reason(lab: Lab, vmid: int) -> None:
+    """Too many processes to read in the time given: the worker is killed at the deadline,
+    nothing unread is signalled, and the report says why."""
+    n, deadline = 1500, 0.1
+    lab.write_config(grace_seconds=0.1, deadline_seconds=deadline)
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], children=n - 1)
+    code, rep, took = ct_json(lab, str(vmid))
+    assert took < deadline + MARGIN + START_UP
+    assert rep["duration_s"] <= deadline + MARGIN
+    assert code == 1 and rep["verdict"] == "residual"
+    assert any(e.startswith("host scan did not finish within") for e in rep["errors"]), rep
+    assert rep["summary"]["readers_killed"] >= 1
+    assert all(lab.alive(p) for p in w.host_pids(lab))  # unread: never signalled

@@ -1,0 +1,145 @@
+"""Only a decision refuses a start: a broken pveclean, interpreter or config never blocks a
+container; the hook's own failures are one warning line and exit 0 (issue 13, point 1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pveclean import chain
+from pveclean.config import parse
+from pveclean.hook import main as hook_main
+from pveclean.install import stamp
+from pveclean.model import EXIT_REFUSE, EXIT_USAGE
+from tests.lab.lxclab import REPO, Lab
+
+HOOK_ENV = {"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"}
+
+
+def shim_with(tmp_path: Path, bin_text: str | None, config: str | None = None) -> Path:
+    """The hookscript stamped with a stand-in pveclean whose body is `bin_text`."""
+    fake = tmp_path / "pveclean"
+    if bin_text is not None:
+        fake.write_text(bin_text)
+        fake.chmod(0o755)
+    script = tmp_path / "pveclean-hook"
+    script.write_text(stamp((REPO / "hookscripts/pveclean-hook").read_text(), str(fake), config))
+    script.chmod(0o755)
+    return script
+
+
+def run_shim(script: Path, vmid: str, phase: str,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(script), vmid, phase], capture_output=True, text=True,
+                          env=env or HOOK_ENV, stdin=subprocess.DEVNULL, check=False, timeout=30)
+
+
+@pytest.mark.parametrize("body, says", [
+    ("#!/nonexistent/python3.11\n", "its interpreter /nonexistent/python3.11 is missing"),
+    ("#! /nonexistent/python3 -s\n", "its interpreter /nonexistent/python3 is missing"),
+    ("#!/bin/sh\nexec /nonexistent/python3 -m pveclean\n", "could not be run (exit 127"),
+    ("#!/bin/sh\necho 'Traceback (most recent call last):' >&2\nexit 1\n", "failed (exit 1)"),
+    ("#!/bin/sh\nkill -9 $$\n", "killed by signal 9"),  # the OOM killer
+    ("#!/bin/sh\nexit 2\n", "failed (exit 2)"),
+])
+@pytest.mark.parametrize("phase", ["pre-start", "pre-stop", "post-stop"])
+def test_shim_turns_every_failure_into_one_warning(tmp_path: Path, body: str, says: str,
+                                                   phase: str) -> None:
+    res = run_shim(shim_with(tmp_path, body), "129", phase)
+    assert res.returncode == 0
+    warnings = [ln for ln in res.stdout.splitlines() if ln.startswith("pveclean-hook:")]
+    assert len(warnings) == 1 and "WARNING" in warnings[0] and says in warnings[0], res.stdout
+    if "interpreter" in says:  # nothing else in the task log
+        assert res.stdout.count("\n") == 1 and res.stderr == ""
+
+
+def test_shim_fails_pre_start_only_on_the_refuse_code(tmp_path: Path) -> None:
+    script = shim_with(tmp_path, f"#!/bin/sh\necho refusing\nexit {EXIT_REFUSE}\n")
+    res = run_shim(script, "129", "pre-start")
+    assert res.returncode == EXIT_REFUSE and res.stdout == "refusing\n"
+    for phase in ("pre-stop", "post-stop", "post-start"):
+        assert run_shim(script, "129", phase).returncode == 0
+
+
+def test_an_exported_config_does_not_reach_an_unstamped_hook(tmp_path: Path) -> None:
+    """Proxmox hands the caller's environment on: a shell stop and a GUI stop must agree."""
+    body = '#!/bin/sh\necho "config=${PVECLEAN_CONFIG-unset}"\n'
+    env = {**HOOK_ENV, "PVECLEAN_CONFIG": "/root/experiment.yaml"}
+    assert run_shim(shim_with(tmp_path, body), "129", "pre-stop", env).stdout == "config=unset\n"
+    stamped = shim_with(tmp_path, body, "/etc/pveclean/site.yaml")
+    assert run_shim(stamped, "129", "pre-stop", env).stdout == \
+        "config=/etc/pveclean/site.yaml\n"
+
+
+@pytest.mark.parametrize("vmid", ["1²9", "١٢٩", "１２９", "12 9", ""])
+def test_hook_vmid_is_ascii_digits_only(vmid: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert hook_main([vmid, "pre-start"]) == EXIT_USAGE
+    out = capsys.readouterr().out
+    assert out.startswith("pveclean: invalid VMID") and out.count("\n") == 1
+
+
+def test_hook_main_never_raises(monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    import pveclean.hook as hook
+
+    def boom(*_a: object) -> object:
+        raise MemoryError("no memory")
+
+    monkeypatch.setattr(hook, "load", boom)
+    assert hook_main(["129", "pre-start"]) == 0
+    assert "internal error: MemoryError: no memory" in capsys.readouterr().out
+
+    def chain_breaks(*_a: object) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(hook, "load", lambda: parse("phases: {pre-start: false}\n"))
+    monkeypatch.setattr(hook.chain, "run_chained", chain_breaks)
+    assert hook_main(["129", "pre-start"]) == 0
+    assert "chained hookscript not run: PermissionError" in capsys.readouterr().out
+
+
+def test_interpreter_gone_the_container_starts(lab: Lab, vmid: int) -> None:
+    """A Proxmox 8 -> 9 upgrade replaced the Python under pveclean's venv."""
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    broken = lab.root / "broken-pveclean"
+    broken.write_text("#!/nonexistent/venv/bin/python3\n")
+    broken.chmod(0o755)
+    (lab.snippets / "pveclean-hook").write_text(stamp(
+        (REPO / "hookscripts/pveclean-hook").read_text(), str(broken), str(lab.config_path)))
+    (lab.snippets / "pveclean-hook").chmod(0o755)
+    lab.pct("set", str(vmid), "--hookscript", "local:snippets/pveclean-hook")
+    res = lab.pct("start", str(vmid), check=False)
+    assert res.returncode == 0, res.stderr
+    assert "pveclean-hook: WARNING: " in res.stdout
+    assert lab.pct("status", str(vmid)).stdout == "status: running\n"
+
+
+def test_broken_config_the_container_starts(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    lab.install_hook(vmid)
+    lab.config_path.write_text("grace_seconds: [oops\n")
+    res = lab.pct("start", str(vmid), check=False)
+    assert res.returncode == 0, res.stderr
+    assert f"pveclean: CT {vmid} pre-start: config error, nothing done" in res.stdout
+    assert lab.pct("status", str(vmid)).stdout == "status: running\n"
+
+
+def test_failing_chained_script_is_a_refusal(lab: Lab, vmid: int) -> None:
+    """Proxmox would have aborted the start on the chained script's failure: so does pveclean."""
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    lab.install_hook(vmid)
+    script = lab.snippets / "site-hook"
+    script.write_text('#!/bin/sh\n[ "$2" = pre-start ] && { echo "site: no"; exit 3; }\nexit 0\n')
+    script.chmod(0o755)
+    cfg = parse(lab.config_path.read_text())
+    chain.write_record(cfg, vmid, "local:snippets/site-hook", str(script))
+    res = lab.pct("start", str(vmid), check=False)
+    assert res.returncode != 0
+    assert "site: no" in res.stdout
+    assert f"pveclean: CT {vmid} pre-start: refusing to start: the chained hookscript exited 3" \
+        in res.stdout
+    assert lab.pct("status", str(vmid)).stdout == "status: stopped\n"
+    os.unlink(script)
