@@ -62,11 +62,16 @@ def ct(
     grace: Annotated[
         float | None, typer.Option("--grace", min=0, help="Seconds from SIGTERM to SIGKILL.")
     ] = None,
+    stop_units: Annotated[
+        bool, typer.Option("--stop-units", help="First stop the holders' systemd units in the "
+                           "container (pct exec VMID -- systemctl stop UNIT...), so that "
+                           "Restart= does not bring them back.")
+    ] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Stop every GPU holder of container VMID and verify its GPU memory is free.
 
-    Example: pveclean ct 129 --dry-run
+    Examples: pveclean ct 129 --dry-run | pveclean ct 129 --stop-units
     """
     from .pveconf import parse_vmid
     from .render import render_run
@@ -78,7 +83,8 @@ def ct(
     if not as_json and sys.stderr.isatty():
         def progress(msg: str) -> None:
             typer.echo(f"... {msg}", err=True)
-    result = clean(vid, cfg, dry_run=dry_run, grace=grace, progress=progress)
+    result = clean(vid, cfg, dry_run=dry_run, grace=grace, progress=progress,
+                   stop_units=stop_units)
     if as_json:
         typer.echo(json.dumps(result.report, indent=2, default=str))
     else:

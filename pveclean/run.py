@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__, notify, procfs, pveconf, report
+from . import __version__, notify, procfs, pveconf, report, units
 from . import stop as stopper
 from .config import Config
 from .discover import Deadline, HostView, Scope, discover, scan_host
@@ -167,14 +167,16 @@ def clean(
     progress: Progress | None = None,
     write_report: bool = True,
     nvml: Nvml | None = None,
+    stop_units: bool = False,
 ) -> RunResult:
-    """One run under the container's lock; a second concurrent run reports `busy`."""
+    """One run under the container's lock; a second concurrent run reports `busy`.
+    With `stop_units`, the holders' systemd units are stopped before any signal."""
     started = time.time()
     ctconf = pveconf.read_config(cfg.pve_config_dir, vmid)
     try:
         with container_lock(cfg.state_dir, vmid, cfg.lock_wait_seconds, f"{phase} run"):
             return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report,
-                          nvml)
+                          nvml, stop_units)
     except Busy as exc:
         rep = {
             "pveclean": __version__, "vmid": vmid, "phase": phase,
@@ -199,6 +201,7 @@ def _clean(
     progress: Progress | None,
     write_report: bool,
     nvml: Nvml | None,
+    stop_units: bool = False,
 ) -> RunResult:
     started = time.time()
     deadline = Deadline(cfg.deadline_seconds)
@@ -217,6 +220,8 @@ def _clean(
     if progress:
         progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
     holders = disc.holders
+    unit_stops = units.before_stop(vmid, cfg, scope, disc, deadline, dry_run, progress) \
+        if stop_units else None
     rounds = 0
     verify_s: float | None = None
     if dry_run:
@@ -241,6 +246,7 @@ def _clean(
     rep = build_report(vmid, phase, started, deadline, dry_run, verdict, holders, disc,
                        before, after, rounds, ctconf, errors, cfg)
     rep["summary"]["verified_after_last_exit_s"] = verify_s
+    units.annotate(rep, scope, unit_stops)
     return finish(rep, cfg, write_report)
 
 
