@@ -175,7 +175,7 @@ def scan_host_processes(root: Path, devices: GpuDevices, exclude: set[int],
     pids = [(p, cg) for p, cg in host_pids(root).items() if p not in exclude]
     own_ns = _mntns("self")
     cache: dict[str, int] = {}
-    n = workers or min(8, os.cpu_count() or 1, max(1, len(pids) // 500))
+    n = workers or min(8, (os.cpu_count() or 1) // 2, max(1, len(pids) // 500))
     if n <= 1:
         return _scan_chunk(pids, devices, own_ns, needles, cache), len(pids)
     from concurrent.futures import ThreadPoolExecutor

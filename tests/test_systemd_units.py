@@ -203,8 +203,10 @@ def test_stop_units_ends_a_respawn_loop_that_plain_ct_leaves_residual(lab: Lab,
     # --stop-units: the unit is stopped first, nothing comes back, the run is clean
     survivor = [p for p in w.host_pids(lab) if lab.alive(p)]
     assert len(survivor) == 1
+    lab.set_gpu_memory(w, {0: 4096})  # the respawned worker loads its model again
     code, rep = run_json(lab, vmid, "--stop-units")
     assert code == 0 and rep["verdict"] == "clean", rep
+    assert rep["summary"]["freed_mib"] == 4096
     assert rep["unit_stops"]["units"] == [{"unit": unit, "holders": survivor,
                                            "processes_left": 0, "action": "stopped",
                                            "detail": "its cgroup is empty"}]
