@@ -25,7 +25,7 @@ from typing import Any
 from . import procfs, pveconf, report
 from .config import Config
 from .discover import Scope, scan_host
-from .model import GpuDevices, GpuMemory, Holder
+from .model import GpuDevices, GpuMemory, Holder, PvecleanError
 from .nvml import Nvml, NvmlUnavailable
 from .text import safe
 from .units import unit_of
@@ -308,12 +308,6 @@ def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[dict[s
 
 
 # ---- one look at the host -----------------------------------------------------------------
-@dataclass
-class Sources:
-    nvml: str = "ok"
-    warnings: list[str] = field(default_factory=list)
-
-
 def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES) -> dict[str, Any]:
     """Every GPU, every holder, every owner, as one plain dict (what --json prints)."""
     t0 = time.monotonic()
@@ -334,7 +328,7 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES) -> dic
         vmid = int(name)
         try:
             conf: pveconf.CtConfig | None = pveconf.read_config(cfg.pve_config_dir, vmid)
-        except Exception:
+        except PvecleanError:
             conf = None  # a cgroup without a config here: cannot tell, so look
         if conf is not None:
             hostnames[vmid] = conf.get("hostname") or ""
@@ -348,11 +342,11 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES) -> dic
             procs[h.host_pid] = _from_holder(h, vmid)
     host, n_host = scan_host_processes(root, devices, {os.getpid()})
     procs.update((p.host_pid, p) for p in host)
-    src = Sources()
+    nvml_state, warnings = "ok", []
     gpus: list[GpuMemory] = []
     buses: dict[int, str] = {}
     if nvml is None:
-        src.nvml = "disabled"
+        nvml_state = "disabled"
     else:
         try:
             gpus = nvml.memory()
@@ -362,9 +356,9 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES) -> dic
                 procs[pid] = p
             buses = nvml.pci_bus_ids()
         except NvmlUnavailable as exc:
-            src.nvml = f"unavailable: {exc}"
-            src.warnings.append(f"NVML unavailable ({exc}): holders from device nodes only, "
-                                "no memory")
+            nvml_state = f"unavailable: {exc}"
+            warnings.append(f"NVML unavailable ({exc}): holders from device nodes only, "
+                            "no memory")
     for p in procs.values():
         p.minors = _minors(p, devices)
     qemu_dir = pve / "qemu-server"
@@ -384,8 +378,8 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES) -> dic
         "scan": {"containers_scanned": scanned, "containers_skipped_no_gpu": skipped,
                  "host_processes": n_host, "host_holders": len(host),
                  "seconds": round(time.monotonic() - t0, 3)},
-        "sources": {"host": "ok", "nvml": src.nvml},
-        "warnings": src.warnings,
+        "sources": {"host": "ok", "nvml": nvml_state},
+        "warnings": warnings,
     }
     return data
 

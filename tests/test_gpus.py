@@ -222,3 +222,17 @@ def test_watch_refreshes_and_ctrl_c_exits_0(lab: Lab, vmid: int) -> None:
     assert first.startswith("GPUs of ")
     p.send_signal(signal.SIGINT)
     assert p.wait(10) == 0
+
+
+def test_without_nvml_holders_still_show_from_device_nodes(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.nvml.init_error("DRIVER_NOT_LOADED")
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    (pid,) = w.host_pids(lab)
+    data = gpus_json(lab)
+    assert data["gpus"] == [] and "DriverNotLoaded" in data["sources"]["nvml"]
+    row = next(p for p in data["other_holders"] if p["host_pid"] == pid)
+    assert (row["owner"], row["vmid"]) == ("ct", vmid)
+    r = lab.pveclean("gpus")
+    assert r.returncode == 0 and "warning: NVML unavailable" in r.stdout

@@ -245,3 +245,26 @@ def test_a_hostile_unit_name_is_never_passed_to_systemctl(lab: Lab, vmid: int) -
     assert not (lab.rootfs(vmid) / "owned").exists()
     assert not [p for p in w.host_pids(lab) if lab.alive(p)]
     assert os.path.exists(lab.rootfs(vmid) / "usr/bin/systemctl")
+
+
+def test_status_and_the_report_name_each_holders_unit(lab: Lab, vmid: int) -> None:
+    from tests.lab import pvesh
+    from tests.test_install import pveclean as pveclean_on_host
+
+    pvesh.install(lab.root)
+    lab.create_ct(vmid, gpus=(0,))
+    labsd.install_systemd(lab, vmid)
+    w = labsd.add_unit(lab, vmid, "sglang.service", "python3", hold=["/dev/nvidia0"],
+                       gpu_mib={0: 512})
+    (pid,) = w.host_pids(lab)
+    res = pveclean_on_host(lab, "status", "--json")
+    assert res.returncode == 0, res.stderr
+    ct = next(e for e in json.loads(res.stdout)["containers"] if e["vmid"] == vmid)
+    assert [(h["host_pid"], h["unit"]) for h in ct["holders"]] == [(pid, "sglang.service")]
+    text = pveclean_on_host(lab, "status").stdout
+    assert f"  holder: PID {pid} python3 in sglang.service (GPU 0: 512 MiB)" in text
+    code, rep = run_json(lab, vmid, "--dry-run")
+    assert code == 0 and rep["holders"][0]["unit"] == "sglang.service"
+    assert rep["hints"] == [f"sglang.service in CT {vmid} runs GPU holders; stop it with: "
+                            f"pct exec {vmid} -- systemctl stop sglang.service (or: pveclean "
+                            f"ct {vmid} --stop-units)"]
