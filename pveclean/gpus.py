@@ -72,19 +72,25 @@ def may_use_gpus(conf: pveconf.CtConfig, majors: frozenset[int]) -> bool:
 
 
 def host_pids(root: Path) -> dict[int, str]:
-    """PIDs of the host's own cgroups (everything but the `lxc/` tree) -> cgroup path."""
+    """PIDs outside the Proxmox containers' cgroups (`lxc/<vmid>`) -> their cgroup path: the
+    host's own, and those of cgroups below `lxc/` that are no VMID (plain LXC containers)."""
     found: dict[int, str] = {}
-    try:
-        with open(root / "cgroup.procs", encoding="ascii") as fh:
-            found.update((int(ln), "/") for ln in fh if ln.strip().isdigit())
-        entries = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return found
-    for e in entries:
-        if e.name == "lxc":
+
+    def add(directory: Path, prefix: str) -> None:
+        for pid, rel in procfs.tree_pids(directory).items():
+            found[pid] = prefix if rel == "." else f"{prefix}/{rel}"
+
+    for d, prefix in ((root, ""), (root / "lxc", "/lxc")):
+        try:
+            with open(d / "cgroup.procs", encoding="ascii") as fh:
+                found.update((int(ln), prefix or "/") for ln in fh if ln.strip().isdigit())
+            entries = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
+        except OSError:
             continue
-        for pid, rel in procfs.tree_pids(Path(e.path)).items():
-            found[pid] = f"/{e.name}" if rel == "." else f"/{e.name}/{rel}"
+        for e in entries:
+            if (d == root and e.name == "lxc") or (d != root and e.name.isdigit()):
+                continue
+            add(Path(e.path), f"{prefix}/{e.name}")
     return found
 
 

@@ -236,3 +236,13 @@ def test_without_nvml_holders_still_show_from_device_nodes(lab: Lab, vmid: int) 
     assert (row["owner"], row["vmid"]) == ("ct", vmid)
     r = lab.pveclean("gpus")
     assert r.returncode == 0 and "warning: NVML unavailable" in r.stdout
+
+
+def test_host_pids_leave_out_only_proxmox_containers(tmp_path: Path) -> None:
+    for rel, procs in {"": "1\n2\n", "system.slice/a.service": "10\n", "lxc": "",
+                       "lxc/129/ns/system.slice/x.service": "20\n", "lxc/plain": "30\n",
+                       "lxc.monitor/129": "40\n"}.items():
+        (tmp_path / rel).mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel / "cgroup.procs").write_text(procs)
+    assert gpus.host_pids(tmp_path) == {1: "/", 2: "/", 10: "/system.slice/a.service",
+                                        30: "/lxc/plain", 40: "/lxc.monitor/129"}
