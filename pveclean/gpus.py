@@ -324,6 +324,7 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES) -> dic
     procs: dict[int, Proc] = {}
     hostnames: dict[int, str] = {}
     scanned, skipped = [], []
+    warnings: list[str] = []
     try:
         ct_dirs = sorted(e.name for e in os.scandir(root / "lxc") if e.is_dir())
     except OSError:
@@ -344,11 +345,23 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES) -> dic
         scanned.append(vmid)
         scope = Scope(vmid, root / "lxc" / name, devices, frozenset(),
                       running=procfs.monitor_running(str(root), vmid))
-        for h in scan_host(scope).holders.values():
+        try:
+            view = scan_host(scope)
+        except Exception as exc:  # a tree the container made unreadable (e.g. nested deep)
+            warnings.append(f"CT {vmid}: its cgroup tree could not be read "
+                            f"({type(exc).__name__}); its holders are shown only as NVML "
+                            "lists them")
+            continue
+        for h in view.holders.values():
             procs[h.host_pid] = _from_holder(h, vmid)
-    host, n_host = scan_host_processes(root, devices, {os.getpid()})
+    try:
+        host, n_host = scan_host_processes(root, devices, {os.getpid()})
+    except Exception as exc:
+        host, n_host = [], 0
+        warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); host "
+                        "holders are shown only as NVML lists them")
     procs.update((p.host_pid, p) for p in host)
-    nvml_state, warnings = "ok", []
+    nvml_state = "ok"
     gpus: list[GpuMemory] = []
     buses: dict[int, str] = {}
     if nvml is None:

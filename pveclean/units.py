@@ -137,7 +137,10 @@ def processes_in(cgroup_root: Path, cgroup: str | None) -> int | None:
     """How many processes the unit's cgroup tree holds now (None: not known)."""
     if not cgroup:
         return None
-    return len(procfs.tree_pids(cgroup_root / cgroup.lstrip("/")))
+    try:
+        return len(procfs.tree_pids(cgroup_root / cgroup.lstrip("/")))
+    except (OSError, RecursionError):  # a tree the container nested too deep to walk
+        return None
 
 
 def init_unit_of(init_pid: int | None) -> str | None:
@@ -187,6 +190,9 @@ def stop_units(vmid: int, holders: list[Any], init_pid: int | None, cgroup_root:
                          detail=f"systemctl stop did not finish within {timeout:.1f} s")
         elif left == 0:
             entry.update(action="stopped", detail="its cgroup is empty")
+        elif rc == 0 and left is None:
+            entry.update(action="unverified", detail="systemctl stop succeeded; its cgroup "
+                                                     "could not be read")
         elif rc == 0:
             entry.update(action="incomplete", detail=f"{left} process(es) left in its cgroup")
         else:

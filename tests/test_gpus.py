@@ -246,3 +246,25 @@ def test_host_pids_leave_out_only_proxmox_containers(tmp_path: Path) -> None:
         (tmp_path / rel / "cgroup.procs").write_text(procs)
     assert gpus.host_pids(tmp_path) == {1: "/", 2: "/", 10: "/system.slice/a.service",
                                         30: "/lxc/plain", 40: "/lxc.monitor/129"}
+
+
+def test_a_container_that_nests_its_cgroups_deep_cannot_break_the_view(lab: Lab,
+                                                                        vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 256})
+    (pid,) = w.host_pids(lab)
+    deep = lab.cgroup(vmid) / "ns"
+    try:
+        for _ in range(1200):  # deeper than Python recurses
+            deep = deep / "d"
+            deep.mkdir()
+        data = gpus_json(lab)
+        assert any(f"CT {vmid}: its cgroup tree could not be read" in x
+                   for x in data["warnings"]), data["warnings"]
+        row = next(p for p in data["gpus"][0]["processes"] if p["host_pid"] == pid)
+        assert (row["owner"], row["vmid"], row["memory_mib"]) == ("ct", vmid, 256)
+    finally:
+        d = deep
+        while d != lab.cgroup(vmid) / "ns":
+            d.rmdir()
+            d = d.parent
