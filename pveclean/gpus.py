@@ -119,9 +119,8 @@ def _fds(pid: int, devices: GpuDevices, same_ns: bool, cache: dict[str, int]
         for name in os.listdir(dfd):
             try:
                 target = os.readlink(name, dir_fd=dfd)
-                if not (target.startswith("/dev/") or
-                        os.path.basename(target).startswith("nvidia")):
-                    continue  # as procfs: only what may be a device node is stat()ed
+                if not (target.startswith("/dev/") or "nvidia" in target):
+                    continue  # as procfs (a superset): only what may be a node is stat()ed
                 rdev = cache.get(target) if same_ns else None
                 if rdev is None:
                     st = os.stat(name, dir_fd=dfd)
