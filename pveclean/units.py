@@ -155,6 +155,9 @@ def stop_units(vmid: int, holders: list[Any], init_pid: int | None, cgroup_root:
     init_unit = init_unit_of(init_pid)
     infos = _collect(holders, init_unit)
     out: dict[str, Any] = {"units": [], "command": None, "note": None}
+    if not holders:
+        out["note"] = f"CT {vmid} has no GPU holders: no unit to stop"
+        return out
     if not infos:
         out["note"] = (f"no GPU holder of CT {vmid} runs in a systemd unit (no systemd in the "
                        "container, or its holders run outside units): nothing to stop; "

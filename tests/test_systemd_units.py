@@ -154,6 +154,8 @@ def test_a_container_without_systemctl_gets_one_clear_line(tmp_path: Path) -> No
     assert "cleaning up as usual" in out["note"]
     out = units.stop_units(129, [_holder(10, "/lxc/129/ns")], None, root, pct, 5)
     assert out["units"] == [] and "no GPU holder of CT 129 runs in a systemd unit" in out["note"]
+    out = units.stop_units(129, [], None, root, pct, 5)
+    assert out["units"] == [] and out["note"] == "CT 129 has no GPU holders: no unit to stop"
 
 
 def test_hints_name_the_unit_and_the_exact_command(tmp_path: Path) -> None:
