@@ -80,6 +80,9 @@ def _protect_reason(st: procfs.ProcStatus, scope: Scope, exe: str | None,
 def make_holder(st: procfs.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder:
     exe, cmdline = procfs.exe(st.pid), procfs.cmdline(st.pid)
     cgroup = f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/")
+    now = procfs.pid_cgroup(st.pid)  # fresher than the walk: a new process moves, then execs
+    if procfs.in_tree(now, scope.vmid) and now is not None:
+        cgroup = now
     return Holder(
         host_pid=st.pid,
         starttime=st.starttime,
