@@ -62,11 +62,16 @@ def ct(
     grace: Annotated[
         float | None, typer.Option("--grace", min=0, help="Seconds from SIGTERM to SIGKILL.")
     ] = None,
+    stop_units: Annotated[
+        bool, typer.Option("--stop-units", help="First stop the holders' systemd units in the "
+                           "container (pct exec VMID -- systemctl stop UNIT...), so that "
+                           "Restart= does not bring them back.")
+    ] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Stop every GPU holder of container VMID and verify its GPU memory is free.
 
-    Example: pveclean ct 129 --dry-run
+    Examples: pveclean ct 129 --dry-run | pveclean ct 129 --stop-units
     """
     from .pveconf import parse_vmid
     from .render import render_run
@@ -78,7 +83,8 @@ def ct(
     if not as_json and sys.stderr.isatty():
         def progress(msg: str) -> None:
             typer.echo(f"... {msg}", err=True)
-    result = clean(vid, cfg, dry_run=dry_run, grace=grace, progress=progress)
+    result = clean(vid, cfg, dry_run=dry_run, grace=grace, progress=progress,
+                   stop_units=stop_units)
     if as_json:
         typer.echo(json.dumps(result.report, indent=2, default=str))
     else:
@@ -200,6 +206,56 @@ def status(
         typer.echo(json.dumps(data, indent=2, default=str))
     else:
         typer.echo(render(data))
+
+
+@app.command()
+def gpus(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).")] = False,
+    watch: Annotated[
+        float | None, typer.Option("--watch", min=0.5, max=3600, metavar="SECONDS",
+                                   help="Refresh every SECONDS in place until Ctrl-C.")
+    ] = None,
+    count: Annotated[
+        int, typer.Option("--count", min=0, max=1_000_000,
+                          help="With --watch: stop after N refreshes (0: until Ctrl-C).")
+    ] = 0,
+    sysfs_pci: Annotated[
+        Path, typer.Option("--sysfs-pci", hidden=True, help="PCI sysfs devices directory.")
+    ] = Path("/sys/bus/pci/devices"),
+    config: ConfigOpt = None,
+) -> None:
+    """Every GPU of this host and who uses it: containers (VMID, hostname, systemd unit),
+    host processes (and their unit), VMs the GPU is passed to; memory per owner, and memory
+    no process accounts for (a leak). Signals nothing.
+
+    Exit codes: 0 shown (Ctrl-C during --watch too); 2 usage or config error.
+
+    Examples: pveclean gpus | pveclean gpus --json | pveclean gpus --watch 2
+    """
+    import time
+
+    from .gpus import collect, render
+    from .nvml import Nvml
+
+    cfg = load(config)
+    nvml = Nvml(cfg.nvml_library, timeout=min(5.0, cfg.deadline_seconds * 0.2))
+    tty = sys.stdout.isatty()
+    shown = 0
+    try:
+        while True:
+            data = collect(cfg, nvml, sysfs_pci)
+            text = json.dumps(data, indent=2, default=str) if as_json else render(data)
+            if watch and tty and not as_json:
+                text = "\x1b[H\x1b[2J" + text  # redraw in place
+            typer.echo(text)
+            shown += 1
+            if not watch or (count and shown >= count):
+                break
+            if not tty or as_json:
+                typer.echo("")
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command()

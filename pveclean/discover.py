@@ -18,6 +18,7 @@ from . import probe, procfs, worker
 from .model import Discovery, GpuDevices, GpuMemory, Holder
 from .nvml import Nvml, NvmlUnavailable
 from .pct import PctMissing, start_pct, wait_pct
+from .units import unit_of
 
 
 class Deadline:
@@ -79,6 +80,10 @@ def _protect_reason(st: procfs.ProcStatus, scope: Scope, exe: str | None,
 
 def make_holder(st: procfs.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder:
     exe, cmdline = procfs.exe(st.pid), procfs.cmdline(st.pid)
+    cgroup = f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/")
+    now = procfs.pid_cgroup(st.pid)  # fresher than the walk: a new process moves, then execs
+    if procfs.in_tree(now, scope.vmid) and now is not None:
+        cgroup = now
     return Holder(
         host_pid=st.pid,
         starttime=st.starttime,
@@ -90,8 +95,9 @@ def make_holder(st: procfs.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder:
         user=procfs.user_name(st.uid),
         state=st.state,
         ppid=st.ppid,
-        cgroup=f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/"),
+        cgroup=cgroup,
         protected=_protect_reason(st, scope, exe, cmdline),
+        unit=unit_of(cgroup),
     )
 
 

@@ -81,6 +81,7 @@ class Holder:
     wchan: str | None = None
     respawned_by: str | None = None
     round: int = 0
+    unit: str | None = None  # systemd unit in its container (from the cgroup path; untrusted)
 
     @property
     def identity(self) -> ProcIdentity:
@@ -101,6 +102,7 @@ class Holder:
             "state": self.state,
             "ppid": self.ppid,
             "cgroup": self.cgroup,
+            "unit": self.unit,
             "devices": self.devices,
             "gpu_memory_mib": {int(k): v for k, v in sorted(self.gpu_memory_mib.items())},
             "sources": self.sources,

@@ -137,6 +137,25 @@ class Nvml:
 
         return self._query("memory query", q, timeout)
 
+    def pci_bus_ids(self, timeout: float | None = None) -> dict[int, str]:
+        """GPU index -> PCI bus id as sysfs names it (`0000:01:00.0`); GPUs whose id NVML
+        cannot give are left out."""
+
+        def q(nv: Any) -> dict[int, str]:
+            out: dict[int, str] = {}
+            for index, h in self._handles:
+                try:
+                    bus = nv.nvmlDeviceGetPciInfo(h).busId
+                except nv.NVMLError:
+                    continue
+                bus = bus.decode() if isinstance(bus, bytes) else str(bus)
+                # NVML pads the domain to 8 digits (00000000:01:00.0); sysfs uses 4
+                dom, _, rest = bus.lower().partition(":")
+                out[index] = f"{dom[-4:]}:{rest}" if rest else bus.lower()
+            return out
+
+        return self._query("PCI query", q, timeout)
+
     def processes(self, timeout: float | None = None) -> dict[int, dict[int, int | None]]:
         """Host PID -> {GPU index: MiB or None when NVML cannot tell}."""
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .text import safe
+
 
 def _mib(h: dict[str, Any]) -> str:
     vals = [v for v in (h.get("gpu_memory_mib") or {}).values() if v is not None]
@@ -15,7 +17,7 @@ def _short(s: str, n: int) -> str:
 
 
 def holders_table(rep: dict[str, Any]) -> list[str]:
-    rows = [("HOST PID", "CT PID", "NAME", "GPU MiB", "DEVICES", "OUTCOME", "SIGNALS")]
+    rows = [("HOST PID", "CT PID", "NAME", "UNIT", "GPU MiB", "DEVICES", "OUTCOME", "SIGNALS")]
     for h in rep.get("holders", []):
         devs = ",".join(d.split(" ")[0] for d in h.get("devices", [])) or "-"
         sigs = ",".join(s.split(" ")[0] for s in h.get("signals", []) if s.startswith("SIG"))
@@ -26,6 +28,7 @@ def holders_table(rep: dict[str, Any]) -> list[str]:
             str(h["host_pid"]),
             str(h.get("ct_pid") or "-"),
             _short(str(h.get("name")), 16),
+            safe(h.get("unit") or "-", 32),
             _mib(h),
             _short(devs, 40),
             outcome,
@@ -51,6 +54,8 @@ def summary_line(rep: dict[str, Any]) -> str:
     freed = s.get("freed_mib", 0)
     text = f"{head}: stopped {stopped} of {n} GPU holder(s) ({freed} MiB freed) in " \
            f"{rep['duration_s']:.2f} s, verdict {verdict}"
+    if s.get("units_stopped"):
+        text += f"; units stopped first: {safe(', '.join(s['units_stopped']), 120)}"
     return text
 
 
@@ -65,11 +70,27 @@ def memory_lines(rep: dict[str, Any]) -> list[str]:
     return out
 
 
+def unit_lines(rep: dict[str, Any]) -> list[str]:
+    """What --stop-units did per unit, and the commands that stop units still at work."""
+    out = []
+    stops = rep.get("unit_stops") or {}
+    for u in stops.get("units", []):
+        left = u.get("processes_left")
+        out.append(f"  unit {safe(u.get('unit'), 64)}: {u.get('action')}"
+                   + (f" ({safe(u.get('detail'), 200)})" if u.get("detail") else "")
+                   + (f", {left} process(es) left" if left else ""))
+    if stops.get("note"):
+        out.append(f"units: {safe(stops['note'], 300)}")
+    out += [f"hint: {safe(h, 300)}" for h in rep.get("hints", [])]
+    return out
+
+
 def render_run(rep: dict[str, Any]) -> str:
     lines = [summary_line(rep)]
     if rep.get("holders"):
         lines += holders_table(rep)
     lines += memory_lines(rep)
+    lines += unit_lines(rep)
     for w in rep.get("warnings", []):
         lines.append(f"warning: {w}")
     for e in rep.get("errors", []):
@@ -107,7 +128,8 @@ def render_report(r: dict[str, Any]) -> str:
         lines.append("sources: " + "; ".join(f"{k} {v}" for k, v in srcs.items()))
     for h in r.get("holders", []):
         lines.append(f"  PID {h['host_pid']} ({h.get('name')}): {h.get('cmdline')}")
-        lines.append(f"      cgroup {h.get('cgroup')}, user {h.get('user')}, seen by "
+        lines.append(f"      cgroup {h.get('cgroup')}, unit {safe(h.get('unit') or '-', 64)}, "
+                     f"user {h.get('user')}, seen by "
                      f"{', '.join(h.get('sources', []))}, signals: "
                      f"{', '.join(h.get('signals', [])) or 'none'}")
     for o in r.get("other_gpu_users", []):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__, notify, procfs, pveconf, report
+from . import __version__, notify, procfs, pveconf, report, units
 from . import stop as stopper
 from .config import Config
 from .discover import (
@@ -275,10 +275,12 @@ def clean(
     write_report: bool = True,
     worker: Worker | None = None,
     deadline: Deadline | None = None,
+    stop_units: bool = False,
 ) -> RunResult:
     """One run. A cleanup holds the container's lock (a second one reports `busy`); a dry run
     only reads and takes no lock, so it can never hold up a cleanup. One deadline covers the
-    whole run, the lock wait included; the report is written in the time kept back for it."""
+    whole run, the lock wait included; the report is written in the time kept back for it.
+    With `stop_units`, the holders' systemd units are stopped before any signal."""
     started = time.time()
     deadline = deadline or Deadline(cfg.deadline_seconds)
     raise_open_files_limit()
@@ -287,11 +289,11 @@ def clean(
     try:
         if dry_run:
             return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
-                          deadline, started)
+                          deadline, started, stop_units)
         wait = min(cfg.lock_wait_seconds, max(0.0, deadline.remaining() - reserve_for(cfg)))
         with container_lock(cfg.state_dir, vmid, wait, f"{phase} run"):
             return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
-                          deadline, started)
+                          deadline, started, stop_units)
     except Busy as exc:
         rep = {
             "pveclean": __version__, "vmid": vmid, "phase": phase,
@@ -321,6 +323,7 @@ def _clean(
     wk: Worker,
     deadline: Deadline,
     started: float,
+    stop_units: bool = False,
 ) -> RunResult:
     scope = make_scope(vmid, cfg, ctconf)
     end = deadline.end - reserve_for(cfg)
@@ -336,6 +339,8 @@ def _clean(
         disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
     if progress:
         progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
+    unit_stops = units.before_stop(vmid, cfg, scope, disc, deadline, dry_run, progress) \
+        if stop_units else None
     rounds = 0
     verify_s: float | None = None
     if dry_run:
@@ -380,6 +385,7 @@ def _clean(
     rep["summary"]["verified_after_last_exit_s"] = verify_s
     if wk.killed:
         rep["summary"]["readers_killed"] = len(wk.killed)
+    units.annotate(rep, scope, unit_stops)
     return finish(rep, cfg, write_report, deadline)
 
 

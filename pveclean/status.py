@@ -10,6 +10,7 @@ from .config import Config
 from .install import is_pveclean
 from .model import PvecleanError
 from .pveapi import Api, Container, Storage
+from .text import safe
 
 
 def last_report(cfg: Config, vmid: int) -> dict[str, Any] | None:
@@ -33,6 +34,7 @@ def holders(cfg: Config, vmid: int) -> dict[str, Any]:
     except PvecleanError as exc:
         return {"holders_error": str(exc)}
     hs = [{"host_pid": h["host_pid"], "ct_pid": h.get("ct_pid"), "name": h["name"],
+           "unit": h.get("unit"),
            "gpu_memory_mib": h.get("gpu_memory_mib") or {}, "devices": h.get("devices", [])}
           for h in rep.get("holders", [])]
     mib = sum(m or 0 for h in hs for m in h["gpu_memory_mib"].values())
@@ -144,7 +146,8 @@ def render(data: dict[str, Any]) -> str:
         for h in e.get("holders") or []:
             mib = ", ".join(f"GPU {g}: {m if m is not None else '?'} MiB"
                             for g, m in sorted(h["gpu_memory_mib"].items())) or "no GPU memory"
-            detail.append(f"  holder: PID {h['host_pid']} {h['name']} ({mib})")
+            unit = f" in {safe(h['unit'], 64)}" if h.get("unit") else ""
+            detail.append(f"  holder: PID {h['host_pid']} {h['name']}{unit} ({mib})")
         for key in ("error", "holders_error"):
             if e.get(key):
                 detail.append(f"  {key.replace('_', ' ')}: {e[key]}")

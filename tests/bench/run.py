@@ -6,8 +6,9 @@ Sections: discovery (host load of 1,000 and 5,000 idle processes with ~20 fds ea
 ct --dry-run against fuser -v and lsof on the lab's GPU nodes), growth (the container grows
 to 500 processes, its holders to 200), cleanup (the seeds' situation: pveclean against
 `fuser -k` on the host and in the container and `ps aux | grep | kill`), hooks (pre-start,
-post-start, pre-stop with nothing to clean). Prints the tables with the date and machine on
-top and writes them as Markdown and JSON to bench/results/ (git-ignored).
+post-start, pre-stop with nothing to clean), gpus (pveclean gpus against fuser -v with the
+load in the host's cgroups, then in a container without GPUs). Prints the tables with the
+date and machine on top and writes them as Markdown and JSON to bench/results/ (git-ignored).
 
 Needs root and LXC, like the lab; without them it prints one line and exits 2. Everything it
 starts (labs, containers, load processes) is torn down at the end, on Ctrl-C or error too.
@@ -33,13 +34,14 @@ from tests.lab.lxclab import REPO, LabUnavailable, cgroup2_root, lab_unavailable
 
 from .cleanup import bench_cleanup
 from .discovery import bench_discovery, bench_growth
+from .gpus import bench_gpus
 from .hooks import bench_hooks
 from .load import HostLoad, build_loadproc
 from .measure import VmidPool, machine_info, new_lab, shielded
 from .settings import BenchConfig, quick
 from .table import Results, Row, Table, render_text, write_results
 
-SECTIONS = ("discovery", "growth", "cleanup", "hooks")
+SECTIONS = ("discovery", "growth", "cleanup", "hooks", "gpus")
 RESULTS_DIR = REPO / "bench" / "results"
 Section = tuple[list[Row], list[Table], dict[str, Any]]
 
@@ -131,6 +133,8 @@ def run_sections(cfg: BenchConfig, sections: list[str], res: Results, log: Logge
         record("cleanup", lambda: bench_cleanup(pool, cfg, log))
     if "hooks" in sections:
         record("hooks", lambda: bench_hooks(pool, cfg, log))
+    if "gpus" in sections:
+        record("gpus", lambda: bench_gpus(pool, cfg, log))
     return ok
 
 

@@ -119,7 +119,8 @@ class Workload:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if f"ready-{self.tag}".encode() in cmd and not cmd.startswith(b"lxc-attach"):
+            # the whole argv element: host-1 must not match host-11
+            if f"ready-{self.tag}\0".encode() in cmd and not cmd.startswith(b"lxc-attach"):
                 pids.append(pid)
         return sorted(pids)
 
@@ -404,7 +405,7 @@ class Lab:
                     pidns: bool = False, cgroup: Path | None = None) -> Workload:
         """A holder outside every container (the host's own GPU user)."""
         self._counter += 1
-        tag = f"host-{self._counter}"
+        tag = f"host-{self.root.name}-{self._counter}"  # unique across labs running at once
         bindir = self.root / "hostbin"
         bindir.mkdir(exist_ok=True)
         link = bindir / name

@@ -1,0 +1,270 @@
+"""`pveclean gpus`: every GPU of the host and who uses it, attributed to its owner."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pveclean import gpus, pveconf
+from tests.lab.lxclab import Lab, LabUnavailable, cgroup2_root
+from tests.lab.scenarios import NCCL_MIB, OTHER_MIB, TP_MIB, VLLM_MIB, seeds
+
+HOST_MIB = 300
+LEAK_MIB = 1000
+
+
+def _conf(text: str) -> pveconf.CtConfig:
+    return pveconf.parse_config(text, 129)
+
+
+@pytest.mark.parametrize(("text", "may"), [
+    ("dev0: /dev/nvidia0,gid=44\n", True),
+    ("lxc.cgroup2.devices.allow: c 195:* rwm\n", True),
+    ("lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file\n", True),
+    ("lxc.cgroup2.devices.allow: a\n", True),  # every device: it may open GPU nodes
+    ("lxc.cgroup2.devices.allow: c *:* rwm\n", True),
+    ("lxc.cgroup2.devices.allow: c 10:200 rwm\nhostname: web\n", False),
+    ("hostname: web\nmemory: 512\n", False),
+])
+def test_which_containers_need_a_scan(text: str, may: bool) -> None:
+    assert gpus.may_use_gpus(_conf(text), frozenset()) is may
+
+
+def _pci(root: Path, addr: str, cls: str, driver: str | None, vendor: str = "0x10de") -> None:
+    d = root / "devices" / addr
+    d.mkdir(parents=True)
+    (d / "vendor").write_text(vendor + "\n")
+    (d / "class").write_text(cls + "\n")
+    (d / "device").write_text("0x2330\n")
+    if driver:
+        (root / "drivers" / driver).mkdir(parents=True, exist_ok=True)
+        (d / "driver").symlink_to(root / "drivers" / driver)
+
+
+def fake_host_pci(tmp: Path, pve: Path) -> Path:
+    """Five NVIDIA functions: two GPUs on vfio-pci (one by address, one by a resource
+    mapping), one on the nvidia driver, one without a driver, and a GPU's audio function."""
+    sysfs = tmp / "sys"
+    _pci(sysfs, "0000:41:00.0", "0x030200", "vfio-pci")
+    _pci(sysfs, "0000:41:00.1", "0x040300", "vfio-pci")  # audio of the same card: not a GPU
+    _pci(sysfs, "0000:42:00.0", "0x030200", "nvidia")
+    _pci(sysfs, "0000:43:00.0", "0x030000", None)
+    _pci(sysfs, "0000:44:00.0", "0x030200", "vfio-pci")
+    _pci(sysfs, "0000:45:00.0", "0x030000", "vfio-pci", vendor="0x1002")  # not NVIDIA
+    (pve / "qemu-server").mkdir(parents=True, exist_ok=True)
+    (pve / "qemu-server/200.conf").write_text(
+        "name: trainer\nhostpci0: 0000:41:00,pcie=1,x-vga=1\n[snap]\nhostpci1: 43:00.0\n")
+    (pve / "qemu-server/201.conf").write_text("name: win\nhostpci0: mapping=bigone,pcie=1\n")
+    (pve / "qemu-server/202.conf").write_text("hostpci0: host=0000:44:00.0\n")
+    (pve / "mapping").mkdir(exist_ok=True)
+    (pve / "mapping/pci.cfg").write_text(
+        f"bigone\n\tmap id=10de:2330,node={os.uname().nodename},path=0000:44:00.0\n"
+        "\tmap id=10de:2330,node=othernode,path=0000:41:00.0\n")
+    return sysfs / "devices"
+
+
+def test_gpus_bound_to_vfio_are_shown_as_passed_to_their_vm(tmp_path: Path) -> None:
+    pve = tmp_path / "etc/pve"
+    sysfs = fake_host_pci(tmp_path, pve)
+    got = gpus.vfio_gpus(sysfs, pve / "qemu-server", pve / "mapping/pci.cfg")
+    assert got == [
+        {"pci_bus_id": "0000:41:00.0", "device": "10de:2330", "driver": "vfio-pci",
+         "vms": [{"vmid": 200, "name": "trainer"}]},
+        {"pci_bus_id": "0000:43:00.0", "device": "10de:2330", "driver": None, "vms": []},
+        {"pci_bus_id": "0000:44:00.0", "device": "10de:2330", "driver": "vfio-pci",
+         "vms": [{"vmid": 201, "name": "win"}, {"vmid": 202, "name": ""}]},
+    ]
+
+
+def test_hostpci_ids() -> None:
+    assert gpus._pci_ids("01:00") == [("0000:01:00.", True)]
+    assert gpus._pci_ids("0000:01:00.0;0000:02:00.1") == [("0000:01:00.0", False),
+                                                         ("0000:02:00.1", False)]
+    assert gpus._pci_ids("garbage;;") == []
+
+
+def test_render_escapes_what_containers_control() -> None:
+    proc = {"host_pid": 5, "name": "evil\x1b[2J", "owner": "ct", "vmid": 129, "ct_pid": 2,
+            "unit": None, "cgroup": "/lxc/129/ns", "devices": ["/dev/nvidia0\n (195:0)"],
+            "gpu_memory_mib": {0: 10}, "memory_mib": 10}
+    data: dict[str, Any] = {
+        "host": "h", "time": "2026-01-01T00:00:00.000+00:00",
+        "gpus": [{"index": 0, "name": "G\x07", "uuid": "U", "pci_bus_id": None, "minor": 0,
+                  "total_mib": 100, "used_mib": 10, "reserved_mib": 1, "processes": [proc],
+                  "by_owner_mib": {"CT 129": 10}, "unaccounted_mib": 0, "leak_mib": 0}],
+        "other_holders": [{**proc, "name": "x\r\x1b]0;t\x07"}], "vfio": [],
+        "containers": {"129": {"hostname": "h\x1b[31m"}},
+        "scan": {"containers_scanned": [129], "containers_skipped_no_gpu": [],
+                 "host_processes": 1, "seconds": 0.01}, "sources": {"nvml": "ok"},
+        "warnings": []}
+    text = gpus.render(data)
+    assert not any(c in text for c in "\x1b\x07\r")
+    assert "evil\\x1b[2J" in text and "h\\x1b[31m" in text
+
+
+# ---- in real containers ------------------------------------------------------------------
+@pytest.fixture
+def host_slice() -> Iterator[Path]:
+    """A cgroup of the host's own (outside lxc/) for a host daemon's unit; requested before
+    `lab`, so it is removed after the lab has stopped what runs in it."""
+    try:
+        path = cgroup2_root() / f"pveclean-test-{os.getpid()}.slice"
+    except LabUnavailable as exc:
+        pytest.skip(str(exc))
+    yield path
+    for _ in range(100):
+        procs = [p for d, _s, _f in os.walk(path) for p in
+                 (Path(d, "cgroup.procs").read_text().split()
+                  if Path(d, "cgroup.procs").exists() else [])]
+        for p in procs:
+            with contextlib.suppress(OSError):
+                os.kill(int(p), signal.SIGKILL)
+        if not procs:
+            break
+        time.sleep(0.05)
+    for d, _s, _f in sorted(os.walk(path), key=lambda t: -len(t[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+
+
+def gpus_json(lab: Lab, *args: str) -> dict[str, Any]:
+    r = lab.pveclean("gpus", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    data: dict[str, Any] = json.loads(r.stdout)
+    return data
+
+
+def test_seeds_situation_at_a_glance(host_slice: Path, lab: Lab, vmid: int,
+                                     vmid2: int) -> None:
+    s = seeds(lab, vmid, other_vmid=vmid2, host=False)
+    unit = "sglang-qwen.service"
+    svc = lab.cgroup(vmid) / "ns/system.slice" / unit
+    svc.mkdir(parents=True)
+    workers = [w.host_pids(lab)[0] for w in s.workers]
+    for pid in workers:
+        (svc / "cgroup.procs").write_text(str(pid))
+    daemon = lab.run_on_host("nvidia-persistenced", hold=[str(lab.nodes["nvidia0"])],
+                             gpu_mib={0: HOST_MIB},
+                             cgroup=host_slice / "nvidia-persistenced.service")
+    (daemon_pid,) = daemon.host_pids(lab)
+    # a container without GPU passthrough is not scanned; a process of it that NVML lists
+    # (impossible through its devices cgroup, but NVML is the judge) is still attributed
+    vmid3 = vmid2 + 1
+    lab.create_ct(vmid3, gpus=())
+    web = lab.run_in_ct(vmid3, "python3", hold=["/dev/null"])
+    (web_pid,) = web.host_pids(lab)
+    assert lab.nvml is not None
+    lab.nvml.set_process(2, web_pid, 700)
+    lab.nvml.leak(1, LEAK_MIB)
+    pci = fake_host_pci(lab.root, lab.root / "etc/pve")
+    data = gpus_json(lab, "--sysfs-pci", str(pci))
+
+    assert vmid3 in data["scan"]["containers_skipped_no_gpu"]
+    assert {vmid, vmid2} <= set(data["scan"]["containers_scanned"])
+    assert data["containers"][str(vmid)]["hostname"] == f"lab{vmid}"
+    g0, g1, g2, _g3 = data["gpus"]
+    assert g0["pci_bus_id"] == "0000:18:00.0" and g0["uuid"].startswith("GPU-")
+    mine = {p["host_pid"]: p for p in g0["processes"]}
+    w0 = mine[workers[0]]
+    assert (w0["owner"], w0["vmid"], w0["unit"], w0["memory_mib"]) == ("ct", vmid, unit, TP_MIB)
+    assert w0["ct_pid"] and w0["ct_pid"] != workers[0]
+    assert s.vllm is not None and s.other_ct is not None
+    assert mine[s.vllm.host_pids(lab)[0]]["unit"] is None  # pct exec's ns/.lxc: no unit
+    other = mine[s.other_ct.host_pids(lab)[0]]
+    assert (other["owner"], other["vmid"], other["memory_mib"]) == ("ct", vmid2, OTHER_MIB)
+    d = mine[daemon_pid]
+    assert (d["owner"], d["unit"], d["name"], d["memory_mib"]) == \
+        ("host", "nvidia-persistenced.service", "nvidia-persistenced", HOST_MIB)
+    assert g0["by_owner_mib"][f"CT {vmid}"] == TP_MIB + VLLM_MIB
+    assert g0["by_owner_mib"][f"CT {vmid2}"] == OTHER_MIB
+    assert g0["by_owner_mib"]["host"] == HOST_MIB
+    assert g0["leak_mib"] == 0 and g0["unaccounted_mib"] == 0
+    # sorted by memory, largest first
+    mibs = [p["memory_mib"] or 0 for p in g0["processes"]]
+    assert mibs == sorted(mibs, reverse=True)
+    assert g1["leak_mib"] == LEAK_MIB and g1["by_owner_mib"][f"CT {vmid}"] == TP_MIB + NCCL_MIB
+    web_row = next(p for p in g2["processes"] if p["host_pid"] == web_pid)
+    assert (web_row["owner"], web_row["vmid"], web_row["memory_mib"]) == ("ct", vmid3, 700)
+    assert data["vfio"][0]["vms"] == [{"vmid": 200, "name": "trainer"}]
+
+    text = lab.pveclean("gpus", "--sysfs-pci", str(pci)).stdout
+    lines = text.splitlines()
+    assert f"CT {vmid} lab{vmid}" in text and unit in text
+    assert any(ln.split()[:2] == ["host", f"{HOST_MIB:,}"] and "nvidia-persistenced.service"
+               in ln for ln in lines)
+    assert any(ln.startswith("  LEAK: no process") and f"{LEAK_MIB:,}" in ln for ln in lines)
+    assert "passed to VM 200 (trainer)" in text and "0000:43:00.0" in text
+    assert f"by owner: CT {vmid} {TP_MIB + VLLM_MIB:,} MiB" in text
+
+
+def test_watch_refreshes_and_ctrl_c_exits_0(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 100})
+    r = lab.pveclean("gpus", "--watch", "0.5", "--count", "2")
+    assert r.returncode == 0 and r.stdout.count("GPUs of ") == 2
+    r = lab.pveclean("gpus", "--watch", "0.1")
+    assert r.returncode == 2 and "0.5" in r.stderr  # bounded: at most twice a second
+    exe = Path(sys.executable).parent / "pveclean"
+    p = subprocess.Popen([str(exe), "gpus", "--watch", "1"], env=lab.env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    first = p.stdout.readline()
+    assert first.startswith("GPUs of ")
+    p.send_signal(signal.SIGINT)
+    assert p.wait(10) == 0
+
+
+def test_without_nvml_holders_still_show_from_device_nodes(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.nvml.init_error("DRIVER_NOT_LOADED")
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    (pid,) = w.host_pids(lab)
+    data = gpus_json(lab)
+    assert data["gpus"] == [] and "DriverNotLoaded" in data["sources"]["nvml"]
+    row = next(p for p in data["other_holders"] if p["host_pid"] == pid)
+    assert (row["owner"], row["vmid"]) == ("ct", vmid)
+    r = lab.pveclean("gpus")
+    assert r.returncode == 0 and "warning: NVML unavailable" in r.stdout
+
+
+def test_host_pids_leave_out_only_proxmox_containers(tmp_path: Path) -> None:
+    for rel, procs in {"": "1\n2\n", "system.slice/a.service": "10\n", "lxc": "",
+                       "lxc/129/ns/system.slice/x.service": "20\n", "lxc/plain": "30\n",
+                       "lxc.monitor/129": "40\n"}.items():
+        (tmp_path / rel).mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel / "cgroup.procs").write_text(procs)
+    assert gpus.host_pids(tmp_path) == {1: "/", 2: "/", 10: "/system.slice/a.service",
+                                        30: "/lxc/plain", 40: "/lxc.monitor/129"}
+
+
+def test_a_container_that_nests_its_cgroups_deep_cannot_break_the_view(lab: Lab,
+                                                                        vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 256})
+    (pid,) = w.host_pids(lab)
+    deep = lab.cgroup(vmid) / "ns"
+    try:
+        for _ in range(1200):  # deeper than Python recurses
+            deep = deep / "d"
+            deep.mkdir()
+        data = gpus_json(lab)
+        assert any(f"CT {vmid}: its cgroup tree could not be read" in x
+                   for x in data["warnings"]), data["warnings"]
+        row = next(p for p in data["gpus"][0]["processes"] if p["host_pid"] == pid)
+        assert (row["owner"], row["vmid"], row["memory_mib"]) == ("ct", vmid, 256)
+    finally:
+        d = deep
+        while d != lab.cgroup(vmid) / "ns":
+            d.rmdir()
+            d = d.parent
