@@ -160,6 +160,20 @@ def stop_post(vmid: int, cfg: Config) -> int:
     return 0
 
 
+def from_argv(argv: list[str]) -> int:
+    """`pveclean unit [-c FILE] VMID PHASE` without typer (see __main__)."""
+    args = list(argv)
+    config = None
+    if len(args) >= 2 and args[0] in ("-c", "--config"):
+        config, args = args[1], args[2:]
+    elif args and args[0].startswith("--config="):
+        config, args = args[0].split("=", 1)[1], args[1:]
+    if args and args[0] in ("-h", "--help"):
+        print("usage: pveclean unit [-c FILE] VMID start-pre|stop-post")
+        return 0
+    return main(args, config)
+
+
 def main(argv: list[str], config: str | None = None) -> int:
     """`pveclean unit VMID start-pre|stop-post`. Exit 1 only for a refusal to start."""
     if len(argv) != 2 or argv[1] not in PHASES:

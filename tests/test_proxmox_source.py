@@ -449,3 +449,28 @@ def test_without_the_dropin_a_reboot_inside_the_guest_fails_silently(lab: Lab,
     assert lab.pct("status", str(vmid)).stdout == "status: stopped\n"
     assert all(lab.alive(p) for p in left)
     assert "Failed creating cgroups" in (lab.root / "lxc" / str(vmid) / "unit.log").read_text()
+
+
+def test_unit_phases_never_fail_the_unit_but_by_a_refusal(tmp_path: Path,
+                                                         capfd: pytest.CaptureFixture[str],
+                                                         ) -> None:
+    from pveclean import unit
+
+    (tmp_path / "lxc").mkdir()
+    cfgfile = tmp_path / "pveclean.yaml"
+    cfgfile.write_text(f"pve_config_dir: {tmp_path / 'lxc'}\nstate_dir: {tmp_path / 's'}\n"
+                       f"report_dir: {tmp_path / 'r'}\nsyslog: false\n")
+    cfgfile.chmod(0o644)
+    for argv in (["-c", str(cfgfile), "100", "start-pre"],  # no such container
+                 ["-c", str(cfgfile), "100", "stop-post"],
+                 ["-c", str(cfgfile), "100", "bogus"],
+                 ["-c", str(cfgfile), "abc", "start-pre"],
+                 ["-c", str(tmp_path / "missing.yaml"), "100", "start-pre"]):
+        assert unit.from_argv(argv) == 0, argv
+    out = capfd.readouterr()
+    assert "Traceback" not in out.out + out.err
+    assert len(out.out.splitlines()) == 5
+    with pytest.raises(PvecleanError, match="cannot go into a systemd unit"):
+        unit.dropin_text(100, "/opt/my pveclean/bin/pveclean", None)
+    text = unit.dropin_text(100, "/usr/sbin/pveclean", None)
+    assert "ExecStartPre=/usr/sbin/pveclean unit 100 start-pre\n" in text

@@ -160,6 +160,7 @@ class Lab:
         return Path(scfg["path"]) / subdir
 
     def state(self, vmid: str) -> str:
+        """PVE::LXC::check_running: is the container's monitor up (here: lxc-info)."""
         res = subprocess.run(
             ["lxc-info", "-P", str(self.lxcpath), "-n", vmid, "-s", "-H"],
             capture_output=True, text=True, check=False,
@@ -187,7 +188,8 @@ class Lab:
         return self.resolve_volume(vol) if vol else None
 
     def lxc_config(self, vmid: str) -> str:
-        """The LXC config pve-container would write for this .conf (lab subset)."""
+        """The LXC config PVE::LXC::update_lxc_config would write for this .conf (lab
+        subset; the lab's own cgroup and hook paths)."""
         conf = self.read_conf(vmid)
         ct = self.lxcpath / vmid
         lines = [
@@ -277,6 +279,7 @@ def hook_phase(lab: Lab, vmid: str, phase: str, fatal: bool) -> None:
 
 
 def cmd_list(lab: Lab, _args: list[str]) -> None:
+    """PVE::CLI::pct list: `VMID Status Lock Name` columns, nothing without containers."""
     vmids = sorted((p.stem for p in lab.confdir.glob("*.conf")), key=int)
     if not vmids:
         return
@@ -288,6 +291,8 @@ def cmd_list(lab: Lab, _args: list[str]) -> None:
 
 
 def cmd_status(lab: Lab, args: list[str]) -> None:
+    """PVE::CLI::pct status (PVE::LXC::vmstatus): `status: <state>`; --verbose adds sorted
+    `key: value` lines."""
     vmid = args[0]
     conf = dict(lab.read_conf(vmid))
     state = lab.state(vmid)
@@ -304,6 +309,7 @@ def cmd_status(lab: Lab, args: list[str]) -> None:
 
 
 def cmd_config(lab: Lab, args: list[str]) -> None:
+    """PVE::CLI::pct config: sorted `key: value` lines, raw lxc.* lines last."""
     conf = lab.read_conf(args[0])
     plain = sorted((kv for kv in conf if not kv[0].startswith("lxc.")), key=lambda kv: kv[0])
     for k, v in plain + [kv for kv in conf if kv[0].startswith("lxc.")]:
@@ -432,18 +438,24 @@ def wait_unit_inactive(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
 
 
 def cmd_set(lab: Lab, args: list[str]) -> None:
+    """PVE::API2::LXC::Config update_vm: under lock_config, load the config, check_lock,
+    then for `hookscript` PVE::GuestHelpers::check_hookscript (snippets type, -f, -x) and
+    write the config (PVE::LXC::Config::write_pct_config)."""
     vmid = args[0]
-    conf = lab.read_conf(vmid)
+    lab.read_conf(vmid)  # the config must exist before the lock is taken
     lock = lab.lock(vmid)
     try:
+        conf = lab.read_conf(vmid)  # read again under the lock: it may have changed
         held = dict(conf).get("lock")
         if held:  # PVE::AbstractConfig::check_lock
             raise PctError(f"CT is locked ({held})")
         if "--hookscript" in args:
             volid = args[args.index("--hookscript") + 1]
+            if not volid.partition(":")[2].startswith("snippets/"):
+                raise PctError(f"'{volid}' is not in the snippets directory")
             path = lab.resolve_volume(volid)
             if not path.is_file():
-                raise PctError(f"volume '{volid}' does not exist")
+                raise PctError(f"script '{volid}' does not exist")
             if not os.access(path, os.X_OK):
                 raise PctError(f"script '{volid}' is not executable")
             conf = [kv for kv in conf if kv[0] != "hookscript"] + [("hookscript", volid)]
@@ -556,7 +568,8 @@ def stop_wrapper(lab: Lab, vmid: str, env: dict[str, str]) -> bool:
 
 
 def autodev(lab: Lab) -> None:
-    """Like pve-container's devN: handling: mknod in the container's /dev, same numbers."""
+    """src/lxc-pve-autodev-hook for devN: lines: the node made in the container's /dev with
+    the host node's device number (Proxmox bind-mounts it from /var/lib/lxc/<vmid>/passthrough)."""
     vmid = os.environ.get("LXC_NAME", "")
     rootfs = os.environ.get("LXC_ROOTFS_MOUNT", "")
     spec = lab.lxcpath / vmid / "devnodes"

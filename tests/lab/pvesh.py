@@ -100,12 +100,12 @@ def ct_config(lab: pct.Lab, vmid: str, current: bool = False) -> dict[str, Any]:
 def handle(lab: pct.Lab, method: str, path: str, opts: dict[str, str]) -> Any:
     storage_cfg = lab.root / "etc/pve/storage.cfg"
     parts = [p for p in path.split("/") if p]
-    if len(parts) >= 2 and parts[0] == "nodes" and parts[1] != NODE:
+    if len(parts) >= 2 and parts[0] == "nodes" and parts[1] != NODE:  # a standalone node
         raise pct.PctError(f"no such cluster node '{parts[1]}'")
-    if method == "get" and parts == ["cluster", "status"]:
+    if method == "get" and parts == ["cluster", "status"]:  # PVE::API2::Cluster get_status
         return [{"type": "node", "id": f"node/{NODE}", "name": NODE, "nodeid": 0, "ip": "127.0.0.1",
                  "local": 1, "online": 1, "level": ""}]
-    if method == "get" and parts == ["nodes"]:
+    if method == "get" and parts == ["nodes"]:  # PVE::API2::Nodes index
         return [{"node": NODE, "id": f"node/{NODE}", "type": "node", "status": "online"}]
     if method == "get" and parts == ["cluster", "resources"]:
         out = []
@@ -147,7 +147,7 @@ def handle(lab: pct.Lab, method: str, path: str, opts: dict[str, str]) -> Any:
             raise pct.PctError("no options specified")
         pct.cmd_set(lab, args)
         return None
-    if len(parts) == 2 and parts[0] == "storage":
+    if len(parts) == 2 and parts[0] == "storage":  # PVE::API2::Storage::Config read/update
         cfg = read_storage_cfg(storage_cfg)
         if parts[1] not in cfg:
             raise pct.PctError(f"storage '{parts[1]}' does not exist")
