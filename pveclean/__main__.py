@@ -1,5 +1,5 @@
-"""Entry point. `pveclean hook ...` takes a lean path (no typer, no proxmoxer): it runs on
-every container start and stop."""
+"""Entry point. `pveclean hook ...` and `pveclean unit ...` take a lean path (no typer, no
+proxmoxer): they run on every container start and stop."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ def main(argv: list[str] | None = None) -> int:
         from .hook import main as hook_main
 
         return hook_main(args[1:])
+    if args and args[0] == "unit":  # the systemd drop-in: every start and stop, lean too
+        from .unit import from_argv
+
+        return from_argv(args[1:])
     from .cli import run_app
 
     return run_app(args)

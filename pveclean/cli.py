@@ -71,6 +71,9 @@ def ct(
 ) -> None:
     """Stop every GPU holder of container VMID and verify its GPU memory is free.
 
+    A VMID that is a VM exits 2, a container on another node exits 3; the message says so
+    and what to run instead.
+
     Examples: pveclean ct 129 --dry-run | pveclean ct 129 --stop-units
     """
     from .pveconf import parse_vmid
@@ -116,6 +119,22 @@ def hook(
 
 
 @app.command()
+def unit(
+    vmid: Annotated[str, typer.Argument(help="Container ID.")],
+    phase: Annotated[str, typer.Argument(help="start-pre or stop-post.")],
+    config: ConfigOpt = None,
+) -> None:
+    """Run from the systemd drop-in that 'install --systemd' writes (ExecStartPre=,
+    ExecStopPost=). Exit 1 only when pre_start_policy refuses the start.
+
+    Example: pveclean unit 129 start-pre
+    """
+    from .unit import main as unit_main
+
+    raise typer.Exit(unit_main([vmid, phase], str(config) if config else None))
+
+
+@app.command()
 def install(
     vmids: Annotated[list[str] | None, typer.Argument(help="Container IDs.")] = None,
     all_gpu: Annotated[bool, typer.Option("--all-gpu", help="Every container with GPUs.")]
@@ -124,6 +143,11 @@ def install(
     chain: Annotated[bool, typer.Option(help="Keep and call an existing hookscript.")] = False,
     enable_snippets: Annotated[
         bool, typer.Option("--enable-snippets", help="Add 'snippets' to the storage's content.")
+    ] = False,
+    systemd: Annotated[
+        bool, typer.Option("--systemd", help="Also add a pve-container@VMID.service drop-in: "
+                           "cleanup before every start, leak check after every stop, the "
+                           "reboot from inside the guest included.")
     ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")]
     = False,
@@ -151,7 +175,7 @@ def install(
     if bool(ids) == all_gpu:
         raise PvecleanError("give container IDs or --all-gpu (one of them)", EXIT_USAGE)
     api = connect(cfg)
-    plan = plan_install(api, cfg, ids, all_gpu, storage, chain, enable_snippets)
+    plan = plan_install(api, cfg, ids, all_gpu, storage, chain, enable_snippets, systemd)
     raise typer.Exit(carry_out(plan, dry_run, lambda: apply_install(api, cfg, plan),
                                lambda line, err: typer.echo(line, err=err)))
 

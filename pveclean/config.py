@@ -48,6 +48,7 @@ class Config:
     pct_command: str = "pct"
     pve_config_dir: str = "/etc/pve/lxc"
     state_dir: str = "/var/lib/pveclean"
+    systemd_dir: str = "/etc/systemd/system"
     nvml_library: str | None = None
     cgroup_root: str | None = None
     probe: bool = True
@@ -104,6 +105,7 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "pct_command": ("a command name or path", lambda v: isinstance(v, str) and bool(v.strip())),
     "state_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "pve_config_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
+    "systemd_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "nvml_library": ("a path or null", lambda v: v is None or isinstance(v, str)),
     "cgroup_root": ("a path or null", lambda v: v is None or isinstance(v, str)),
     "probe": ("true or false", lambda v: isinstance(v, bool)),

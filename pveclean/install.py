@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import chain, procfs, pveconf
+from . import chain, procfs, pveconf, unit
 from .config import DEFAULT_PATH, Config
 from .model import EXIT_ACCESS, EXIT_OK, EXIT_USAGE, PvecleanError
 from .pveapi import Api, Container
@@ -104,6 +104,8 @@ class Plan:
     enable_snippets: list[str] | None = None  # the storage's new content list
     remove_files: list[Path] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
+    # systemd drop-ins (install --systemd): (vmid, path, create|update|unchanged|remove, text)
+    dropins: list[tuple[int, Path, str, str]] = field(default_factory=list)
     problems: list[tuple[str, int]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -118,7 +120,8 @@ class Plan:
     def changes(self) -> int:
         return (sum(s.action in ("set", "chain", "restore", "delete") for s in self.steps)
                 + (self.file_action in ("create", "update")) + bool(self.remove_files)
-                + (self.enable_snippets is not None))
+                + (self.enable_snippets is not None)
+                + sum(a != "unchanged" for _, _, a, _ in self.dropins))
 
 
 @dataclass
@@ -186,7 +189,7 @@ def _snippet_path(api: Api, volid: str) -> Path | None:
 
 
 def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage: str,
-                 chain_existing: bool, enable_snippets: bool) -> Plan:
+                 chain_existing: bool, enable_snippets: bool, systemd: bool = False) -> Plan:
     plan = Plan("install", storage=storage)
     here, online = api.local_node(), api.nodes()
     st = api.storage(storage)
@@ -233,7 +236,31 @@ def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage
             targets.append((c, conf))
     for c, conf in targets:
         _install_step(api, cfg, plan, c, conf, volid, chain_existing, here)
+        if systemd:
+            _dropin_step(cfg, plan, c, here)
     return plan
+
+
+def _dropin_step(cfg: Config, plan: Plan, c: Container, here: str) -> None:
+    """The unit drop-in lives on the node the container runs on (systemd is per node)."""
+    if c.node != here:
+        plan.notes.append(f"CT {c.vmid} is on node {c.node}: its systemd drop-in goes on that "
+                          f"node; run pveclean install --systemd {c.vmid} there")
+        return
+    path = unit.dropin_path(cfg, c.vmid)
+    text = unit.dropin_text(c.vmid, pveclean_bin(), config_file(cfg))
+    try:
+        old = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        plan.dropins.append((c.vmid, path, "create", text))
+        return
+    except OSError as exc:
+        plan.problem(f"cannot read {path}: {exc.strerror}", EXIT_ACCESS)
+        return
+    if unit.MARKER not in old:
+        plan.problem(f"{path} exists and is not pveclean's drop-in; not overwriting it")
+        return
+    plan.dropins.append((c.vmid, path, "unchanged" if old == text else "update", text))
 
 
 def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf.CtConfig,
@@ -290,6 +317,14 @@ def write_hook(path: Path, text: str) -> None:
         raise PvecleanError(f"cannot write {path}: {exc.strerror}", EXIT_ACCESS) from None
 
 
+def _hookscript_is(api: Api, node: str, vmid: int, volid: str) -> bool:
+    """Re-read the config in force: is the hookscript now `volid`? (False if unreadable.)"""
+    try:
+        return api.ct_config(node, vmid).hookscript == volid
+    except PvecleanError:
+        return False
+
+
 def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
     out = Outcome()
     if plan.problems:
@@ -313,9 +348,12 @@ def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
             try:
                 api.set_hookscript(s.node, s.vmid, s.after)
             except PvecleanError:
-                if s.action == "chain":
-                    chain.remove_record(cfg, s.vmid)
-                raise
+                if not _hookscript_is(api, s.node, s.vmid, s.after):
+                    if s.action == "chain":
+                        chain.remove_record(cfg, s.vmid)
+                    raise
+                # The change went through though the call looked failed (e.g. pvesh's
+                # stderr while it waited for the config lock): keep the chain record.
         except PvecleanError as exc:
             out.errors.append((f"CT {s.vmid}: {exc}", exc.exit_code))
             continue
@@ -325,7 +363,27 @@ def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
             continue
         out.done.append(f"CT {s.vmid}: hookscript {s.after}"
                         + (f" (runs {s.chained} too)" if s.chained else ""))
+    _apply_dropins(cfg, plan, out)
     return out
+
+
+def _apply_dropins(cfg: Config, plan: Plan, out: Outcome) -> None:
+    changed = False
+    for vmid, path, action, text in plan.dropins:
+        try:
+            if action in ("create", "update"):
+                unit.write_dropin(path, text)
+                out.done.append(f"CT {vmid}: wrote {path}")
+            elif action == "remove":
+                unit.remove_dropin(path)
+                out.done.append(f"CT {vmid}: removed {path}")
+            else:
+                continue
+            changed = True
+        except PvecleanError as exc:
+            out.errors.append((f"CT {vmid}: {exc}", exc.exit_code))
+    if changed and (warning := unit.daemon_reload(cfg)):
+        out.errors.append((warning, EXIT_ACCESS))
 
 
 # ---- uninstall --------------------------------------------------------------------------
@@ -335,6 +393,12 @@ def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
     seen = _all(api, plan, online) if all_ else _targets(api, plan, vmids, online)
     removed: set[str] = set()
     still_used: set[str] = set()
+    dropin_vmids = set(unit.installed(cfg)) if all_ else set()
+    for c, _conf in seen:
+        if c.node == here and unit.is_ours(unit.dropin_path(cfg, c.vmid)):
+            dropin_vmids.add(c.vmid)
+    for vmid in sorted(dropin_vmids):
+        plan.dropins.append((vmid, unit.dropin_path(cfg, vmid), "remove", ""))
     for c, conf in seen:
         cur = conf.hookscript
         if not is_pveclean(cur):
@@ -386,7 +450,17 @@ def apply_uninstall(api: Api, cfg: Config, plan: Plan) -> Outcome:
                 continue
             chain.remove_record(cfg, s.vmid)
         except PvecleanError as exc:
-            out.errors.append((f"CT {s.vmid}: {exc}", exc.exit_code))
+            want = s.after if s.action == "restore" else None
+            try:  # did it go through anyway? the config in force says
+                done = api.ct_config(s.node, s.vmid).hookscript == want
+            except PvecleanError:
+                done = False
+            if not done:
+                out.errors.append((f"CT {s.vmid}: {exc}", exc.exit_code))
+                continue
+            out.done.append(f"CT {s.vmid}: hookscript {want or 'removed'}")
+            chain.remove_record(cfg, s.vmid)
+    _apply_dropins(cfg, plan, out)
     if out.errors:
         return out
     for path in plan.remove_files:
@@ -426,6 +500,8 @@ def describe(plan: Plan) -> list[str]:
             lines.append(f"{who}: delete hookscript {s.before}")
         else:
             lines.append(f"{who}: left alone, {s.note}")
+    for vmid, path, action, _text in plan.dropins:
+        lines.append(f"CT {vmid}: systemd drop-in {path}: {action}")
     lines += [f"remove {p}" for p in plan.remove_files]
     lines += [f"note: {n}" for n in plan.notes]
     return lines

@@ -8,6 +8,8 @@ refuses API tokens for it, so tokens are refused here with a clear message.
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,20 @@ from .model import EXIT_ACCESS, EXIT_USAGE, PvecleanError
 ROOT_USER = "root@pam"
 TIMEOUT = 30  # seconds per call; pvesh pays a Perl start-up on every one
 ALWAYS_SHARED = ("nfs", "cifs", "cephfs", "glusterfs")  # shared without a `shared` flag
+# PVE::Tools::lock_file_full prints these on stderr while it waits for a contended lock; the
+# call then goes on and succeeds. proxmoxer's local backend turns any stderr into a 500.
+_LOCK_CHATTER = re.compile(r"^\s*(trying to acquire (cfs )?lock\.\.\.|OK)\s*$")
+
+
+def lock_chatter_only(text: str) -> bool:
+    """True when pvesh's stderr holds nothing but lock_file_full's waiting messages."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return bool(lines) and all(_LOCK_CHATTER.match(ln) for ln in lines)
+
+
+def nodename() -> str:
+    """This machine's Proxmox node name (PVE::INotify::nodename: the short host name)."""
+    return os.uname().nodename.split(".", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -27,7 +43,7 @@ class Container:
     vmid: int
     node: str
     name: str
-    status: str  # running, stopped; unknown when its node is offline
+    status: str  # running, stopped; unknown when its node is offline or pvestatd lags
     lock: str | None = None
     template: bool = False
 
@@ -40,9 +56,15 @@ class Storage:
     content: list[str]
     shared: bool
 
+    content_dirs: tuple[tuple[str, str], ...] = ()
+
     @property
     def snippets_dir(self) -> Path | None:
-        return Path(self.path) / "snippets" if self.path else None
+        """PVE::Storage::Plugin::get_subdir: `<path>/snippets`, or the storage's
+        `content-dirs snippets=<subdir>` (PVE >= 7.3)."""
+        if not self.path:
+            return None
+        return Path(self.path) / dict(self.content_dirs).get("snippets", "snippets")
 
 
 def _network_errors() -> tuple[type[Exception], ...]:
@@ -64,10 +86,11 @@ def _network_message(exc: Exception, where: str) -> str:
 class Api:
     """A few calls of the Proxmox API; every failure becomes a PvecleanError with one line."""
 
-    def __init__(self, prox: Any, where: str, user: str) -> None:
+    def __init__(self, prox: Any, where: str, user: str, backend: str = "local") -> None:
         self.prox = prox
         self.where = where
         self.user = user
+        self.backend = backend
 
     def _call(self, method: str, path: str, **args: Any) -> Any:
         from proxmoxer.core import ResourceException
@@ -75,6 +98,9 @@ class Api:
         try:
             return getattr(self.prox(path.strip("/")), method)(**args)
         except ResourceException as exc:
+            if (method != "get" and exc.status_code == 500
+                    and lock_chatter_only(str(exc.content or ""))):
+                return None  # pvesh waited for the config lock, then the change went through
             raise PvecleanError(self._explain(exc, method, path), EXIT_ACCESS) from None
         except _network_errors() as exc:
             raise PvecleanError(_network_message(exc, self.where), EXIT_ACCESS) from None
@@ -104,7 +130,10 @@ class Api:
         return {str(n["node"]): n.get("status") == "online" for n in self._call("get", "/nodes")}
 
     def local_node(self) -> str:
-        """The node that answers the API (for the local backend: this host)."""
+        """This machine's node: the one pvesh runs on (local backend); with the https
+        backend the local machine's node name, not whatever node api.host is."""
+        if self.backend != "local":
+            return nodename()
         for item in self._call("get", "/cluster/status"):
             if item.get("type") == "node" and int(item.get("local") or 0):
                 return str(item["name"])
@@ -121,14 +150,23 @@ class Api:
         return sorted(out, key=lambda c: c.vmid)
 
     def ct_config(self, node: str, vmid: int) -> pveconf.CtConfig:
-        return config_from_api(vmid, self._call("get", f"/nodes/{node}/lxc/{vmid}/config"))
+        """The config in force (current=1): without it the API merges pending changes
+        (PVE::AbstractConfig::load_current_config)."""
+        return config_from_api(vmid, self._call("get", f"/nodes/{node}/lxc/{vmid}/config",
+                                                current=1))
+
+    def ct_status(self, node: str, vmid: int) -> str:
+        """Live state from the node (PVE::LXC::vmstatus); /cluster/resources lags ~10 s."""
+        d = self._call("get", f"/nodes/{node}/lxc/{vmid}/status/current")
+        return str((d or {}).get("status") or "unknown")
 
     def storage(self, name: str) -> Storage:
         d = self._call("get", f"/storage/{name}")
         kind = str(d.get("type") or "")
         content = [c for c in str(d.get("content") or "").split(",") if c]
         shared = bool(int(d.get("shared") or 0)) or kind in ALWAYS_SHARED
-        return Storage(name, kind, d.get("path") or None, content, shared)
+        return Storage(name, kind, d.get("path") or None, content, shared,
+                       content_dirs(d.get("content-dirs")))
 
     def snippets(self, node: str, storage: str) -> set[str]:
         """Volume IDs of the snippets on this node's view of the storage."""
@@ -144,6 +182,18 @@ class Api:
 
     def set_storage_content(self, storage: str, content: list[str]) -> None:
         self._call("put", f"/storage/{storage}", content=",".join(content))
+
+
+def content_dirs(value: Any) -> tuple[tuple[str, str], ...]:
+    """`content-dirs` as the API gives it (`snippets=hooks,iso=isos`) or as a dict."""
+    if isinstance(value, dict):
+        return tuple((str(k), str(v).strip("/")) for k, v in value.items() if v)
+    out = []
+    for item in str(value or "").split(","):
+        vtype, _, sub = item.partition("=")
+        if vtype.strip() and sub.strip().strip("/"):
+            out.append((vtype.strip(), sub.strip().strip("/")))
+    return tuple(out)
 
 
 def config_from_api(vmid: int, data: dict[str, Any]) -> pveconf.CtConfig:
@@ -189,5 +239,5 @@ def connect(cfg: Config) -> Api:
                             "api.password_file", EXIT_ACCESS) from None
     except _network_errors() as exc:
         raise PvecleanError(_network_message(exc, where), EXIT_ACCESS) from None
-    return Api(prox, where, user)
+    return Api(prox, where, user, backend="https")
 

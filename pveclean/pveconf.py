@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,24 @@ from .model import EXIT_ACCESS, EXIT_USAGE, PvecleanError
 VMID_MIN, VMID_MAX = 100, 999_999_999
 _DEV_KEY = re.compile(r"^dev\d{1,3}$")
 _ALLOW = re.compile(r"^\s*c\s+(\d+|\*):(\d+|\*)\s+[rwm]+\s*$")
+# PVE::LXC::Config::parse_pct_config: raw lxc keys as `lxc.key: value` or `lxc.key = value`,
+# the others as `key: value`.
+_RAW_LINE = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(?::|\s*=)\s*(.*?)\s*$")
+_KEY_LINE = re.compile(r"^([a-z][a-z_]*\d*):\s*(.*?)\s*$")
+
+
+def dev_path(value: str) -> str:
+    """The host path of a `devN:` value: `path` is the property string's default key, so
+    `/dev/nvidia0,gid=44` and `mode=0666,path=/dev/nvidia0` both name /dev/nvidia0
+    (PVE::LXC::Config's dev format, parsed by PVE::JSONSchema::parse_property_string)."""
+    bare = ""
+    for opt in value.split(","):
+        opt = opt.strip()
+        if opt.startswith("path="):
+            return opt[5:]
+        if opt and "=" not in opt and not bare:
+            bare = opt
+    return bare
 
 
 def parse_vmid(text: str) -> int:
@@ -54,12 +73,9 @@ class CtConfig:
                 if len(parts) >= 2 and "nvidia" in parts[0]:
                     paths.append("/" + parts[1].lstrip("/"))
             elif _DEV_KEY.match(k):
-                opts = dict(o.split("=", 1) for o in v.split(",")[1:] if "=" in o)
-                src = v.split(",")[0]
-                if src.startswith("path="):
-                    src = src[5:]
+                src = dev_path(v)
                 if "nvidia" in src:
-                    paths.append(opts.get("path", src))
+                    paths.append(src)  # bind-mounted at the same path inside
         return paths
 
 
@@ -67,8 +83,7 @@ def is_gpu_line(key: str, value: str, nvidia_majors: frozenset[int] = frozenset(
     if key == "lxc.mount.entry":
         return value.split()[0].startswith("/dev/nvidia") if value.split() else False
     if _DEV_KEY.match(key):
-        src = value.split(",")[0]
-        return (src[5:] if src.startswith("path=") else src).startswith("/dev/nvidia")
+        return dev_path(value).startswith("/dev/nvidia")
     if key in ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow"):
         m = _ALLOW.match(value)
         return bool(m and m.group(1).isdigit() and int(m.group(1)) in ({195} | nvidia_majors))
@@ -84,9 +99,11 @@ def parse_config(text: str, vmid: int) -> CtConfig:
             break
         if not line or line.startswith("#"):
             continue
-        key, sep, value = line.partition(":")
-        if not sep:
-            key, sep, value = line.partition("=")
+        m = _RAW_LINE.match(line) or _KEY_LINE.match(line)
+        if m:
+            cfg.lines.append((m.group(1), m.group(2)))
+            continue
+        key, sep, value = line.partition(":")  # a key Proxmox would reject: kept as is
         if sep and key.strip():
             cfg.lines.append((key.strip(), value.strip()))
     return cfg
@@ -101,10 +118,53 @@ def read_config(config_dir: str, vmid: int) -> CtConfig:
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
-        raise PvecleanError(f"CT {vmid} does not exist on this node (no {path})") from None
+        msg, code = not_here(config_dir, vmid)
+        raise PvecleanError(msg, code) from None
     except OSError as exc:
         raise PvecleanError(f"cannot read {path}: {exc.strerror}", EXIT_ACCESS) from None
     return parse_config(text, vmid)
+
+
+def elsewhere(config_dir: str, vmid: int) -> tuple[str, str] | None:
+    """Where a VMID that has no container config here lives: ("vm", node or "") for a
+    QEMU VM, ("ct", node) for a container on another node. Every node's configs are
+    visible under /etc/pve/nodes/<node>/{lxc,qemu-server}/ (pmxcfs); /etc/pve/lxc and
+    /etc/pve/qemu-server are links to this node's directories."""
+    pve = Path(config_dir).parent
+    with contextlib.suppress(OSError):
+        if (pve / "qemu-server" / f"{vmid}.conf").is_file():
+            return "vm", ""
+    here = None
+    with contextlib.suppress(OSError):
+        here = Path(config_dir).resolve()
+    try:
+        nodes = sorted(pve.joinpath("nodes").iterdir())
+    except OSError:
+        return None
+    for node in nodes:
+        with contextlib.suppress(OSError):
+            if (node / "qemu-server" / f"{vmid}.conf").is_file():
+                return "vm", node.name
+            ct = node / "lxc" / f"{vmid}.conf"
+            if ct.is_file() and (node / "lxc").resolve() != here:
+                return "ct", node.name
+    return None
+
+
+def not_here(config_dir: str, vmid: int) -> tuple[str, int]:
+    """Why a VMID has no container config on this node and what to run instead, with the
+    exit code: EXIT_USAGE (2) for a VM, EXIT_ACCESS (3) for a container not on this node."""
+    where = elsewhere(config_dir, vmid)
+    if where is None:
+        return (f"CT {vmid} does not exist on this node "
+                f"(no {config_path(config_dir, vmid)})", EXIT_ACCESS)
+    kind, node = where
+    if kind == "vm":
+        on = f" on node {node}" if node else ""
+        return (f"VMID {vmid} is a virtual machine (QEMU){on}, not a container: pveclean "
+                "handles LXC containers only; a VM's passed-through GPU is freed when the "
+                f"VM stops (qm stop {vmid})", EXIT_USAGE)
+    return f"CT {vmid} is on node {node}: run 'pveclean ct {vmid}' there", EXIT_ACCESS
 
 
 def list_vmids(config_dir: str) -> list[int]:

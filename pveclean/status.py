@@ -64,6 +64,11 @@ class _Snippets:
             return [f"CT {c.vmid}: cannot check its hookscript {volid}: {st}"]
         if st.shared:
             return []
+        if "snippets" not in st.content:
+            # The content listing is then [] on every node although the script runs
+            # (PVE::Storage::volume_list lists only the storage's content types): no
+            # listing can say it is missing.
+            return []
         out = []
         for node in sorted(n for n, up in self.online.items() if up):
             key = (node, name)
@@ -112,7 +117,14 @@ def collect(api: Api, cfg: Config, with_holders: bool = True) -> dict[str, Any]:
         if c.node != here:
             continue
         e["last_report"] = last_report(cfg, c.vmid)
-        if with_holders and c.status == "running" and e["gpu"]:
+        if e["gpu"]:
+            # /cluster/resources' status comes from pvestatd and lags ~10 s (`unknown` at
+            # first): ask this node for the live state before showing holders.
+            try:
+                e["status"] = api.ct_status(here, c.vmid)
+            except PvecleanError as exc:
+                e["holders_error"] = f"cannot read its state: {exc}"
+        if with_holders and e["status"] == "running" and e["gpu"]:
             e.update(holders(cfg, c.vmid))
     return {"node": here, "nodes": online, "containers": cts, "warnings": warnings}
 

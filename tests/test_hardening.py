@@ -146,7 +146,9 @@ def test_config_not_owned_by_root_or_writable_is_refused(lab: Lab, vmid: int) ->
     os.chown(cfg, 0, 0)
 
 
-def test_chained_hookscript_must_be_root_owned(lab: Lab, vmid: int) -> None:
+def test_chained_hookscript_runs_as_proxmox_would(lab: Lab, vmid: int) -> None:
+    """No owner or mode check (PVE::GuestHelpers::check_hookscript has none: NFS with
+    root_squash, CIFS): a chained script that worked before install --chain still works."""
     from pveclean import chain
 
     lab.create_ct(vmid, gpus=(0,), start=False)
@@ -156,9 +158,6 @@ def test_chained_hookscript_must_be_root_owned(lab: Lab, vmid: int) -> None:
     other.chmod(0o777)
     cfg = Config(state_dir=str(lab.root / "state"))
     chain.write_record(cfg, vmid, "local:snippets/other-hook", str(other))
-    res = lab.pct("start", str(vmid), check=False)
-    assert res.returncode != 0 and "chained hookscript refused" in res.stdout
-    other.chmod(0o755)
     res = lab.pct("start", str(vmid))
     assert "other ran pre-start" in res.stdout and "other ran post-start" in res.stdout
 

@@ -124,8 +124,12 @@ def test_pct_runs_hook_phases_like_proxmox(lab: Lab, vmid: int, tmp_path: Path) 
         time.sleep(0.02)
     phases = [ln.split()[0] for ln in log.read_text().splitlines()]
     assert phases == ["pre-start", "pre-start", "post-start", "pre-stop", "post-stop"]
-    for ln in log.read_text().splitlines():
-        assert "path=/sbin:/bin:/usr/sbin:/usr/bin lc=C home=unset stdin=0" in ln
+    home = os.environ.get("HOME", "unset")  # inherited (PVE::Tools::run_command)
+    for ln in log.read_text().splitlines()[:4]:
+        assert f"path=/sbin:/bin:/usr/sbin:/usr/bin lc=C home={home} stdin=0" in ln
+    # post-stop runs under lxc-start in the unit: systemd's PATH, not the CLI's
+    assert "post-stop path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin lc=C" in (
+        log.read_text().splitlines()[4])
 
 
 def test_pct_set_waits_for_the_config_lock(lab: Lab, vmid: int) -> None:

@@ -39,9 +39,11 @@ def write_config(tmp: Path, **api: object) -> Path:
 
 
 @pytest.fixture
-def cluster(fakepve: Any, fakepve_cafile: str, tmp_path: Path) -> Cluster:
-    """Two nodes: pve1 (the one the API runs on) with CT 101 (GPUs, running) and CT 102,
-    pve2 with CT 201 (GPUs); storage 'local' per node, 'shared' on all."""
+def cluster(fakepve: Any, fakepve_cafile: str, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    """Two nodes: pve1 (the one the API runs on, and this machine) with CT 101 (GPUs,
+    running) and CT 102, pve2 with CT 201 (GPUs); storage 'local' per node, 'shared' on all."""
+    monkeypatch.setattr(pveapi, "nodename", lambda: "pve1")  # this machine is node pve1
     pve = fakepve
     pve.add_node("pve2")
     local, shared = tmp_path / "vz", tmp_path / "shared"

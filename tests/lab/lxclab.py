@@ -536,6 +536,7 @@ class Lab:
             subprocess.run(["lxc-stop", "-P", str(self.root / "lxc"), "-n", str(vmid),
                             "--kill"], capture_output=True, check=False, timeout=30)
             _kill_tree(cg)
+            _end_unit(self.root / "run/pve-lab" / f"unit-{vmid}.pid")
             for hierarchy in cgroup_hierarchies():  # v2, and v1 ones on hybrid hosts
                 _rm_cgroup(hierarchy / "lxc" / str(vmid))
                 _rm_cgroup(hierarchy / "lxc.monitor" / str(vmid))
@@ -548,6 +549,26 @@ class Lab:
                 except OSError:
                     time.sleep(0.05)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _end_unit(pidfile: Path) -> None:
+    """The pct stand-in's unit runner (pve-container@<vmid>) ends once lxc-start -F does;
+    give it a moment for its ExecStopPost=, then end it."""
+    try:
+        pid = int(pidfile.read_text())
+    except (OSError, ValueError):
+        return
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return
+        if b"_unit" not in cmd:
+            return  # the PID now belongs to something else
+        time.sleep(0.05)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _kill_tree(cg: Path) -> None:

@@ -2,15 +2,23 @@
 """A `pct` stand-in over lxc-*, for the lab. Stdlib only.
 
 It does what Proxmox's pct does for the subcommands pveclean uses, with pct's output
-formats and errors (see shared/docs/proxmox-facts.md):
+formats and errors (see shared/docs/proxmox-facts.md). Each behaviour names the Proxmox
+function it mirrors (pve-container, pve-guest-common, pve-common, pve-storage):
 - config lives in <lab>/etc/pve/lxc/<vmid>.conf; `start` turns it into an LXC config
   as pve-container does (classic lxc.* lines verbatim, devN: as nodes made in the
   container's /dev with the same device number);
-- hook phases run as Proxmox runs them: `[script, vmid, phase]`, no shell, env cleared to
-  PATH=/sbin:/bin:/usr/sbin:/usr/bin LC_ALL=C, stdin a pipe closed at once; pre-start is
-  fatal, post-start and pre-stop only warn, post-stop runs from LXC's post-stop hook with
-  its output going only to a debug log;
-- the config lock (flock, 10 s) is held during start/stop and their hooks, and taken by set.
+- hook phases run as PVE::GuestHelpers::exec_hookscript runs them: `[script, vmid, phase]`
+  through PVE::Tools::run_command (no shell, LC_ALL=C, the rest of the environment
+  INHERITED, PATH forced by the CLI, stdin a pipe closed at once); the script path is
+  resolved on every run (check_hookscript, content-dirs honoured); pre-start is fatal,
+  post-start and pre-stop only warn, post-stop runs from LXC's post-stop hook
+  (src/lxc-pve-poststop-hook) with its output going only to a debug log;
+- the config lock (PVE::AbstractConfig::lock_config -> PVE::Tools::lock_file_full: flock,
+  10 s, `trying to acquire lock...` / ` OK` on stderr when contended) is held during
+  start/stop and their hooks, in post-stop only when the stop came through vm_stop;
+- every start goes through the unit pve-container@<vmid>.service (`_unit`, a small runner
+  standing in for systemd): drop-ins' ExecStartPre=, `lxc-start -F`, the stop wrapper,
+  ExecStopPost=, and the restart after a reboot from inside the guest.
 Usage: pct.py --lab DIR <subcommand> ...
 """
 
@@ -18,13 +26,20 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-HOOK_ENV = {"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"}
+# PVE::CLIHandler::run_cli_handler: the pct/pvesh CLIs force this PATH.
+CLI_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
+# systemd's default PATH for units (pve-container@.service sets no Environment=).
+SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOOK_ENV = {"PATH": CLI_PATH, "LC_ALL": "C"}  # what run_command adds (kept for old callers)
 NODE = "labnode"
+UNIT = "pve-container@{vmid}.service"
 
 
 class PctError(Exception):
@@ -39,41 +54,73 @@ class Lab:
         self.lxcpath = root / "lxc"
         self.confdir = root / "etc/pve/lxc"
         self.lockdir = root / "run/lock/lxc"
-        self.storage = {"local": root / "var/lib/vz"}
         self.devdir = root / "dev"
+        self.unitdir = root / "etc/systemd/system"
+        self.rundir = root / "run/pve-lab"
 
     def conf_path(self, vmid: str) -> Path:
         return self.confdir / f"{vmid}.conf"
 
-    def read_conf(self, vmid: str) -> list[tuple[str, str]]:
+    def read_sections(self, vmid: str) -> dict[str, list[tuple[str, str]]]:
+        """PVE::LXC::Config::parse_pct_config: the main section under "", then `[name]`
+        snapshot sections and `[pve:pending]`; raw lxc keys as `lxc.k: v` or `lxc.k = v`."""
         path = self.conf_path(vmid)
         if not path.exists():
             raise PctError(
                 f"Configuration file 'nodes/{NODE}/lxc/{vmid}.conf' does not exist", 255
             )
-        lines = []
+        sections: dict[str, list[tuple[str, str]]] = {"": []}
+        cur = sections[""]
         for raw in path.read_text().splitlines():
             if raw.startswith("["):
-                break
+                cur = sections.setdefault(raw.strip()[1:-1], [])
+                continue
             if not raw.strip() or raw.startswith("#"):
                 continue
-            k, _, v = raw.partition(":")
-            lines.append((k.strip(), v.strip()))
-        return lines
+            head = raw.split(":", 1)[0]
+            if raw.startswith("lxc.") and "=" in head:  # `lxc.key = value`
+                k, _, v = raw.partition("=")
+            else:
+                k, _, v = raw.partition(":")
+            cur.append((k.strip(), v.strip()))
+        return sections
+
+    def read_conf(self, vmid: str) -> list[tuple[str, str]]:
+        """The current config (what load_config gives; pending changes not applied)."""
+        return self.read_sections(vmid)[""]
 
     def write_conf(self, vmid: str, lines: list[tuple[str, str]]) -> None:
+        """PVE::LXC::Config::write_pct_config: the main section rewritten with `:`; the
+        sections after it ([snapshot], [pve:pending]) kept."""
         path = self.conf_path(vmid)
+        rest = ""
+        if path.exists():
+            text = path.read_text()
+            at = text.find("\n[")
+            rest = text[at:] if at >= 0 else ""
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{k}: {v}\n" for k, v in lines))
+        tmp.write_text("".join(f"{k}: {v}\n" for k, v in lines) + rest)
         os.replace(tmp, path)
 
     def lock(self, vmid: str, timeout: float = 10.0) -> int:
+        """PVE::AbstractConfig::lock_config -> PVE::Tools::lock_file_full($file, 10, ...):
+        try a non-blocking flock; if contended, print `trying to acquire lock...` on
+        stderr, wait (alarm: 10 s), then print ` OK` and go on, or die `got timeout`."""
         self.lockdir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.lockdir / f"pve-config-{vmid}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            pass
+        sys.stderr.write("trying to acquire lock...\n")
+        sys.stderr.flush()
         end = time.monotonic() + timeout
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                sys.stderr.write(" OK\n")
+                sys.stderr.flush()
                 return fd
             except BlockingIOError:
                 if time.monotonic() >= end:
@@ -83,7 +130,37 @@ class Lab:
                     ) from None
                 time.sleep(0.05)
 
+    def storage_cfg(self) -> dict[str, dict[str, str]]:
+        """PVE::Storage::config (the lab's <lab>/etc/pve/storage.cfg; dir storages)."""
+        out: dict[str, dict[str, str]] = {}
+        cur: dict[str, str] | None = None
+        path = self.root / "etc/pve/storage.cfg"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            if line[0] not in " \t":
+                kind, _, sid = line.partition(":")
+                cur = out[sid.strip()] = {"type": kind.strip()}
+            elif cur is not None:
+                key, _, value = line.strip().partition(" ")
+                cur[key] = value.strip()
+        return out
+
+    def snippets_dir(self, storage: str) -> Path | None:
+        """PVE::Storage::Plugin::get_subdir($scfg, 'snippets'): `<path>/snippets`, unless
+        the storage sets `content-dirs snippets=<subdir>` (PVE >= 7.3)."""
+        scfg = self.storage_cfg().get(storage)
+        if scfg is None or not scfg.get("path"):
+            return None
+        subdir = "snippets"
+        for item in scfg.get("content-dirs", "").split(","):
+            vtype, _, sub = item.partition("=")
+            if vtype.strip() == "snippets" and sub.strip():
+                subdir = sub.strip()
+        return Path(scfg["path"]) / subdir
+
     def state(self, vmid: str) -> str:
+        """PVE::LXC::check_running: is the container's monitor up (here: lxc-info)."""
         res = subprocess.run(
             ["lxc-info", "-P", str(self.lxcpath), "-n", vmid, "-s", "-H"],
             capture_output=True, text=True, check=False,
@@ -98,17 +175,21 @@ class Lab:
         return int(res.stdout) if res.stdout.strip().isdigit() else None
 
     def resolve_volume(self, volid: str) -> Path:
+        """PVE::Storage::path for a snippets volume (parse_volname + get_subdir); resolved
+        again on every use, as PVE::GuestHelpers::check_hookscript does."""
         storage, _, rest = volid.partition(":")
-        if storage not in self.storage or not rest.startswith("snippets/"):
+        sdir = self.snippets_dir(storage)
+        if sdir is None or not rest.startswith("snippets/"):
             raise PctError(f"unable to parse volume ID '{volid}'")
-        return self.storage[storage] / rest
+        return sdir / rest.removeprefix("snippets/")
 
     def hookscript(self, vmid: str) -> Path | None:
         vol = dict(self.read_conf(vmid)).get("hookscript")
         return self.resolve_volume(vol) if vol else None
 
     def lxc_config(self, vmid: str) -> str:
-        """The LXC config pve-container would write for this .conf (lab subset)."""
+        """The LXC config PVE::LXC::update_lxc_config would write for this .conf (lab
+        subset; the lab's own cgroup and hook paths)."""
         conf = self.read_conf(vmid)
         ct = self.lxcpath / vmid
         lines = [
@@ -124,6 +205,7 @@ class Lab:
             "lxc.cgroup.dir.container.inner = ns",
             f"lxc.cgroup.dir.monitor = lxc.monitor/{vmid}",
             "lxc.mount.auto = cgroup:mixed proc:mixed sys:ro",
+            "lxc.console.path = none",
             f"lxc.hook.post-stop = {self.root}/bin/pct-poststop",
         ]
         devnodes = []
@@ -134,7 +216,10 @@ class Lab:
                     v = str(self.devdir) + v[len("/dev"):]
                 lines.append(f"{k} = {v}")
             elif k.startswith("dev") and k[3:].isdigit():
-                src = v.split(",")[0].removeprefix("path=")
+                # PVE::LXC::Config::parse_device: `path` is the default key, any position
+                opts = [o for o in v.split(",") if o]
+                src = next((o[5:] for o in opts if o.startswith("path=")),
+                           next((o for o in opts if "=" not in o), ""))
                 devnodes.append(src)
         if devnodes:
             (ct / "devnodes").write_text(
@@ -145,18 +230,26 @@ class Lab:
 
 
 def run_hook(lab: Lab, vmid: str, phase: str, capture: bool = False) -> tuple[int, str]:
+    """PVE::GuestHelpers::exec_hookscript: check_hookscript (resolve the volume now; -f, -x;
+    no owner or mode check), then PVE::Tools::run_command([$script, $vmid, $phase]): no
+    shell, no timeout, LC_ALL=C, the rest of the caller's environment inherited."""
     script = lab.hookscript(vmid)
     if script is None:
         return 0, ""
+    if not script.is_file():
+        raise PctError(f"hookscript error for {vmid} on {phase}: script "
+                       f"'{dict(lab.read_conf(vmid))['hookscript']}' does not exist")
     if not os.access(script, os.X_OK):
-        raise PctError(f"hookscript error for {vmid} on {phase}: script '{script}' "
-                       "does not exist or is not executable")
+        raise PctError(f"hookscript error for {vmid} on {phase}: script "
+                       f"'{dict(lab.read_conf(vmid))['hookscript']}' is not executable")
     r, w = os.pipe()
     os.close(w)  # stdin: a pipe closed at once, as PVE::Tools::run_command does
+    env = dict(os.environ)
+    env["LC_ALL"] = "C"  # PVE::Tools::run_command (PVE::Cmd: local $ENV{LC_ALL} = 'C')
     try:
         proc = subprocess.run(
             [str(script), vmid, phase],
-            stdin=r, env=dict(HOOK_ENV), check=False,
+            stdin=r, env=env, check=False,
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.STDOUT if capture else None,
             text=True,
@@ -167,7 +260,15 @@ def run_hook(lab: Lab, vmid: str, phase: str, capture: bool = False) -> tuple[in
 
 
 def hook_phase(lab: Lab, vmid: str, phase: str, fatal: bool) -> None:
-    code, _ = run_hook(lab, vmid, phase)
+    """exec_hookscript's error handling: `hookscript error for <vmid> on <phase>: ...`,
+    fatal ($stop_on_error) only for pre-start, a warning otherwise."""
+    try:
+        code, _ = run_hook(lab, vmid, phase)
+    except PctError as exc:
+        if fatal:
+            raise
+        print(str(exc), file=sys.stderr)
+        return
     if code != 0:
         script = lab.hookscript(vmid)
         msg = (f"hookscript error for {vmid} on {phase}: command '{script} {vmid} {phase}' "
@@ -178,6 +279,7 @@ def hook_phase(lab: Lab, vmid: str, phase: str, fatal: bool) -> None:
 
 
 def cmd_list(lab: Lab, _args: list[str]) -> None:
+    """PVE::CLI::pct list: `VMID Status Lock Name` columns, nothing without containers."""
     vmids = sorted((p.stem for p in lab.confdir.glob("*.conf")), key=int)
     if not vmids:
         return
@@ -189,6 +291,8 @@ def cmd_list(lab: Lab, _args: list[str]) -> None:
 
 
 def cmd_status(lab: Lab, args: list[str]) -> None:
+    """PVE::CLI::pct status (PVE::LXC::vmstatus): `status: <state>`; --verbose adds sorted
+    `key: value` lines."""
     vmid = args[0]
     conf = dict(lab.read_conf(vmid))
     state = lab.state(vmid)
@@ -205,6 +309,7 @@ def cmd_status(lab: Lab, args: list[str]) -> None:
 
 
 def cmd_config(lab: Lab, args: list[str]) -> None:
+    """PVE::CLI::pct config: sorted `key: value` lines, raw lxc.* lines last."""
     conf = lab.read_conf(args[0])
     plain = sorted((kv for kv in conf if not kv[0].startswith("lxc.")), key=lambda kv: kv[0])
     for k, v in plain + [kv for kv in conf if kv[0].startswith("lxc.")]:
@@ -212,15 +317,52 @@ def cmd_config(lab: Lab, args: list[str]) -> None:
 
 
 def cmd_exec(lab: Lab, args: list[str]) -> None:
+    """PVE::CLI::pct exec: load_config, check_running, clean_environment, then
+    `lxc-attach -n <vmid> --keep-env -- <cmd>` (PVE 8 default: the caller's environment,
+    whose PATH the CLI forced to /sbin:/bin:/usr/sbin:/usr/bin, goes into the container)."""
     vmid = args[0]
     lab.read_conf(vmid)
     cmd = args[2:] if len(args) > 1 and args[1] == "--" else args[1:]
     if lab.state(vmid) != "running":
         raise PctError(f"container '{vmid}' not running!")
-    os.execvp("lxc-attach", ["lxc-attach", "-P", str(lab.lxcpath), "-n", vmid, "--", *cmd])
+    for var in ("SSL_CERT_FILE", "SSL_CERT_DIR"):  # clean_environment
+        os.environ.pop(var, None)
+    os.execvp("lxc-attach", ["lxc-attach", "-P", str(lab.lxcpath), "-n", vmid, "--keep-env",
+                             "--", *cmd])
+
+
+def unit_state(lab: Lab, vmid: str) -> str:
+    try:
+        return (lab.rundir / f"unit-{vmid}.state").read_text().strip()
+    except OSError:
+        return "inactive"
+
+
+def systemctl_start(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
+    """`systemctl start pve-container@<vmid>` (PVE::LXC::vm_start), then wait for the
+    container as monitor_start does. The lab's systemd is the `_unit` runner, detached."""
+    lab.rundir.mkdir(parents=True, exist_ok=True)
+    (lab.rundir / f"unit-{vmid}.state").write_text("activating\n")
+    log = open(lab.lxcpath / vmid / "unit.log", "ab")  # noqa: SIM115 (the child keeps it)
+    env = {"PATH": SYSTEMD_PATH}  # a unit gets systemd's environment, not the caller's
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--lab",
+                             str(lab.root), "_unit", vmid], stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=log, env=env, start_new_session=True)
+    log.close()
+    (lab.rundir / f"unit-{vmid}.pid").write_text(f"{proc.pid}\n")
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if lab.state(vmid) == "running":
+            return
+        if proc.poll() is not None or unit_state(lab, vmid) == "failed":
+            break
+        time.sleep(0.02)
+    raise PctError(f"startup for container '{vmid}' failed")
 
 
 def cmd_start(lab: Lab, args: list[str]) -> None:
+    """PVE::LXC::vm_start under lock_config: pre-start hook (fatal), update_lxc_config,
+    `systemctl start pve-container@<vmid>`, post-start hook (a warning only)."""
     vmid = args[0]
     lab.read_conf(vmid)
     lock = lab.lock(vmid)
@@ -229,17 +371,35 @@ def cmd_start(lab: Lab, args: list[str]) -> None:
             raise PctError(f"CT {vmid} already running")
         hook_phase(lab, vmid, "pre-start", fatal=True)
         (lab.lxcpath / vmid / "config").write_text(lab.lxc_config(vmid))
-        res = subprocess.run(["lxc-start", "-P", str(lab.lxcpath), "-n", vmid,
-                              "-l", "INFO", "-o", str(lab.lxcpath / vmid / "start.log")],
-                             check=False)
-        if res.returncode != 0:
-            raise PctError(f"startup for container '{vmid}' failed")
+        systemctl_start(lab, vmid)
         hook_phase(lab, vmid, "post-start", fatal=False)
     finally:
         os.close(lock)
 
 
+def wait_monitor_gone(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
+    """PVE::LXC::vm_stop reads the command socket until the monitor closes it, i.e. until
+    LXC's post-stop hook has run. The lab watches the monitor's cgroup empty out."""
+    from_root = Path("/sys/fs/cgroup")
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            from_root = Path(parts[1])
+            break
+    procs = from_root / "lxc.monitor" / vmid / "cgroup.procs"
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if not procs.read_text().split():
+                return
+        except OSError:
+            return
+        time.sleep(0.02)
+
+
 def _stop(lab: Lab, vmid: str, lxc_args: list[str]) -> None:
+    """PVE::LXC::vm_stop under lock_config: pre-stop hook, lxc-stop, then wait for the
+    monitor to exit, so post-stop runs while the lock is still held."""
     lab.read_conf(vmid)
     lock = lab.lock(vmid)
     try:
@@ -247,6 +407,7 @@ def _stop(lab: Lab, vmid: str, lxc_args: list[str]) -> None:
             raise PctError(f"CT {vmid} not running")
         hook_phase(lab, vmid, "pre-stop", fatal=False)
         subprocess.run(["lxc-stop", "-P", str(lab.lxcpath), "-n", vmid, *lxc_args], check=False)
+        wait_monitor_gone(lab, vmid)
     finally:
         os.close(lock)
 
@@ -262,19 +423,39 @@ def cmd_shutdown(lab: Lab, args: list[str]) -> None:
     _stop(lab, args[0], ["--timeout", timeout])
 
 
-def cmd_set(lab: Lab, args: list[str]) -> None:
+def cmd_reboot(lab: Lab, args: list[str]) -> None:
+    """PVE::LXC::vm_reboot: vm_stop then vm_start (all four hook phases run)."""
     vmid = args[0]
-    conf = lab.read_conf(vmid)
+    _stop(lab, vmid, ["--timeout", "60"])
+    wait_unit_inactive(lab, vmid)
+    cmd_start(lab, [vmid])
+
+
+def wait_unit_inactive(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while unit_state(lab, vmid) not in ("inactive", "failed") and time.monotonic() < end:
+        time.sleep(0.02)
+
+
+def cmd_set(lab: Lab, args: list[str]) -> None:
+    """PVE::API2::LXC::Config update_vm: under lock_config, load the config, check_lock,
+    then for `hookscript` PVE::GuestHelpers::check_hookscript (snippets type, -f, -x) and
+    write the config (PVE::LXC::Config::write_pct_config)."""
+    vmid = args[0]
+    lab.read_conf(vmid)  # the config must exist before the lock is taken
     lock = lab.lock(vmid)
     try:
+        conf = lab.read_conf(vmid)  # read again under the lock: it may have changed
         held = dict(conf).get("lock")
         if held:  # PVE::AbstractConfig::check_lock
             raise PctError(f"CT is locked ({held})")
         if "--hookscript" in args:
             volid = args[args.index("--hookscript") + 1]
+            if not volid.partition(":")[2].startswith("snippets/"):
+                raise PctError(f"'{volid}' is not in the snippets directory")
             path = lab.resolve_volume(volid)
             if not path.is_file():
-                raise PctError(f"volume '{volid}' does not exist")
+                raise PctError(f"script '{volid}' does not exist")
             if not os.access(path, os.X_OK):
                 raise PctError(f"script '{volid}' is not executable")
             conf = [kv for kv in conf if kv[0] != "hookscript"] + [("hookscript", volid)]
@@ -287,19 +468,108 @@ def cmd_set(lab: Lab, args: list[str]) -> None:
 
 
 def poststop(lab: Lab) -> None:
-    """Called by LXC (lxc.hook.post-stop) like lxc-pve-poststop-hook: output only to a log."""
+    """LXC's post-stop hook, like src/lxc-pve-poststop-hook: output only to a log. With
+    LXC_TARGET=reboot (a reboot from inside the guest) it writes /var/lib/lxc/<vmid>/reboot
+    and exits 1 BEFORE exec_hookscript: no post-stop phase; the unit's stop wrapper then
+    restarts the unit."""
     vmid = os.environ.get("LXC_NAME", "")
-    if not vmid:
+    if not vmid or not lab.conf_path(vmid).exists():
         return
-    code, out = run_hook(lab, vmid, "post-stop", capture=True)
     log = lab.root / "log"
     log.mkdir(exist_ok=True)
+    if os.environ.get("LXC_TARGET") == "reboot":
+        (lab.lxcpath / vmid / "reboot").write_text("")
+        with open(log / f"poststop-{vmid}.log", "a") as fh:
+            fh.write("reboot: restart requested, no hookscript\n")
+        sys.exit(1)
+    code, out = run_hook(lab, vmid, "post-stop", capture=True)
     with open(log / f"poststop-{vmid}.log", "a") as fh:
         fh.write(f"exit {code}\n{out}")
 
 
+def dropin_commands(lab: Lab, vmid: str) -> dict[str, list[str]]:
+    """ExecStartPre=/ExecStopPost= of the unit's drop-ins, as systemd reads them:
+    pve-container@.service.d/ then pve-container@<vmid>.service.d/, `*.conf` by name (a
+    same-named file in the instance directory wins); an empty assignment clears the list."""
+    files: dict[str, Path] = {}
+    for d in (lab.unitdir / "pve-container@.service.d",
+              lab.unitdir / f"pve-container@{vmid}.service.d"):
+        if d.is_dir():
+            for f in d.glob("*.conf"):
+                files[f.name] = f
+    out: dict[str, list[str]] = {"ExecStartPre": [], "ExecStopPost": []}
+    for name in sorted(files):
+        for line in files[name].read_text().splitlines():
+            key, sep, value = line.strip().partition("=")
+            if sep and key in out:
+                if value.strip():
+                    out[key].append(value.strip().replace("%i", vmid).replace("%%", "%"))
+                else:
+                    out[key].clear()
+    return out
+
+
+def run_unit_command(cmd: str, env: dict[str, str]) -> bool:
+    """One Exec*= line: a `-` prefix makes a failure count as success (systemd.service)."""
+    ignore = cmd.startswith("-")
+    argv = shlex.split(cmd.lstrip("-@+!:"))
+    try:
+        rc = subprocess.run(argv, stdin=subprocess.DEVNULL, env=env, check=False).returncode
+    except OSError as exc:
+        print(f"unit: {argv[0]}: {exc.strerror}", file=sys.stderr)
+        rc = 203  # systemd's EXEC status
+    print(f"unit: {cmd} -> {rc}", file=sys.stderr, flush=True)
+    return rc == 0 or ignore
+
+
+def unit(lab: Lab, vmid: str) -> int:
+    """pve-container@<vmid>.service (src/pve-container@.service, Type=simple) as systemd
+    runs it: ExecStartPre=, ExecStart=/usr/bin/lxc-start -F -n %i; when it exits,
+    ExecStop=/usr/share/lxc/pve-container-stop-wrapper %i (with EXIT_CODE=exited), then
+    ExecStopPost=. The wrapper restarts the unit when the post-stop hook left the reboot
+    file; the restart goes straight to the unit's start again (no vm_start, no hooks)."""
+    env = {"PATH": SYSTEMD_PATH, "INVOCATION_ID": os.urandom(16).hex()}
+    state = lab.rundir / f"unit-{vmid}.state"
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    while lab.conf_path(vmid).exists():
+        cmds = dropin_commands(lab, vmid)
+        state.write_text("activating\n")
+        if not all(run_unit_command(c, env) for c in cmds["ExecStartPre"]):
+            state.write_text("failed\n")
+            for c in cmds["ExecStopPost"]:
+                run_unit_command(c, {**env, "SERVICE_RESULT": "exit-code"})
+            return 1
+        state.write_text("active\n")
+        res = subprocess.run(
+            ["lxc-start", "-F", "-P", str(lab.lxcpath), "-n", vmid, "-l", "INFO",
+             "-o", str(lab.lxcpath / vmid / "start.log")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env, check=False)
+        state.write_text("deactivating\n")
+        stop_env = {**env, "SERVICE_RESULT": "success" if res.returncode == 0 else "exit-code",
+                    "EXIT_CODE": "exited", "EXIT_STATUS": str(res.returncode)}
+        restart = stop_wrapper(lab, vmid, stop_env)
+        for c in dropin_commands(lab, vmid)["ExecStopPost"]:
+            run_unit_command(c, stop_env)
+        if not restart:
+            break
+        (lab.lxcpath / vmid / "restarts").open("a").write("restart\n")
+    state.write_text("inactive\n")
+    return 0
+
+
+def stop_wrapper(lab: Lab, vmid: str, env: dict[str, str]) -> bool:
+    """src/pve-container-stop-wrapper: if /var/lib/lxc/<vmid>/reboot exists, unlink it and
+    `systemctl --no-block restart` the unit (returns True); with EXIT_CODE=exited just exit."""
+    try:
+        (lab.lxcpath / vmid / "reboot").unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def autodev(lab: Lab) -> None:
-    """Like pve-container's devN: handling: mknod in the container's /dev, same numbers."""
+    """src/lxc-pve-autodev-hook for devN: lines: the node made in the container's /dev with
+    the host node's device number (Proxmox bind-mounts it from /var/lib/lxc/<vmid>/passthrough)."""
     vmid = os.environ.get("LXC_NAME", "")
     rootfs = os.environ.get("LXC_ROOTFS_MOUNT", "")
     spec = lab.lxcpath / vmid / "devnodes"
@@ -314,6 +584,7 @@ def autodev(lab: Lab) -> None:
 COMMANDS = {
     "list": cmd_list, "status": cmd_status, "config": cmd_config, "exec": cmd_exec,
     "start": cmd_start, "stop": cmd_stop, "shutdown": cmd_shutdown, "set": cmd_set,
+    "reboot": cmd_reboot,
 }
 
 
@@ -324,12 +595,15 @@ def main(argv: list[str]) -> int:
     lab = Lab(Path(argv[1]))
     rest = argv[2:]
     try:
+        if rest and rest[0] == "_unit":
+            return unit(lab, rest[1])
         if rest and rest[0] == "_poststop":
             poststop(lab)
             return 0
         if rest and rest[0] == "_autodev":
             autodev(lab)
             return 0
+        os.environ["PATH"] = CLI_PATH  # PVE::CLIHandler::run_cli_handler forces it
         if not rest or rest[0] not in COMMANDS:
             print(f"ERROR: unknown command 'pct {' '.join(rest)}'", file=sys.stderr)
             return 255

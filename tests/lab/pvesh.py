@@ -3,8 +3,19 @@
 Answers the few API paths pveclean's install, uninstall and status use, from the lab's files
 (<lab>/etc/pve/lxc/*.conf, <lab>/etc/pve/storage.cfg) as a standalone PVE node would:
 `pvesh get|set PATH [-key value ...] [--output-format json]`. Container config changes go
-through the pct stand-in's `set` (same config lock, lock check and hookscript checks).
-Errors go to stderr with exit code 255, as pvesh does.
+through the pct stand-in's `set` (same config lock and its stderr chatter, lock check and
+hookscript checks). Errors go to stderr with exit code 255, as pvesh does. Each answer names
+the Proxmox handler it mirrors:
+- GET /nodes/{n}/lxc/{id}/config: PVE::API2::LXC::Config get_config ->
+  PVE::AbstractConfig::load_current_config: pending changes merged unless current=1;
+- GET /cluster/resources: PVE::API2::Cluster resources: status/name/template come from
+  pvestatd's broadcast, which lags (PVE::Service::pvestatd, a round every 10 s): `unknown`
+  until its first round;
+- GET /nodes/{n}/lxc/{id}/status/current: PVE::API2::LXC::Status vm_status ->
+  PVE::LXC::vmstatus, live;
+- GET /nodes/{n}/storage/{s}/content: PVE::API2::Storage::Content index ->
+  PVE::Storage::volume_list: [] when the storage lacks the content type; files from
+  PVE::Storage::Plugin::get_subdir (content-dirs honoured).
 Usage: pvesh.py --lab DIR <get|set> PATH ...
 """
 
@@ -13,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +67,26 @@ def write_storage_cfg(path: Path, cfg: dict[str, dict[str, str]]) -> None:
     path.write_text(text)
 
 
-def ct_config(lab: pct.Lab, vmid: str) -> dict[str, Any]:
+STATD_ROUND = 10.0  # seconds between pvestatd rounds (PVE::Service::pvestatd)
+
+
+def ct_config(lab: pct.Lab, vmid: str, current: bool = False) -> dict[str, Any]:
+    """PVE::AbstractConfig::load_current_config: without `current`, the [pve:pending]
+    values replace the current ones and its `delete` list removes keys."""
+    sections = lab.read_sections(vmid)
+    lines = list(sections[""])
+    pending = sections.get("pve:pending", [])
+    if not current and pending:
+        merged = dict((k, v) for k, v in lines if not k.startswith("lxc."))
+        for k, v in pending:
+            if k != "delete" and not k.startswith("lxc."):
+                merged[k] = v
+        for k in dict(pending).get("delete", "").split(","):
+            merged.pop(k.strip().lstrip("!"), None)
+        lines = list(merged.items()) + [kv for kv in lines if kv[0].startswith("lxc.")]
     data: dict[str, Any] = {}
     raw = []
-    for k, v in lab.read_conf(vmid):
+    for k, v in lines:
         if k.startswith("lxc."):
             raw.append([k, v])
         else:
@@ -72,32 +100,44 @@ def ct_config(lab: pct.Lab, vmid: str) -> dict[str, Any]:
 def handle(lab: pct.Lab, method: str, path: str, opts: dict[str, str]) -> Any:
     storage_cfg = lab.root / "etc/pve/storage.cfg"
     parts = [p for p in path.split("/") if p]
-    if len(parts) >= 2 and parts[0] == "nodes" and parts[1] != NODE:
+    if len(parts) >= 2 and parts[0] == "nodes" and parts[1] != NODE:  # a standalone node
         raise pct.PctError(f"no such cluster node '{parts[1]}'")
-    if method == "get" and parts == ["cluster", "status"]:
+    if method == "get" and parts == ["cluster", "status"]:  # PVE::API2::Cluster get_status
         return [{"type": "node", "id": f"node/{NODE}", "name": NODE, "nodeid": 0, "ip": "127.0.0.1",
                  "local": 1, "online": 1, "level": ""}]
-    if method == "get" and parts == ["nodes"]:
+    if method == "get" and parts == ["nodes"]:  # PVE::API2::Nodes index
         return [{"node": NODE, "id": f"node/{NODE}", "type": "node", "status": "online"}]
     if method == "get" and parts == ["cluster", "resources"]:
         out = []
         if opts.get("type") not in (None, "vm"):
             return out
+        seen = statd_round(lab)
         for conf in sorted(lab.confdir.glob("*.conf"), key=lambda p: int(p.stem)):
             vmid = conf.stem
             c = dict(lab.read_conf(vmid))
+            # vmid, node, type, lock from the cluster file system: current; status from
+            # pvestatd: what its last round saw, `unknown` before its first.
             item: dict[str, Any] = {"id": f"lxc/{vmid}", "type": "lxc", "vmid": int(vmid),
                                     "node": NODE, "name": c.get("hostname", ""),
-                                    "status": lab.state(vmid), "template": 0}
+                                    "status": seen.get(vmid, "unknown"), "template": 0}
             if c.get("lock"):
                 item["lock"] = c["lock"]
             out.append(item)
         return out
+    m = re.fullmatch(r"nodes/[^/]+/lxc/(\d+)/status/current", "/".join(parts))
+    if m and method == "get":
+        vmid = m.group(1)
+        c = dict(lab.read_conf(vmid))
+        st: dict[str, Any] = {"vmid": int(vmid), "status": lab.state(vmid), "type": "lxc",
+                              "name": c.get("hostname", ""), "ha": {"managed": 0}}
+        if c.get("lock"):
+            st["lock"] = c["lock"]
+        return st
     m = re.fullmatch(r"nodes/[^/]+/lxc/(\d+)/config", "/".join(parts))
     if m:
         vmid = m.group(1)
         if method == "get":
-            return ct_config(lab, vmid)
+            return ct_config(lab, vmid, current=opts.get("current") in ("1", "true"))
         args = [vmid]
         if "hookscript" in opts:
             args += ["--hookscript", opts["hookscript"]]
@@ -107,13 +147,14 @@ def handle(lab: pct.Lab, method: str, path: str, opts: dict[str, str]) -> Any:
             raise pct.PctError("no options specified")
         pct.cmd_set(lab, args)
         return None
-    if len(parts) == 2 and parts[0] == "storage":
+    if len(parts) == 2 and parts[0] == "storage":  # PVE::API2::Storage::Config read/update
         cfg = read_storage_cfg(storage_cfg)
         if parts[1] not in cfg:
             raise pct.PctError(f"storage '{parts[1]}' does not exist")
         if method == "get":
             return {**cfg[parts[1]], "storage": parts[1], "digest": "0" * 40}
-        cfg[parts[1]].update({k: v for k, v in opts.items() if k in ("content", "shared")})
+        cfg[parts[1]].update({k: v for k, v in opts.items()
+                              if k in ("content", "shared", "content-dirs")})
         write_storage_cfg(storage_cfg, cfg)
         return None
     m = re.fullmatch(r"nodes/[^/]+/storage/([^/]+)/content", "/".join(parts))
@@ -121,11 +162,29 @@ def handle(lab: pct.Lab, method: str, path: str, opts: dict[str, str]) -> Any:
         opts_of = read_storage_cfg(storage_cfg).get(m.group(1))
         if opts_of is None:
             raise pct.PctError(f"storage '{m.group(1)}' does not exist")
-        sdir = Path(opts_of.get("path", "/nonexistent")) / "snippets"
+        if "snippets" not in opts_of.get("content", "").split(","):
+            return []  # PVE::Storage::volume_list: only the storage's content types
+        sdir = lab.snippets_dir(m.group(1)) or Path("/nonexistent")
         files = sorted(p for p in sdir.glob("*") if p.is_file()) if sdir.is_dir() else []
         return [{"volid": f"{m.group(1)}:snippets/{p.name}", "content": "snippets",
                  "format": "snippet", "size": p.stat().st_size} for p in files]
     raise pct.PctError(f"No '{method}' handler defined for '{path}'")
+
+
+def statd_round(lab: pct.Lab) -> dict[str, str]:
+    """What pvestatd broadcast last: the answer uses the previous round's view; a new round
+    (every STATD_ROUND s) records the states seen now, for later answers."""
+    cache = lab.root / "run/pvestatd.json"
+    try:
+        data = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        data = {"time": 0.0, "status": {}}
+    seen: dict[str, str] = data["status"]
+    if time.time() - data["time"] >= STATD_ROUND:
+        now = {p.stem: lab.state(p.stem) for p in lab.confdir.glob("*.conf")}
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"time": time.time(), "status": now}))
+    return seen
 
 
 def main(argv: list[str]) -> int:
