@@ -8,14 +8,16 @@ unit, which goes straight to lxc-start). A drop-in's `ExecStartPre=` and `ExecSt
 on every start and after every stop, that reboot included:
 
     [Service]
-    ExecStartPre=<pveclean> unit -c <config> <vmid> start-pre
+    ExecStartPre=/bin/sh -c '<pveclean> unit -c <config> <vmid> start-pre; ...'
     ExecStopPost=-<pveclean> unit -c <config> <vmid> stop-post
 
 `start-pre` is the hook's pre-start cleanup (leftover GPU holders of the earlier run, empty
-leftover cgroups); it exits non-zero only for a refuse decision (pre_start_policy: refuse),
-so only that can fail the unit. `stop-post` is the hook's post-stop leak check, skipped when
-the hookscript's post-stop already checked this stop; its `-` prefix means it never fails the
-unit. Both are cheap when there is nothing to do (no NVML, no report).
+leftover cgroups); it exits non-zero only for a refuse decision (pre_start_policy: refuse,
+EXIT_REFUSE), and a small sh wrapper turns every other failure (pveclean or its Python gone,
+a crash) into a warning, so only that decision can fail the unit. `stop-post` is the hook's
+post-stop leak check, skipped when the hookscript's post-stop already checked this stop; its
+`-` prefix means it never fails the unit. Both are cheap when there is nothing to do (no
+NVML, no report).
 Lean like the hook: no typer, no proxmoxer on this path.
 """
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from . import pveconf, report
 from .config import Config, ConfigError, load
-from .model import EXIT_ACCESS, EXIT_USAGE, PvecleanError
+from .model import EXIT_ACCESS, EXIT_REFUSE, EXIT_USAGE, PvecleanError
 
 MARKER = "# pveclean systemd drop-in"
 DROPIN_NAME = "pveclean.conf"
@@ -44,6 +46,16 @@ def dropin_path(cfg: Config, vmid: int) -> Path:
     return dropin_dir(cfg, vmid) / DROPIN_NAME
 
 
+def start_pre_command(vmid: int, bin_path: str, conf: str) -> str:
+    """ExecStartPre= through /bin/sh, like the hookscript shim: only the refuse code fails the
+    unit; pveclean missing, its Python gone, a crash or a kill is one warning line and the
+    container starts. `$$` is systemd's literal `$` (systemd.service, "Command lines")."""
+    return (f"/bin/sh -c '{bin_path} unit{conf} {vmid} start-pre; rc=$$?; "
+            f"[ $$rc = 0 ] || [ $$rc = {EXIT_REFUSE} ] || {{ echo \"pveclean: WARNING: CT "
+            f"{vmid} start-pre: pveclean failed (exit $$rc); starting without its check\"; "
+            "rc=0; }; exit $$rc'")
+
+
 def dropin_text(vmid: int, bin_path: str, config_file: str | None) -> str:
     """The drop-in for one container; paths with characters systemd would interpret refused."""
     for value in (bin_path, config_file or ""):
@@ -55,7 +67,7 @@ def dropin_text(vmid: int, bin_path: str, config_file: str | None) -> str:
             f"# Runs pveclean before every start and after every stop of CT {vmid}, the reboot "
             "from inside the guest included (no hookscript phase runs on that one).\n"
             "[Service]\n"
-            f"ExecStartPre={bin_path} unit{conf} {vmid} start-pre\n"
+            f"ExecStartPre={start_pre_command(vmid, bin_path, conf)}\n"
             f"ExecStopPost=-{bin_path} unit{conf} {vmid} stop-post\n")
 
 
@@ -149,7 +161,7 @@ def start_pre(vmid: int, cfg: Config) -> int:
         stamp.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp.write_text("")
         os.utime(stamp)
-    return 1 if pre_start(vmid, cfg) else 0
+    return EXIT_REFUSE if pre_start(vmid, cfg) == EXIT_REFUSE else 0
 
 
 def stop_post(vmid: int, cfg: Config) -> int:
@@ -175,7 +187,7 @@ def from_argv(argv: list[str]) -> int:
 
 
 def main(argv: list[str], config: str | None = None) -> int:
-    """`pveclean unit VMID start-pre|stop-post`. Exit 1 only for a refusal to start."""
+    """`pveclean unit VMID start-pre|stop-post`. Non-zero (EXIT_REFUSE) only for a refusal."""
     if len(argv) != 2 or argv[1] not in PHASES:
         print("usage: pveclean unit VMID start-pre|stop-post")
         return 0  # a bad drop-in line must not keep a container from starting

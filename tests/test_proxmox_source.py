@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -406,7 +407,7 @@ def test_systemd_dropin_cleans_up_on_a_reboot_inside_the_guest(host: Lab, vmid: 
     dropin = units / f"pve-container@{vmid}.service.d/pveclean.conf"
     text = dropin.read_text()
     exe = Path(sys.executable).parent / "pveclean"
-    assert f"ExecStartPre={exe} unit -c {host.config_path} {vmid} start-pre\n" in text
+    assert f"ExecStartPre=/bin/sh -c '{exe} unit -c {host.config_path} {vmid} start-pre;" in text
     assert f"ExecStopPost=-{exe} unit -c {host.config_path} {vmid} stop-post\n" in text
     res = pveclean(host, "install", str(vmid), "--systemd")  # idempotent
     assert res.returncode == 0 and "nothing to change" in res.stdout, res.stdout
@@ -424,7 +425,8 @@ def test_systemd_dropin_cleans_up_on_a_reboot_inside_the_guest(host: Lab, vmid: 
     assert not any(host.alive(p) for p in left)
     log = (host.root / "lxc" / str(vmid) / "unit.log").read_text()
     assert f"unit -c {host.config_path} {vmid} stop-post -> 0" in log
-    assert f"unit -c {host.config_path} {vmid} start-pre -> 0" in log
+    assert any(f"unit -c {host.config_path} {vmid} start-pre;" in ln and ln.endswith("-> 0")
+               for ln in log.splitlines()), log
     reps = sorted(p.name for p in host.report_dir.glob(f"{vmid}-*.yaml"))
     assert reps, "the drop-in's cleanup wrote no report"
     assert host.pct("status", str(vmid)).stdout == "status: running\n"
@@ -473,4 +475,29 @@ def test_unit_phases_never_fail_the_unit_but_by_a_refusal(tmp_path: Path,
     with pytest.raises(PvecleanError, match="cannot go into a systemd unit"):
         unit.dropin_text(100, "/opt/my pveclean/bin/pveclean", None)
     text = unit.dropin_text(100, "/usr/sbin/pveclean", None)
-    assert "ExecStartPre=/usr/sbin/pveclean unit 100 start-pre\n" in text
+    assert "ExecStartPre=/bin/sh -c '/usr/sbin/pveclean unit 100 start-pre;" in text
+
+
+@pytest.mark.parametrize(("script", "expect_rc", "warned"), [
+    (None, 0, True),  # pveclean gone (a removed package, a venv whose Python went away)
+    ("#!/nonexistent/python3\n", 0, True),  # its interpreter gone
+    ("#!/bin/sh\nexit 1\n", 0, True),  # a crash
+    ("#!/bin/sh\nkill -9 $$\n", 0, True),  # killed (OOM)
+    ("#!/bin/sh\nexit 0\n", 0, False),
+    ("#!/bin/sh\nexit 75\n", 75, False),  # the refuse decision, and only it, fails the unit
+])
+def test_dropin_start_pre_fails_the_unit_only_on_a_refusal(
+        tmp_path: Path, script: str | None, expect_rc: int, warned: bool) -> None:
+    """The ExecStartPre= line as systemd runs it ($$ is a literal $), with a pveclean that is
+    missing, broken, killed, fine or refusing."""
+    from pveclean import unit
+
+    exe = tmp_path / "pveclean"
+    if script is not None:
+        exe.write_text(script)
+        exe.chmod(0o755)
+    line = unit.dropin_text(100, str(exe), None).split("ExecStartPre=", 1)[1].splitlines()[0]
+    argv = shlex.split(line.replace("$$", "$"))
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    assert res.returncode == expect_rc, res
+    assert ("WARNING: CT 100 start-pre" in res.stdout) == warned, res.stdout

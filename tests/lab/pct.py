@@ -503,7 +503,8 @@ def dropin_commands(lab: Lab, vmid: str) -> dict[str, list[str]]:
             key, sep, value = line.strip().partition("=")
             if sep and key in out:
                 if value.strip():
-                    out[key].append(value.strip().replace("%i", vmid).replace("%%", "%"))
+                    out[key].append(value.strip().replace("%i", vmid).replace("%%", "%")
+                                   .replace("$$", "$"))  # systemd.service: "$$" is "$"
                 else:
                     out[key].clear()
     return out
