@@ -53,7 +53,8 @@ class Scope:
 def protected_name(comm: str, exe: str | None, cmdline: str,
                    protect: frozenset[str]) -> str | None:
     """The protected name this process carries. comm is cut to 15 characters by the kernel
-    ("nvidia-persiste"), so the executable's and argv[0]'s base names count too."""
+    ("nvidia-persiste"), so the executable's and argv[0]'s base names count too. Only for
+    host processes: a container's root chooses its processes' names (see _protect_reason)."""
     for name in protect:
         if comm == name or comm == name[:15]:
             return name
@@ -67,12 +68,12 @@ def protected_name(comm: str, exe: str | None, cmdline: str,
 def _protect_reason(st: procfs.ProcStatus, scope: Scope, exe: str | None,
                     cmdline: str) -> str | None:
     if len(st.nspid) < 2:
-        return "in the host's PID namespace"
+        name = protected_name(st.name, exe, cmdline, scope.protect)
+        return "in the host's PID namespace" + (f", protected name '{name}'" if name else "")
     if scope.running and st.nspid[1] == 1:
         return "the container's PID 1"
-    name = protected_name(st.name, exe, cmdline, scope.protect)
-    if name:
-        return f"protected name '{name}'"
+    # `protect` never exempts a container's process: its name, exe path and argv[0] are
+    # whatever the container's root chose (`exec -a nvidia-persistenced`). docs/security.md
     return None
 
 
@@ -107,6 +108,7 @@ def scan_host(scope: Scope) -> HostView:
     holders: dict[int, Holder] = {}
     statuses: dict[int, procfs.ProcStatus] = {}
     init_pid = None
+    seen_maps: dict[tuple[str, str], int] = {}
     for pid, rel in tree.items():
         st = procfs.read_status(pid)
         if st is None:
@@ -114,18 +116,30 @@ def scan_host(scope: Scope) -> HostView:
         statuses[pid] = st
         if scope.running and len(st.nspid) >= 2 and st.nspid[1] == 1:
             init_pid = pid
-        if st.state == "Z":
+        if st.state == "Z" and not procfs.live_threads(pid):
             continue  # a zombie holds nothing: its fds and mappings are gone
+        # (a zombie leader with live threads holds through them: device_fds reads those)
         fds = procfs.device_fds(pid, scope.devices)
         if fds is None:
             continue
-        maps = procfs.device_maps(pid, scope.devices)
+        maps = procfs.device_maps(pid, scope.devices, seen_maps)
         if fds or maps:
             h = make_holder(st, rel, scope)
             h.devices = fds + maps
             h.add_source("host")
             holders[pid] = h
+    truncated = getattr(tree, "truncated", None)
+    if truncated:
+        holders[0] = unwalked(str(truncated), scope)
     return HostView(holders, statuses, tree, init_pid)
+
+
+def unwalked(reason: str, scope: Scope) -> Holder:
+    """Stands for the part of the cgroup tree that was not walked: never signalled, it keeps
+    the verdict at `residual` and carries the reason into the report."""
+    return Holder(host_pid=0, starttime=0, ct_pid=None, name="(cgroups not walked)", exe=None,
+                  cmdline="", uid=0, user="-", state="?", ppid=0,
+                  cgroup=f"/lxc/{scope.vmid}", protected=f"not looked at: {reason}")
 
 
 def start_probe(scope: Scope, pct_command: str) -> subprocess.Popen[bytes]:
@@ -183,8 +197,8 @@ def merge_nvml(
         h = view.holders.get(pid)
         if h is None and pid in view.statuses:
             st = view.statuses[pid]
-            if st.state == "Z":
-                continue
+            if st.state == "Z" and not procfs.live_threads(pid):
+                continue  # an exited process: NVML lists it until the driver lets go
             h = make_holder(st, view.tree.get(pid, "."), scope)
             view.holders[pid] = h
         if h is not None:

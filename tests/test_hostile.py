@@ -1,0 +1,209 @@
+"""The container is hostile (issue 12): each attack a tenant's root can mount, on a real lab
+container. Every test here failed on the code before the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pveclean import procfs
+from pveclean.config import load
+from pveclean.run import clean
+from tests.lab.lxclab import Lab, Workload
+
+
+def run_json(lab: Lab, *args: str | int, env: dict[str, str] | None = None
+             ) -> tuple[int, dict[str, Any]]:
+    r = lab.pveclean("ct", *map(str, args), "--json", env=env)
+    assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
+    return r.returncode, json.loads(r.stdout)
+
+
+def start_in_ct(lab: Lab, vmid: int, name: str, flags: list[str], pre: str = "") -> Workload:
+    """Like Lab.run_in_ct, with any holder flags and a shell prelude run before it."""
+    lab._counter += 1
+    tag = f"{vmid}-x{lab._counter}"
+    link = lab.rootfs(vmid) / "opt/lab/bin" / name
+    if not link.exists():
+        link.symlink_to("holder")
+    ready = f"/tmp/ready-{tag}"
+    argv = [f"/opt/lab/bin/{name}", *flags, "--ready", ready, "--exit-after", "900"]
+    quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+    lab.pct("exec", str(vmid), "--", "/bin/sh", "-c",
+            f"{pre}{quoted} </dev/null >/dev/null 2>&1 &")
+    w = Workload(vmid, tag, lab.rootfs(vmid) / ready.lstrip("/"))
+    lab.workloads.append(w)
+    lab._wait_ready(w, 1)
+    return w
+
+
+def host_pid_of_ready(lab: Lab, w: Workload) -> int:
+    """The host PID of a holder by its ready line (its PID inside the container): a zombie
+    leader's cmdline is empty, so Workload.host_pids cannot see it."""
+    ct_pid = int(w.ready_file.read_text().split()[0])
+    for pid in lab.tree_pids(w.vmid or 0):
+        st = procfs.read_status(pid)
+        if st and len(st.nspid) >= 2 and st.nspid[1] == ct_pid:
+            return pid
+    raise AssertionError(f"no host PID for container PID {ct_pid}")
+
+
+def state(pid: int) -> str:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rfind(")") + 2]
+
+
+# ---- no hiding ----------------------------------------------------------------------------
+
+def test_holder_whose_main_thread_exited_is_found_and_stopped(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    w = start_in_ct(lab, vmid, "python3", ["--hold", "/dev/nvidia0", "--thread-holds"])
+    pid = host_pid_of_ready(lab, w)
+    assert state(pid) == "Z" and not os.listdir(f"/proc/{pid}/fd")  # the hiding place
+    assert lab.nvml is not None
+    lab.nvml.set_process(0, pid, 4000)
+    code, rep = run_json(lab, vmid)
+    assert code == 0, rep
+    assert rep["verdict"] == "clean"
+    (h,) = rep["holders"]
+    assert h["host_pid"] == pid and "host" in h["sources"] and "nvml" in h["sources"]
+    assert h["gpu_memory_mib"] == {0: 4000} or h["gpu_memory_mib"] == {"0": 4000}
+    assert not lab.alive(pid) and not Path(f"/proc/{pid}").exists()
+
+
+def test_gpu_node_bind_mounted_at_another_path_is_found(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    w = start_in_ct(lab, vmid, "python3", ["--hold", "/opt/g"],
+                    pre="touch /opt/g && mount --bind /dev/nvidia0 /opt/g && ")
+    (pid,) = w.host_pids(lab)
+    assert os.readlink(f"/proc/{pid}/fd/3") == "/opt/g"
+    code, rep = run_json(lab, vmid)
+    assert code == 0, rep
+    (h,) = rep["holders"]
+    assert h["host_pid"] == pid and "host" in h["sources"]
+    assert h["devices"][0].startswith("/opt/g (")
+    assert not lab.alive(pid)
+
+
+def test_files_on_fuse_and_network_mounts_are_never_stated(lab: Lab, vmid: int) -> None:
+    """The fs type comes from fdinfo's mnt_id and mountinfo: only local file systems are
+    stat()ed. A mount whose type is not on the list is skipped without a stat."""
+    lab.create_ct(vmid, gpus=(0,))
+    w = start_in_ct(lab, vmid, "python3", ["--hold", "/opt/g"],
+                    pre="touch /opt/g && mount --bind /dev/nvidia0 /opt/g && ")
+    (pid,) = w.host_pids(lab)
+    devices = procfs.gpu_devices([str(lab.root / "dev/nvidia*")])
+    assert procfs.device_fds(pid, devices)
+    real = procfs.read_mounts
+    try:  # the same fd, as if its mount were a FUSE file system: no stat, no match
+        procfs.read_mounts = lambda base: procfs.Mounts(  # type: ignore[assignment]
+            {k: "fuse.sshfs" for k in real(base).by_id}, {})
+        stated: list[str] = []
+        orig_stat = os.stat
+
+        def spy(path: Any, *a: Any, **kw: Any) -> os.stat_result:
+            stated.append(str(path))
+            return orig_stat(path, *a, **kw)
+
+        os.stat = spy  # type: ignore[assignment]
+        try:
+            assert procfs.device_fds(pid, devices) == []
+            assert procfs.device_maps(pid, devices) == []
+        finally:
+            os.stat = orig_stat
+        assert not [p for p in stated if f"/proc/{pid}/" in p]
+    finally:
+        procfs.read_mounts = real  # type: ignore[assignment]
+
+
+def _deep_cgroup(lab: Lab, vmid: int, depth: int) -> Path:
+    d = lab.cgroup(vmid) / "ns"
+    for _ in range(depth):
+        d = d / "d"
+        os.mkdir(d)  # no Path.mkdir(parents=True): it recurses
+    return d
+
+
+def _remove_deep(top: Path) -> None:
+    dirs = []
+    d = top
+    while d.is_dir():
+        dirs.append(d)
+        d = d / "d"
+    for d in reversed(dirs):
+        try:
+            os.rmdir(d)
+        except OSError:
+            time.sleep(0.1)
+            os.rmdir(d)
+
+
+def test_holder_1100_cgroups_deep_is_found_and_stopped(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    (pid,) = w.host_pids(lab)
+    leaf = _deep_cgroup(lab, vmid, 1100)
+    try:
+        (leaf / "cgroup.procs").write_text(str(pid))
+        code, rep = run_json(lab, vmid)
+        assert code == 0, rep
+        assert rep["verdict"] == "clean"
+        assert [h["host_pid"] for h in rep["holders"]] == [pid]
+        assert not lab.alive(pid)
+    finally:
+        if lab.alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        _remove_deep(lab.cgroup(vmid) / "ns" / "d")
+
+
+def test_cgroup_walk_past_its_cap_is_residual_with_the_reason(
+        lab: Lab, vmid: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    (pid,) = w.host_pids(lab)
+    leaf = _deep_cgroup(lab, vmid, 60)
+    try:
+        (leaf / "cgroup.procs").write_text(str(pid))
+        monkeypatch.setattr(procfs, "MAX_CGROUPS", 40)
+        res = clean(vmid, load(lab.config_path), write_report=True)
+        assert res.verdict == "residual"
+        (h,) = res.report["holders"]
+        assert "more than 40 cgroups" in h["protected"]
+        assert lab.alive(pid)  # not seen, so not signalled: and the verdict says so
+        assert res.path is not None and res.path.exists()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+        _remove_deep(lab.cgroup(vmid) / "ns" / "d")
+
+
+def test_a_name_the_container_chose_protects_nothing(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "nvidia-persistenced", hold=["/dev/nvidia0"])
+    (pid,) = w.host_pids(lab)
+    assert Path(f"/proc/{pid}/comm").read_text().strip() == "nvidia-persiste"
+    code, rep = run_json(lab, vmid)
+    assert code == 0, rep
+    (h,) = rep["holders"]
+    assert "protected" not in h and h["outcome"] in ("terminated", "killed")
+    assert not lab.alive(pid)
+
+
+def test_host_process_keeps_its_protected_name(lab: Lab, vmid: int) -> None:
+    """A host-namespace process in the tree is never signalled, and the report says which
+    protected name it carries (names of host processes are the admin's)."""
+    lab.create_ct(vmid, gpus=(0,))
+    cg = lab.cgroup(vmid) / "ns" / "hostside"
+    w = lab.run_on_host("nvidia-smi", hold=[str(lab.nodes["nvidia0"])], cgroup=cg)
+    (pid,) = w.host_pids(lab)
+    _code, rep = run_json(lab, vmid)
+    h = next(h for h in rep["holders"] if h["host_pid"] == pid)
+    assert h["protected"] == "in the host's PID namespace, protected name 'nvidia-smi'"
+    assert lab.alive(pid)
