@@ -77,7 +77,9 @@ def ct(
     progress = None
     if not as_json and sys.stderr.isatty():
         def progress(msg: str) -> None:
-            typer.echo(f"... {msg}", err=True)
+            from .text import safe
+
+            typer.echo(f"... {safe(msg, 300)}", err=True)
     result = clean(vid, cfg, dry_run=dry_run, grace=grace, progress=progress)
     if as_json:
         typer.echo(json.dumps(result.report, indent=2, default=str))

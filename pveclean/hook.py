@@ -17,6 +17,7 @@ from .config import PHASES, Config, ConfigError, load
 from .model import GpuMemory, PvecleanError
 from .nvml import Nvml, NvmlUnavailable
 from .run import RunResult, cgroup_root, clean, finish
+from .text import safe
 
 LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack, contexts
 
@@ -46,8 +47,8 @@ def pre_stop(vmid: int, cfg: Config) -> int:
             f"({s['freed_mib']} MiB freed) in {dur:.1f} s; {_where(res)}")
     else:
         left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
-        names = ", ".join(f"PID {h['host_pid']} {h['name']} ({h['outcome']}, state "
-                          f"{h['state']})" for h in left[:5])
+        names = ", ".join(f"PID {h['host_pid']} {safe(h['name'], 16)} ({h['outcome']}, state "
+                          f"{safe(h['state'], 4)})" for h in left[:5])
         say(f"pveclean: WARNING: CT {vmid} pre-stop: {len(left)} GPU holder(s) REMAIN after "
             f"{dur:.1f} s: {names}; GPU memory may stay allocated; {_where(res)}")
     return 0
@@ -129,8 +130,8 @@ def post_stop(vmid: int, cfg: Config) -> int:
 
 
 def _busy(vmid: int, phase: str, res: RunResult) -> int:
-    say(f"pveclean: WARNING: CT {vmid} {phase}: skipped, {'; '.join(res.report['errors'])}; "
-        f"{_where(res)}")
+    errors = safe("; ".join(res.report["errors"]), 300)
+    say(f"pveclean: WARNING: CT {vmid} {phase}: skipped, {errors}; {_where(res)}")
     return 0
 
 
@@ -141,7 +142,7 @@ def pre_start(vmid: int, cfg: Config) -> int:
         res = finish(rep, cfg)
         if cfg.pre_start_policy == "refuse":
             say(f"pveclean: CT {vmid} pre-start: refusing to start: "
-                f"{'; '.join(rep['errors'])}; {_where(res)}")
+                f"{safe('; '.join(rep['errors']), 300)}; {_where(res)}")
             return 1
         return _busy(vmid, "pre-start", res)
     if not rep["container"]["running"]:
@@ -160,7 +161,8 @@ def pre_start(vmid: int, cfg: Config) -> int:
             f"an earlier run; {_where(res)}")
         return 0
     left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
-    names = ", ".join(f"PID {h['host_pid']} {h['name']} (state {h['state']})" for h in left[:5])
+    names = ", ".join(f"PID {h['host_pid']} {safe(h['name'], 16)} (state {safe(h['state'], 4)})"
+                      for h in left[:5])
     if cfg.pre_start_policy == "refuse":
         say(f"pveclean: CT {vmid} pre-start: refusing to start: {len(left)} process(es) of an "
             f"earlier run still hold GPUs: {names}; {_where(res)}")
@@ -199,10 +201,11 @@ def main(argv: list[str]) -> int:
     try:
         code = HANDLERS[phase](vmid, cfg)
     except PvecleanError as exc:
-        say(f"pveclean: CT {vmid} {phase}: {exc}")
+        say(f"pveclean: CT {vmid} {phase}: {safe(exc, 300)}")
         code = 0
     except Exception as exc:  # a hook must never die with a traceback in the task log
-        say(f"pveclean: CT {vmid} {phase}: internal error: {type(exc).__name__}: {exc}")
+        say(f"pveclean: CT {vmid} {phase}: internal error: {type(exc).__name__}: "
+            f"{safe(exc, 300)}")
         code = 0
     if phase == "pre-start":
         return code or chained
