@@ -24,11 +24,14 @@ DEFAULT_API: dict[str, Any] = {
     "verify_ssl": True,
 }
 
+# Linear time on any input (a container chooses its command lines): each pattern starts at
+# most once per word (look-behind or \b), finds its keyword with a look-ahead that does not
+# backtrack into the rest, and uses possessive quantifiers (Python 3.11+).
 DEFAULT_REDACT = [
-    r"(--[\w-]*(token|password|passwd|secret)[\w-]*[= ])\S+",
-    r"(--api[-_]?key[= ])\S+",
-    r"(\b\w*(TOKEN|KEY|SECRET|PASSWORD)\w*=)\S+",
-    r"(://[^/\s:@]+:)[^@\s]+(?P<tail>@)",
+    r"(?<![\w-])(?=--[\w-]*?(?:token|password|passwd|secret))(--[\w-]*+[= ])\S++",
+    r"(--api[-_]?key[= ])\S++",
+    r"\b(?=\w*?(?:TOKEN|KEY|SECRET|PASSWORD))(\w*+=)\S++",
+    r"(://[^/\s:@]++:)[^@\s/]++(?P<tail>@)",
 ]
 
 

@@ -153,9 +153,16 @@ def start_probe(scope: Scope, pct_command: str) -> subprocess.Popen[bytes]:
 def finish_probe(proc: subprocess.Popen[bytes], timeout: float) -> probe.ProbeResult:
     """The probe's result; raises RuntimeError with the reason when it did not work."""
     res = wait_pct(proc, timeout)
+    if res.over_limit:
+        raise RuntimeError(f"probe output over its limit ({res.over_limit}); ignored")
     if res.returncode is None:
         raise RuntimeError(f"pct exec did not finish within {timeout:.1f} s (frozen container?)")
     parsed = probe.parse_probe(res.stdout)
+    if parsed.over_limit:
+        raise RuntimeError(f"probe output over its limit ({parsed.over_limit}); ignored")
+    if parsed.missing:
+        raise RuntimeError(f"the container has no '{parsed.missing}' on pct exec's PATH; "
+                           "the probe cannot look")
     if not res.ok or not parsed.complete:
         why = (res.stderr.strip().splitlines() or ["no output"])[-1][:200]
         raise RuntimeError(f"pct exec failed (exit {res.returncode}): {why}")
@@ -166,13 +173,16 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope) -> list
     """Map container PIDs to host PIDs through NSpid and cross-check with the host view."""
     warnings: list[str] = []
     by_ct_pid = {st.nspid[1]: pid for pid, st in view.statuses.items() if len(st.nspid) >= 2}
+    unknown = [p for p in sorted(result.holders) if p not in by_ct_pid]
+    if unknown:  # one line, however many the probe invents
+        warnings.append(
+            f"probe named {len(unknown)} container PID(s) that no process of the container's "
+            f"cgroup tree has (exited, or outside the tree): "
+            f"{', '.join(map(str, unknown[:10]))}{' ...' if len(unknown) > 10 else ''}"
+        )
     for ct_pid, paths in sorted(result.holders.items()):
         host_pid = by_ct_pid.get(ct_pid)
         if host_pid is None:
-            warnings.append(
-                f"probe saw container PID {ct_pid} holding {', '.join(paths)}, but no process "
-                "of the container's cgroup tree has that PID (exited, or outside the tree)"
-            )
             continue
         h = view.holders.get(host_pid)
         if h is None:
@@ -181,7 +191,7 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope) -> list
             h.devices = list(paths)
             view.holders[host_pid] = h
             warnings.append(
-                f"probe found PID {host_pid} ({st.name}) holding {', '.join(paths)} that the "
+                f"probe found PID {host_pid} ({st.name}) holding {', '.join(paths)[:300]} that the "
                 "host view did not match"
             )
         h.add_source("probe")

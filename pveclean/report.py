@@ -26,13 +26,19 @@ def iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="milliseconds")
 
 
+MAX_VALUE = 64 << 10  # characters of one string value in a report
+
+
 class Redactor:
-    """Applies the configured patterns: a match's first group is kept, the rest becomes ***."""
+    """Applies the configured patterns: a match's first group is kept, the rest becomes ***.
+    Each value is cut to MAX_VALUE first, so the time stays bounded for any pattern."""
 
     def __init__(self, patterns: list[str]) -> None:
         self.patterns = [re.compile(p) for p in patterns]
 
     def text(self, s: str) -> str:
+        if len(s) > MAX_VALUE:
+            s = s[: MAX_VALUE - 1] + "…"
         for p in self.patterns:
             s = p.sub(self._replace, s)
         return s
