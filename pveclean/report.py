@@ -77,11 +77,16 @@ def to_yaml(report: dict[str, Any]) -> str:
 
 
 def ensure_dir(report_dir: str) -> Path:
+    """The report dir; created 0700 when missing. An existing directory keeps its mode:
+    pveclean chmods only what it created (report_dir: /var/log must not become 0700).
+    Reports are 0600 files created with O_EXCL, safe in a shared directory too."""
     d = Path(report_dir)
     try:
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if os.geteuid() == 0 and (d.stat().st_mode & 0o077):
-            os.chmod(d, 0o700)
+        if not d.is_dir():
+            d.mkdir(mode=0o700, parents=True)
+            os.chmod(d, 0o700)  # mkdir's mode went through the umask
+    except FileExistsError:
+        pass  # made by a concurrent run
     except OSError as exc:
         raise ReportError(f"cannot create report dir {d}: {exc.strerror}") from None
     return d

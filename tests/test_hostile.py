@@ -320,3 +320,136 @@ def test_host_environment_does_not_enter_the_container(lab: Lab, vmid: int) -> N
     seen = (lab.rootfs(vmid) / "tmp/env-seen").read_text()
     assert "PATH=" in seen  # the probe did run, with the fixed environment
     assert "s3cr3t-host-token" not in seen and "PVECLEAN_CONFIG" not in seen
+
+
+# ---- trust only root's files --------------------------------------------------------------
+
+NOBODY = 65534
+
+
+def test_loose_config_is_refused_whatever_it_says(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    (pid,) = w.host_pids(lab)
+    lab.write_config(strict_permissions=False)
+    os.chown(lab.config_path, NOBODY, NOBODY)
+    lab.config_path.chmod(0o666)
+    r = lab.pveclean("ct", str(vmid))
+    assert r.returncode == 2 and "not owned by root" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    os.chown(lab.config_path, 0, 0)
+    r = lab.pveclean("ct", str(vmid))
+    assert r.returncode == 2 and "writable by group or others" in r.stderr, r.stderr
+    assert lab.alive(pid)  # a config that is not root's controls nothing
+
+
+def test_programs_the_config_makes_root_run_must_be_roots(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,))
+    pct = lab.root / "bin" / "pct"
+    pct.chmod(0o777)  # anyone could put their code into what every hook runs as root
+    r = lab.pveclean("ct", str(vmid))
+    assert r.returncode == 2 and "pct_command" in r.stderr, r.stderr
+    pct.chmod(0o755)
+    assert lab.nvml is not None
+    lib_dir = lab.nvml.lib_path.parent
+    lib_dir.chmod(0o777)
+    r = lab.pveclean("ct", str(vmid))
+    assert r.returncode == 2 and "nvml_library" in r.stderr and "directory" in r.stderr
+    lib_dir.chmod(0o755)
+    os.chown(lab.nvml.lib_path, NOBODY, 0)
+    r = lab.pveclean("ct", str(vmid))
+    assert r.returncode == 2 and "nvml_library" in r.stderr
+    os.chown(lab.nvml.lib_path, 0, 0)
+    assert lab.pveclean("ct", str(vmid)).returncode == 0
+
+
+def test_config_in_a_directory_others_can_write_is_refused(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    shared = lab.root / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: anyone can create (or, after a reboot, recreate) it
+    cfg = shared / "x.yaml"
+    cfg.write_text(lab.config_path.read_text())
+    cfg.chmod(0o644)
+    r = lab.pveclean("ct", str(vmid), "--config", str(cfg))
+    assert r.returncode == 2 and f"directory {shared} is writable" in r.stderr, r.stderr
+
+
+def test_install_refuses_a_config_or_binary_others_can_change(tmp_path: Path) -> None:
+    from pveclean.install import trusted
+    from pveclean.model import PvecleanError
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    cfg = shared / "x.yaml"
+    cfg.write_text("grace_seconds: 1\n")
+    cfg.chmod(0o644)
+    exe = tmp_path / "pveclean"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    with pytest.raises(PvecleanError, match="writable by group or others") as e:
+        trusted(str(exe), str(cfg))
+    assert e.value.exit_code == 2
+    exe.chmod(0o775)
+    with pytest.raises(PvecleanError, match="pveclean command"):
+        trusted(str(exe), None)
+    exe.chmod(0o755)
+    trusted(str(exe), None)
+
+
+def test_metrics_never_follow_a_symlink_and_the_lock_is_roots(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    secret = lab.root / "secret"
+    secret.write_text("pveclean_root_only_line 1\nshadow:$6$hash\n")
+    secret.chmod(0o600)
+    textdir = lab.root / "textfile"
+    textdir.mkdir()
+    prom = textdir / "pveclean.prom"
+    prom.symlink_to(secret)
+    lab.write_config(metrics_path=str(prom))
+    r = lab.pveclean("ct", str(vmid))
+    assert r.returncode == 0, r.stderr
+    assert secret.read_text().startswith("pveclean_root_only_line")  # untouched
+    for f in textdir.iterdir():  # nothing of the root-only file reached a readable file
+        if not f.is_symlink():
+            assert "shadow" not in f.read_text() and "root_only" not in f.read_text()
+    assert oct((textdir / "pveclean.prom.lock").stat().st_mode & 0o777) == oct(0o600)
+    prom.unlink()  # without the symlink, metrics are written
+    assert lab.pveclean("ct", str(vmid)).returncode == 0
+    assert f'vmid="{vmid}"' in prom.read_text() and not prom.is_symlink()
+
+
+def test_metrics_lock_held_by_someone_else_does_not_hang_the_run(
+        lab: Lab, vmid: int) -> None:
+    import fcntl
+
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    prom = lab.root / "textfile" / "pveclean.prom"
+    lab.write_config(metrics_path=str(prom), deadline_seconds=10)
+    prom.parent.mkdir()
+    lock = open(f"{prom}.lock", "a")  # noqa: SIM115 -- held for the whole run
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        t = time.monotonic()
+        r = lab.pveclean("ct", str(vmid))
+        assert time.monotonic() - t < 10
+        assert r.returncode == 0, r.stderr
+        assert "metrics not written" in r.stdout + r.stderr or not prom.exists()
+    finally:
+        lock.close()
+
+
+def test_an_existing_report_dir_keeps_its_mode(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    shared = lab.root / "varlog"
+    shared.mkdir()
+    shared.chmod(0o755)
+    lab.write_config(report_dir=str(shared))
+    assert lab.pveclean("ct", str(vmid)).returncode == 0
+    assert oct(shared.stat().st_mode & 0o777) == oct(0o755)
+    assert list(shared.glob(f"{vmid}-*.yaml"))
+    fresh = lab.root / "fresh" / "reports"
+    lab.write_config(report_dir=str(fresh))
+    assert lab.pveclean("ct", str(vmid)).returncode == 0
+    assert oct(fresh.stat().st_mode & 0o777) == oct(0o700)
