@@ -53,6 +53,16 @@ def main(
     """pveclean."""
 
 
+def _finite(value: float | None) -> float | None:
+    """Reject nan and inf: every comparison with a NaN is false, so a range check alone
+    lets it through (--grace nan sent SIGTERM, then the stop raised)."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
 @app.command()
 def ct(
     vmid: Annotated[str, typer.Argument(help="Container ID, e.g. 129.")],
@@ -60,7 +70,8 @@ def ct(
     = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     grace: Annotated[
-        float | None, typer.Option("--grace", min=0, help="Seconds from SIGTERM to SIGKILL.")
+        float | None, typer.Option("--grace", min=0, max=3600, callback=_finite,
+                                   help="Seconds from SIGTERM to SIGKILL.")
     ] = None,
     config: ConfigOpt = None,
 ) -> None:

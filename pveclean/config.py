@@ -76,7 +76,11 @@ class Config:
 
 
 def _is_number(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    """A finite number: YAML's .nan and .inf are floats too, and every comparison with a
+    NaN is false, so range checks alone would let them through."""
+    import math
+
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _str_list(v: object) -> bool:
