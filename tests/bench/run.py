@@ -33,6 +33,7 @@ from tests.lab.lxclab import REPO, LabUnavailable, cgroup2_root, lab_unavailable
 
 from .cleanup import bench_cleanup
 from .discovery import bench_discovery, bench_growth
+from .flood import bench_flood
 from .hooks import bench_hooks
 from .load import HostLoad, build_loadproc
 from .measure import VmidPool, machine_info, new_lab, shielded
@@ -129,6 +130,7 @@ def run_sections(cfg: BenchConfig, sections: list[str], res: Results, log: Logge
                 lab.destroy()
     if "cleanup" in sections:
         record("cleanup", lambda: bench_cleanup(pool, cfg, log))
+        record("flood", lambda: bench_flood(pool, cfg, log))
     if "hooks" in sections:
         record("hooks", lambda: bench_hooks(pool, cfg, log))
     return ok
