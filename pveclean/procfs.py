@@ -77,7 +77,8 @@ def _cgroup_dirs(cgroup_dir: Path, limit: int) -> tuple[list[str], str | None]:
         except FileNotFoundError:
             continue  # removed while we walked
         except OSError as exc:
-            return found, f"cannot read cgroup {d}: {exc.strerror}"
+            where = d if len(d) <= 200 else f"{d[:100]}…{d[-100:]}"
+            return found, f"cannot read cgroup {where}: {exc.strerror}"
         stack.extend(sorted(subdirs, reverse=True))
     return found, None
 
@@ -99,7 +100,9 @@ def tree_pids(cgroup_dir: Path, limit: int | None = None) -> CgroupTree:
         except FileNotFoundError:
             continue  # removed while we walked
         except OSError as exc:
-            found.truncated = found.truncated or f"cannot read {d}/cgroup.procs: {exc.strerror}"
+            where = d if len(d) <= 200 else f"{d[:100]}…{d[-100:]}"
+            found.truncated = found.truncated or (f"cannot read {where}/cgroup.procs: "
+                                                  f"{exc.strerror}")
     return found
 
 
