@@ -3,12 +3,14 @@ mid-read (returns None), because the host is live while we look at it."""
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .model import GpuDevices, PvecleanError
 
@@ -266,12 +268,22 @@ def read_mounts(base: str) -> Mounts:
 
 
 def _fd_mnt_id(base: str, fd: str) -> int | None:
-    text = _read(f"{base}/fdinfo/{fd}")
-    for line in (text or "").splitlines():
-        if line.startswith("mnt_id:"):
-            value = line[7:].strip()
-            return int(value) if value.isdigit() else None
-    return None
+    """The mount ID of fd `fd` of the task at `base` (fdinfo's third line)."""
+    try:
+        f = os.open(f"{base}/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(f, 512)
+    except OSError:
+        return None
+    finally:
+        os.close(f)
+    at = raw.find(b"mnt_id:")
+    if at < 0:
+        return None
+    value = raw[at + 7 : raw.find(b"\n", at)].strip()
+    return int(value) if value.isdigit() else None
 
 
 def live_threads(pid: int) -> int:
@@ -296,6 +308,47 @@ def _bases(pid: int, kind: str) -> list[str]:
     return [f"{PROC}/{pid}/task/{t}" for t in sorted(tids, key=int)]
 
 
+AT_FDCWD = -100
+AT_STATX_DONT_SYNC = 0x4000
+STATX_TYPE_MODE = 0x3
+_statx_fn: Any = None
+
+
+def _libc_statx() -> Any:
+    global _statx_fn
+    if _statx_fn is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).statx
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                           ctypes.c_char_p]
+            fn.restype = ctypes.c_int
+            _statx_fn = fn
+        except (AttributeError, OSError):
+            _statx_fn = False
+    return _statx_fn
+
+
+def stat_nosync(path: str) -> tuple[int, int] | None:
+    """(st_mode, st_rdev) of the file `path` leads to, by statx(AT_STATX_DONT_SYNC): FUSE,
+    NFS, CIFS, 9p and ceph answer from their cache instead of asking a daemon or a server.
+    The mount-type check before it is the first guard; this one holds when the container
+    swaps what an fd number points to between that check and this call. None: gone."""
+    fn = _libc_statx()
+    if fn is False:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_mode, st.st_rdev
+    buf = ctypes.create_string_buffer(256)
+    if fn(AT_FDCWD, os.fsencode(path), AT_STATX_DONT_SYNC, STATX_TYPE_MODE, buf) != 0:
+        return None
+    mode = int.from_bytes(buf.raw[28:30], "little")
+    major = int.from_bytes(buf.raw[128:132], "little")
+    minor = int.from_bytes(buf.raw[132:136], "little")
+    return mode, os.makedev(major, minor)
+
+
 def _fd_holds(base: str, name: str, devices: GpuDevices,
               mounts: list[Mounts | None]) -> str | None:
     """The GPU node fd `name` of the task at `base` holds, matched by device number only."""
@@ -315,12 +368,9 @@ def _fd_holds(base: str, name: str, devices: GpuDevices,
     fstype = known.by_id.get(mnt_id)
     if fstype not in LOCAL_FS:
         return None  # FUSE, NFS, CIFS, 9p...: never stat()ed (it could hang)
-    try:
-        st = os.stat(link)
-    except OSError:
-        return None
-    if stat.S_ISCHR(st.st_mode) and devices.matches(st.st_rdev):
-        return f"{target} ({os.major(st.st_rdev)}:{os.minor(st.st_rdev)})"
+    st = stat_nosync(link)
+    if st is not None and stat.S_ISCHR(st[0]) and devices.matches(st[1]):
+        return f"{target} ({os.major(st[1])}:{os.minor(st[1])})"
     return None
 
 
@@ -384,11 +434,8 @@ def device_maps(pid: int, devices: GpuDevices,
                 mounts = read_mounts(base)
             rdev = -1
             if mounts.by_dev.get(_dev_key(parts[3])) in LOCAL_FS:
-                try:
-                    st = os.stat(f"{base}/map_files/{parts[0]}")
-                    rdev = st.st_rdev if stat.S_ISCHR(st.st_mode) else -1
-                except OSError:
-                    rdev = -1
+                st = stat_nosync(f"{base}/map_files/{parts[0]}")
+                rdev = st[1] if st is not None and stat.S_ISCHR(st[0]) else -1
             cache[key] = rdev
         if rdev >= 0 and devices.matches(rdev):
             held.append(f"{parts[5]} (mmap {os.major(rdev)}:{os.minor(rdev)})")

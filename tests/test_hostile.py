@@ -3,6 +3,7 @@ container. Every test here failed on the code before the fix."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -107,18 +108,19 @@ def test_files_on_fuse_and_network_mounts_are_never_stated(lab: Lab, vmid: int) 
         procfs.read_mounts = lambda base: procfs.Mounts(  # type: ignore[assignment]
             {k: "fuse.sshfs" for k in real(base).by_id}, {})
         stated: list[str] = []
-        orig_stat = os.stat
+        orig_stat, orig_os_stat = procfs.stat_nosync, os.stat
 
-        def spy(path: Any, *a: Any, **kw: Any) -> os.stat_result:
+        def spy(path: Any, *a: Any, **kw: Any) -> Any:
             stated.append(str(path))
-            return orig_stat(path, *a, **kw)
+            return orig_os_stat(path, *a, **kw)
 
+        procfs.stat_nosync = spy  # type: ignore[assignment]
         os.stat = spy  # type: ignore[assignment]
         try:
             assert procfs.device_fds(pid, devices) == []
             assert procfs.device_maps(pid, devices) == []
         finally:
-            os.stat = orig_stat
+            procfs.stat_nosync, os.stat = orig_stat, orig_os_stat  # type: ignore[assignment]
         assert not [p for p in stated if f"/proc/{pid}/" in p]
     finally:
         procfs.read_mounts = real  # type: ignore[assignment]
@@ -133,17 +135,26 @@ def _deep_cgroup(lab: Lab, vmid: int, depth: int) -> Path:
 
 
 def _remove_deep(top: Path) -> None:
+    """rmdir the chain deepest first (the lab's tear-down walks recursively: it must not
+    meet it); a just-killed process keeps its cgroup busy until it is reaped."""
     dirs = []
     d = top
     while d.is_dir():
         dirs.append(d)
         d = d / "d"
     for d in reversed(dirs):
-        try:
-            os.rmdir(d)
-        except OSError:
-            time.sleep(0.1)
-            os.rmdir(d)
+        end = time.monotonic() + 10
+        while True:
+            try:
+                os.rmdir(d)
+                break
+            except OSError:
+                if time.monotonic() > end:
+                    raise
+                for pid in (d / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        os.kill(int(pid), signal.SIGKILL)
+                time.sleep(0.05)
 
 
 def test_holder_1100_cgroups_deep_is_found_and_stopped(lab: Lab, vmid: int) -> None:

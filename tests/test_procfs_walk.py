@@ -1,11 +1,47 @@
-"""The cgroup walk on plain directories: iterative, capped, never an exception."""
+"""The cgroup walk on plain directories: iterative, capped, never an exception.
+
+The deep trees live in their own temporary directory, removed here without recursion:
+pytest's tmp_path clean-up (shutil.rmtree) recurses and would fail on them later."""
 
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from pveclean import procfs
+
+
+def rm_deep(top: Path) -> None:
+    """Remove a tree of any depth and path length, bottom-up through directory fds."""
+    fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
+    names: list[str] = []
+    while fds:
+        entries = list(os.scandir(fds[-1]))
+        sub = next((e.name for e in entries if e.is_dir(follow_symlinks=False)), None)
+        if sub is not None:
+            fds.append(os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+            names.append(sub)
+            continue
+        for e in entries:
+            os.unlink(e.name, dir_fd=fds[-1])
+        os.close(fds.pop())
+        if fds:
+            os.rmdir(names.pop(), dir_fd=fds[-1])
+    os.rmdir(top)
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:  # shadows pytest's: see the module docstring
+    top = Path(tempfile.mkdtemp(prefix="pveclean-walk-"))
+    try:
+        yield top
+    finally:
+        if top.exists():
+            rm_deep(top)
 
 
 def _nest(root: Path, depth: int, name: str = "d") -> Path:
