@@ -104,7 +104,7 @@ def ct(
             typer.echo("--- report (not saved) ---", err=True)
             from .report import to_yaml
 
-            typer.echo(to_yaml(result.report), err=True)
+            typer.echo(to_yaml(result.report, terminal=True), err=True)
     raise typer.Exit(result.exit_code)
 
 

@@ -71,9 +71,11 @@ def _str_repr(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
 _Dumper.add_representer(str, _str_repr)
 
 
-def to_yaml(report: dict[str, Any]) -> str:
+def to_yaml(report: dict[str, Any], terminal: bool = False) -> str:
+    """The report as YAML. PyYAML escapes control characters but emits bidi overrides and
+    other format characters raw: for a terminal, everything non-ASCII is escaped."""
     return yaml.dump(report, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-                     allow_unicode=True, width=100)
+                     allow_unicode=not terminal, width=100)
 
 
 def ensure_dir(report_dir: str) -> Path:
