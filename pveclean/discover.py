@@ -108,7 +108,7 @@ def scan_host(scope: Scope) -> HostView:
     holders: dict[int, Holder] = {}
     statuses: dict[int, procfs.ProcStatus] = {}
     init_pid = None
-    seen_maps: dict[tuple[str, str], int] = {}
+    cache = procfs.ScanCache()
     for pid, rel in tree.items():
         st = procfs.read_status(pid)
         if st is None:
@@ -119,10 +119,10 @@ def scan_host(scope: Scope) -> HostView:
         if st.state == "Z" and not procfs.live_threads(pid):
             continue  # a zombie holds nothing: its fds and mappings are gone
         # (a zombie leader with live threads holds through them: device_fds reads those)
-        fds = procfs.device_fds(pid, scope.devices)
+        fds = procfs.device_fds(pid, scope.devices, cache)
         if fds is None:
             continue
-        maps = procfs.device_maps(pid, scope.devices, seen_maps)
+        maps = procfs.device_maps(pid, scope.devices, cache)
         if fds or maps:
             h = make_holder(st, rel, scope)
             h.devices = fds + maps

@@ -349,8 +349,28 @@ def stat_nosync(path: str) -> tuple[int, int] | None:
     return mode, os.makedev(major, minor)
 
 
-def _fd_holds(base: str, name: str, devices: GpuDevices,
-              mounts: list[Mounts | None]) -> str | None:
+class ScanCache:
+    """What one scan may share between the processes it looks at: each mount namespace's
+    mounts (the container's processes share one), and (st_dev, inode) -> st_rdev of mapped
+    files (they map the same libraries). A mount ID missing from the cached table is
+    looked up again (a mount made during the scan)."""
+
+    def __init__(self) -> None:
+        self.rdevs: dict[tuple[str, str], int] = {}
+        self._mounts: dict[str, Mounts] = {}
+
+    def mounts(self, base: str, fresh: bool = False) -> Mounts:
+        try:
+            ns = os.readlink(f"{base}/ns/mnt")
+        except OSError:
+            return read_mounts(base)
+        if fresh or ns not in self._mounts:
+            self._mounts[ns] = read_mounts(base)
+        return self._mounts[ns]
+
+
+def _fd_holds(base: str, name: str, devices: GpuDevices, cache: ScanCache,
+              mounts: list[Any]) -> str | None:
     """The GPU node fd `name` of the task at `base` holds, matched by device number only."""
     link = f"{base}/fd/{name}"
     try:
@@ -364,7 +384,10 @@ def _fd_holds(base: str, name: str, devices: GpuDevices,
         return None
     known = mounts[0]
     if known is None:
-        known = mounts[0] = read_mounts(base)
+        known = mounts[0] = cache.mounts(base)
+    if mnt_id not in known.by_id and not mounts[1]:  # once per process: a lazily
+        known = mounts[0] = cache.mounts(base, fresh=True)  # unmounted one stays unknown
+        mounts[1] = True
     fstype = known.by_id.get(mnt_id)
     if fstype not in LOCAL_FS:
         return None  # FUSE, NFS, CIFS, 9p...: never stat()ed (it could hang)
@@ -374,7 +397,8 @@ def _fd_holds(base: str, name: str, devices: GpuDevices,
     return None
 
 
-def device_fds(pid: int, devices: GpuDevices) -> list[str] | None:
+def device_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None
+               ) -> list[str] | None:
     """Paths (as the process sees them) of open fds on GPU devices, at any path (a bind mount
     of /dev/nvidia0 at /opt/g counts); None if the process is gone. A process whose main
     thread exited shows no fds on /proc/PID/fd: its live threads' fd tables are read then."""
@@ -391,20 +415,19 @@ def device_fds(pid: int, devices: GpuDevices) -> list[str] | None:
                 todo.append((tbase, os.listdir(f"{tbase}/fd")))
             except OSError:
                 continue
+    cache = cache or ScanCache()
     for where, fds in todo:
-        mounts: list[Mounts | None] = [None]
+        mounts: list[Any] = [None, False]  # this task's Mounts, and refreshed once
         for name in fds:
-            hit = _fd_holds(where, name, devices, mounts)
+            hit = _fd_holds(where, name, devices, cache, mounts)
             if hit and hit not in held:
                 held.append(hit)
     return held
 
 
-def device_maps(pid: int, devices: GpuDevices,
-                cache: dict[tuple[str, str], int] | None = None) -> list[str]:
+def device_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None) -> list[str]:
     """Mappings of GPU devices at any path, matched on the device number behind
-    /proc/PID/map_files; only files on local file systems are stat()ed. `cache` (one scan's)
-    remembers (st_dev, inode) -> st_rdev across the processes that map the same files."""
+    /proc/PID/map_files; only files on local file systems are stat()ed."""
     base = f"{PROC}/{pid}"
     text = _read(f"{base}/maps")
     if not text:
@@ -415,9 +438,10 @@ def device_maps(pid: int, devices: GpuDevices,
                 break
         if not text:
             return []
-    if cache is None:
-        cache = {}
+    cache = cache or ScanCache()
+    rdevs = cache.rdevs
     mounts: Mounts | None = None
+    refreshed = False
     held: list[str] = []
     seen: set[tuple[str, str]] = set()
     for line in text.splitlines():
@@ -428,15 +452,18 @@ def device_maps(pid: int, devices: GpuDevices,
         if key in seen:
             continue
         seen.add(key)
-        rdev = cache.get(key)
+        rdev = rdevs.get(key)
         if rdev is None:
             if mounts is None:
-                mounts = read_mounts(base)
+                mounts = cache.mounts(base)
+            dev = _dev_key(parts[3])
+            if dev not in mounts.by_dev and not refreshed:
+                mounts, refreshed = cache.mounts(base, fresh=True), True
             rdev = -1
-            if mounts.by_dev.get(_dev_key(parts[3])) in LOCAL_FS:
+            if mounts.by_dev.get(dev) in LOCAL_FS:
                 st = stat_nosync(f"{base}/map_files/{parts[0]}")
                 rdev = st[1] if st is not None and stat.S_ISCHR(st[0]) else -1
-            cache[key] = rdev
+            rdevs[key] = rdev
         if rdev >= 0 and devices.matches(rdev):
             held.append(f"{parts[5]} (mmap {os.major(rdev)}:{os.minor(rdev)})")
     return held
