@@ -7,6 +7,7 @@ import ctypes
 import glob
 import os
 import stat
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -312,6 +313,7 @@ AT_FDCWD = -100
 AT_STATX_DONT_SYNC = 0x4000
 STATX_TYPE_MODE = 0x3
 _statx_fn: Any = None
+_STATX_BUF = ctypes.create_string_buffer(256)  # struct statx; scans are single-threaded
 
 
 def _libc_statx() -> Any:
@@ -340,12 +342,11 @@ def stat_nosync(path: str) -> tuple[int, int] | None:
         except OSError:
             return None
         return st.st_mode, st.st_rdev
-    buf = ctypes.create_string_buffer(256)
-    if fn(AT_FDCWD, os.fsencode(path), AT_STATX_DONT_SYNC, STATX_TYPE_MODE, buf) != 0:
+    buf = _STATX_BUF
+    if fn(AT_FDCWD, path.encode(), AT_STATX_DONT_SYNC, STATX_TYPE_MODE, buf) != 0:
         return None
-    mode = int.from_bytes(buf.raw[28:30], "little")
-    major = int.from_bytes(buf.raw[128:132], "little")
-    minor = int.from_bytes(buf.raw[132:136], "little")
+    (mode,) = struct.unpack_from("<H", buf, 28)  # struct statx: stx_mode
+    major, minor = struct.unpack_from("<II", buf, 128)  # stx_rdev_major, stx_rdev_minor
     return mode, os.makedev(major, minor)
 
 
