@@ -53,6 +53,16 @@ def main(
     """pveclean."""
 
 
+def _finite(value: float | None) -> float | None:
+    """Reject nan and inf: every comparison with a NaN is false, so a range check alone
+    lets it through (--grace nan sent SIGTERM, then the stop raised)."""
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
 @app.command()
 def ct(
     vmid: Annotated[str, typer.Argument(help="Container ID, e.g. 129.")],
@@ -60,7 +70,8 @@ def ct(
     = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     grace: Annotated[
-        float | None, typer.Option("--grace", min=0, help="Seconds from SIGTERM to SIGKILL.")
+        float | None, typer.Option("--grace", min=0, max=3600, callback=_finite,
+                                   help="Seconds from SIGTERM to SIGKILL.")
     ] = None,
     stop_units: Annotated[
         bool, typer.Option("--stop-units", help="First stop the holders' systemd units in the "
@@ -85,7 +96,9 @@ def ct(
     progress = None
     if not as_json and sys.stderr.isatty():
         def progress(msg: str) -> None:
-            typer.echo(f"... {msg}", err=True)
+            from .text import safe
+
+            typer.echo(f"... {safe(msg, 300)}", err=True)
     result = clean(vid, cfg, dry_run=dry_run, grace=grace, progress=progress,
                    stop_units=stop_units)
     if as_json:
@@ -100,7 +113,7 @@ def ct(
             typer.echo("--- report (not saved) ---", err=True)
             from .report import to_yaml
 
-            typer.echo(to_yaml(result.report), err=True)
+            typer.echo(to_yaml(result.report, terminal=True), err=True)
     raise typer.Exit(result.exit_code)
 
 

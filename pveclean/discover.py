@@ -55,7 +55,8 @@ class Scope:
 def protected_name(comm: str, exe: str | None, cmdline: str,
                    protect: frozenset[str]) -> str | None:
     """The protected name this process carries. comm is cut to 15 characters by the kernel
-    ("nvidia-persiste"), so the executable's and argv[0]'s base names count too."""
+    ("nvidia-persiste"), so the executable's and argv[0]'s base names count too. Only for
+    host processes: a container's root chooses its processes' names (see _protect_reason)."""
     for name in protect:
         if comm == name or comm == name[:15]:
             return name
@@ -69,12 +70,12 @@ def protected_name(comm: str, exe: str | None, cmdline: str,
 def _protect_reason(st: procfs.ProcStatus, scope: Scope, exe: str | None,
                     cmdline: str) -> str | None:
     if len(st.nspid) < 2:
-        return "in the host's PID namespace"
+        name = protected_name(st.name, exe, cmdline, scope.protect)
+        return "in the host's PID namespace" + (f", protected name '{name}'" if name else "")
     if scope.running and st.nspid[1] == 1:
         return "the container's PID 1"
-    name = protected_name(st.name, exe, cmdline, scope.protect)
-    if name:
-        return f"protected name '{name}'"
+    # `protect` never exempts a container's process: its name, exe path and argv[0] are
+    # whatever the container's root chose (`exec -a nvidia-persistenced`). docs/security.md
     return None
 
 
@@ -117,6 +118,7 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
     holders: dict[int, Holder] = {}
     statuses: dict[int, procfs.ProcStatus] = {}
     init_pid = None
+    cache = procfs.ScanCache()
     for pid, rel in tree.items():
         if pid in skip:
             continue  # its reads hung in an earlier try
@@ -127,18 +129,30 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
         statuses[pid] = st
         if scope.running and len(st.nspid) >= 2 and st.nspid[1] == 1:
             init_pid = pid
-        if st.state == "Z":
+        if st.state == "Z" and not procfs.live_threads(pid):
             continue  # a zombie holds nothing: its fds and mappings are gone
-        fds = procfs.device_fds(pid, scope.devices)
+        # (a zombie leader with live threads holds through them: device_fds reads those)
+        fds = procfs.device_fds(pid, scope.devices, cache)
         if fds is None:
             continue
-        maps = procfs.device_maps(pid, scope.devices)
+        maps = procfs.device_maps(pid, scope.devices, cache)
         if fds or maps:
             h = make_holder(st, rel, scope)
             h.devices = fds + maps
             h.add_source("host")
             holders[pid] = h
+    truncated = getattr(tree, "truncated", None)
+    if truncated:
+        holders[0] = unwalked(str(truncated), scope)
     return HostView(holders, statuses, tree, init_pid)
+
+
+def unwalked(reason: str, scope: Scope) -> Holder:
+    """Stands for the part of the cgroup tree that was not walked: never signalled, it keeps
+    the verdict at `residual` and carries the reason into the report."""
+    return Holder(host_pid=0, starttime=0, ct_pid=None, name="(cgroups not walked)", exe=None,
+                  cmdline="", uid=0, user="-", state="?", ppid=0,
+                  cgroup=f"/lxc/{scope.vmid}", protected=f"not looked at: {reason}")
 
 
 def start_probe(scope: Scope, pct_command: str) -> subprocess.Popen[bytes]:
@@ -152,9 +166,16 @@ def start_probe(scope: Scope, pct_command: str) -> subprocess.Popen[bytes]:
 def finish_probe(proc: subprocess.Popen[bytes], timeout: float) -> probe.ProbeResult:
     """The probe's result; raises RuntimeError with the reason when it did not work."""
     res = wait_pct(proc, timeout)
+    if res.over_limit:
+        raise RuntimeError(f"probe output over its limit ({res.over_limit}); ignored")
     if res.returncode is None:
         raise RuntimeError(f"pct exec did not finish within {timeout:.1f} s (frozen container?)")
     parsed = probe.parse_probe(res.stdout)
+    if parsed.over_limit:
+        raise RuntimeError(f"probe output over its limit ({parsed.over_limit}); ignored")
+    if parsed.missing:
+        raise RuntimeError(f"the container has no '{parsed.missing}' on pct exec's PATH; "
+                           "the probe cannot look")
     if not res.ok or not parsed.complete:
         why = (res.stderr.strip().splitlines() or ["no output"])[-1][:200]
         raise RuntimeError(f"pct exec failed (exit {res.returncode}): {why}")
@@ -170,13 +191,16 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope,
     by_ct_pid = {st.nspid[1]: pid for pid, st in view.statuses.items() if len(st.nspid) >= 2}
     new: list[tuple[procfs.ProcStatus, str]] = []
     paths_of: dict[int, list[str]] = {}
+    unknown = [p for p in sorted(result.holders) if p not in by_ct_pid]
+    if unknown:  # one line, however many the probe invents
+        warnings.append(
+            f"probe named {len(unknown)} container PID(s) that no process of the container's "
+            f"cgroup tree has (exited, or outside the tree): "
+            f"{', '.join(map(str, unknown[:10]))}{' ...' if len(unknown) > 10 else ''}"
+        )
     for ct_pid, paths in sorted(result.holders.items()):
         host_pid = by_ct_pid.get(ct_pid)
         if host_pid is None:
-            warnings.append(
-                f"probe saw container PID {ct_pid} holding {', '.join(paths)}, but no process "
-                "of the container's cgroup tree has that PID (exited, or outside the tree)"
-            )
             continue
         h = view.holders.get(host_pid)
         if h is None:
@@ -184,8 +208,8 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope,
             new.append((st, view.tree.get(host_pid, ".")))
             paths_of[host_pid] = list(paths)
             warnings.append(
-                f"probe found PID {host_pid} ({st.name}) holding {', '.join(paths)} that the "
-                "host view did not match"
+                f"probe found PID {host_pid} ({st.name}) holding {', '.join(paths)[:300]} "
+                "that the host view did not match"
             )
             continue
         h.add_source("probe")
@@ -206,8 +230,8 @@ def merge_nvml(
         h = view.holders.get(pid)
         if h is None and pid in view.statuses:
             st = view.statuses[pid]
-            if st.state == "Z":
-                continue
+            if st.state == "Z" and not procfs.live_threads(pid):
+                continue  # an exited process: NVML lists it until the driver lets go
             h = make_holder(st, view.tree.get(pid, "."), scope)
             view.holders[pid] = h
         if h is not None:

@@ -19,6 +19,7 @@ from .discover import Deadline, Reads
 from .model import EXIT_REFUSE, EXIT_USAGE, GpuMemory, PvecleanError
 from .nvml import Nvml
 from .run import RunResult, cgroup_root, clean, finish, new_worker, reserve_for, stall_for
+from .text import safe
 
 LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack, contexts
 
@@ -48,8 +49,8 @@ def pre_stop(vmid: int, cfg: Config) -> int:
             f"({s['freed_mib']} MiB freed) in {dur:.1f} s; {_where(res)}")
     else:
         left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
-        names = ", ".join(f"PID {h['host_pid']} {h['name']} ({h['outcome']}, state "
-                          f"{h['state']})" for h in left[:5])
+        names = ", ".join(f"PID {h['host_pid']} {safe(h['name'], 16)} ({h['outcome']}, "
+                          f"state {safe(h['state'], 4)})" for h in left[:5])
         why = f": {names}" if left else f" or cannot be ruled out: {_first_error(rep)}"
         say(f"pveclean: WARNING: CT {vmid} pre-stop: {len(left)} GPU holder(s) REMAIN after "
             f"{dur:.1f} s{why}; GPU memory may stay allocated; {_where(res)}")
@@ -60,7 +61,7 @@ def pre_stop(vmid: int, cfg: Config) -> int:
 def _first_error(rep: dict[str, Any]) -> str:
     errors = rep.get("errors") or ["unknown"]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{str(errors[0])[:300]}{more}"
+    return f"{safe(errors[0], 300)}{more}"
 
 
 def _unsaved(res: RunResult) -> None:
@@ -156,8 +157,8 @@ def post_stop(vmid: int, cfg: Config) -> int:
 
 
 def _busy(vmid: int, phase: str, res: RunResult) -> int:
-    say(f"pveclean: WARNING: CT {vmid} {phase}: skipped, {'; '.join(res.report['errors'])}; "
-        f"{_where(res)}")
+    errors = safe("; ".join(res.report["errors"]), 300)
+    say(f"pveclean: WARNING: CT {vmid} {phase}: skipped, {errors}; {_where(res)}")
     return 0
 
 
@@ -184,7 +185,8 @@ def pre_start(vmid: int, cfg: Config) -> int:
             f"an earlier run; {_where(res)}")
         return 0
     left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
-    names = ", ".join(f"PID {h['host_pid']} {h['name']} (state {h['state']})" for h in left[:5])
+    names = ", ".join(f"PID {h['host_pid']} {safe(h['name'], 16)} (state {safe(h['state'], 4)})"
+                      for h in left[:5])
     if not left:  # nothing seen that stays: not knowing is no reason to refuse
         say(f"pveclean: WARNING: CT {vmid} pre-start: could not check every leftover process: "
             f"{_first_error(rep)}; starting anyway; {_where(res)}")
@@ -259,10 +261,11 @@ def _main(argv: list[str]) -> int:
     try:
         code = HANDLERS[phase](vmid, cfg)
     except PvecleanError as exc:
-        say(f"pveclean: CT {vmid} {phase}: {exc}")
+        say(f"pveclean: CT {vmid} {phase}: {safe(exc, 300)}")
         code = 0
     except Exception as exc:  # a hook must never die with a traceback in the task log
-        say(f"pveclean: CT {vmid} {phase}: internal error: {type(exc).__name__}: {exc}")
+        say(f"pveclean: CT {vmid} {phase}: internal error: {type(exc).__name__}: "
+            f"{safe(exc, 300)}")
         code = 0
     if phase == "pre-start" and (refused or code == EXIT_REFUSE):
         return EXIT_REFUSE

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import chain, procfs, pveconf, unit
-from .config import DEFAULT_PATH, Config
+from .config import DEFAULT_PATH, Config, untrusted
 from .model import EXIT_ACCESS, EXIT_OK, EXIT_USAGE, PvecleanError
 from .pveapi import Api, Container
 
@@ -65,6 +65,25 @@ def config_file(cfg: Config) -> str | None:
     return None if path == DEFAULT_PATH else str(path)
 
 
+def trusted(bin_path: str, conf: str | None) -> None:
+    """As root, refuse to stamp into a hookscript (run as root on every start and stop) a
+    program, its interpreter or a config that someone else could change."""
+    if os.geteuid() != 0:
+        return
+    targets = [(bin_path, "pveclean command"), (conf, "config file")]
+    try:
+        with open(bin_path, "rb") as fh:
+            first = fh.readline(256)
+        if first.startswith(b"#!"):
+            targets.append((first[2:].split()[0].decode(), "pveclean's interpreter"))
+    except (OSError, IndexError, UnicodeDecodeError):
+        pass
+    for target, what in targets:
+        why = untrusted(target, what) if target else None
+        if why:
+            raise PvecleanError(f"{why}; not stamping it into the hookscript", EXIT_USAGE)
+
+
 def hook_text(cfg: Config) -> str:
     for template in TEMPLATES:
         if template.is_file():
@@ -73,7 +92,9 @@ def hook_text(cfg: Config) -> str:
             except OSError as exc:
                 raise PvecleanError(f"cannot read {template}: {exc.strerror}",
                                     EXIT_ACCESS) from None
-            return stamp(text, pveclean_bin(), config_file(cfg))
+            bin_path, conf = pveclean_bin(), config_file(cfg)
+            trusted(bin_path, conf)
+            return stamp(text, bin_path, conf)
     looked = ", ".join(map(str, TEMPLATES))
     raise PvecleanError(f"hookscript template not found (looked at {looked})", EXIT_ACCESS)
 

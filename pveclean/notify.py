@@ -4,27 +4,34 @@ textfile metrics. Both best effort: a missing /dev/log never fails a cleanup."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from .text import safe
+
 VERDICTS = ("clean", "nothing-to-do", "dry-run", "residual", "leaked", "error", "busy")
 LOG_USER = 1
 PRI = {"info": 6, "warning": 4, "err": 3}
+LOCK_WAIT = 2.0  # seconds to wait for the metrics lock: a hook never hangs on it
+MAX_METRICS = 4 << 20  # bytes of an existing textfile read back
 
 
 def log_line(rep: dict[str, Any], path: str | None) -> str:
     s = rep.get("summary", {})
     residual = sum(1 for h in rep.get("holders", []) if h.get("outcome") == "survived")
     return (
-        f"vmid={rep['vmid']} phase={rep['phase']} verdict={rep['verdict']} "
-        f"holders={s.get('holders', 0)} stopped={s.get('stopped', 0)} residual={residual} "
-        f"freed_mib={s.get('freed_mib', 0)} duration_s={rep.get('duration_s', 0)} "
-        f"report={path or '-'}"
+        f"vmid={safe(rep['vmid'], 12)} phase={safe(rep['phase'], 20)} "
+        f"verdict={safe(rep['verdict'], 20)} "
+        f"holders={safe(s.get('holders', 0), 12)} stopped={safe(s.get('stopped', 0), 12)} "
+        f"residual={residual} freed_mib={safe(s.get('freed_mib', 0), 20)} "
+        f"duration_s={safe(rep.get('duration_s', 0), 20)} report={safe(path or '-', 300)}"
     )
 
 
@@ -45,12 +52,18 @@ def syslog(rep: dict[str, Any], path: str | None, socket_path: str = "/dev/log")
         return False
 
 
+def label(value: object) -> str:
+    """A Prometheus label value: printable, cut, backslash and quote escaped."""
+    return safe(value, 64).replace('"', '\\"')
+
+
 def _metric_lines(rep: dict[str, Any], now: float) -> list[str]:
-    vmid = rep["vmid"]
+    vmid = label(rep["vmid"])
     s = rep.get("summary", {})
     residual = sum(1 for h in rep.get("holders", []) if h.get("outcome") == "survived")
     lab = f'vmid="{vmid}"'
-    lines = [f'pveclean_last_run_timestamp_seconds{{{lab},phase="{rep["phase"]}"}} {now:.0f}']
+    lines = [f'pveclean_last_run_timestamp_seconds{{{lab},phase="{label(rep["phase"])}"}} '
+             f'{now:.0f}']
     lines += [
         f'pveclean_last_verdict{{{lab},verdict="{v}"}} {1 if rep["verdict"] == v else 0}'
         for v in VERDICTS
@@ -83,23 +96,73 @@ HELP = """# HELP pveclean_last_verdict 1 for the verdict of the last pveclean ru
 """
 
 
-def write_metrics(rep: dict[str, Any], metrics_path: str) -> None:
+def _lock(lock_path: str, wait: float) -> int:
+    """The metrics lock: 0600, ours, never through a symlink; waited for at most `wait` s
+    (anyone who could open it could otherwise hold it and hang every hook)."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"{lock_path} is not a file of ours")
+        if st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+        end = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    raise OSError(errno.EWOULDBLOCK,
+                                  f"{lock_path} held by another process for {wait:.0f} s"
+                                  ) from None
+                time.sleep(0.02)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_old(path: Path) -> str:
+    """The current textfile, read without following a symlink; only a plain file of ours
+    with one link (a hard link to a root-only file is not copied into a world-readable
+    .prom)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            raise OSError(errno.EPERM, f"{path} is not a plain file of ours; not replacing it")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read(MAX_METRICS).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
+def write_metrics(rep: dict[str, Any], metrics_path: str, lock_wait: float = LOCK_WAIT) -> None:
     """Replace this container's series in the textfile, atomically, under a lock."""
     path = Path(metrics_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    vmid_label = f'vmid="{rep["vmid"]}"'
-    with open(f"{path}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        old: list[str] = []
-        with contextlib.suppress(FileNotFoundError):
-            old = [ln for ln in path.read_text().splitlines()
-                   if ln and not ln.startswith("#") and vmid_label not in ln]
+    if not path.parent.is_dir():
+        path.parent.mkdir(mode=0o755, parents=True)
+    vmid_label = f'vmid="{label(rep["vmid"])}"'
+    fd = _lock(f"{path}.lock", lock_wait)
+    try:
+        old = [ln for ln in _read_old(path).splitlines()
+               if ln.startswith("pveclean_") and vmid_label not in ln]
         lines = sorted(old + _metric_lines(rep, time.time()))
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pveclean-", suffix=".prom")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(HELP + "\n".join(lines) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        tmpfd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pveclean-", suffix=".prom")
+        try:
+            with os.fdopen(tmpfd, "w") as fh:
+                fh.write(HELP + "\n".join(lines) + "\n")
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)  # rename replaces a symlink itself, never its target
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    finally:
+        os.close(fd)
 
 
 def publish(rep: dict[str, Any], path: str | None, cfg_syslog: bool, syslog_socket: str,

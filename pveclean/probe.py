@@ -2,6 +2,10 @@
 
 It prints `fd PID PATH` and `map PID PATH` lines for every process (as the container
 numbers them) with an fd or mapping whose path matches the GPU patterns, then `end`.
+The container's root controls the `/bin/sh` that runs it, so its output is data: bounded
+(pct.wait_pct), parsed line by line with a cap on entries, and only a hint -- a holder it
+names is signalled only if it is in the container's cgroup tree and the host sees it hold a
+GPU device (stop.prove).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 # fd directory shows the link targets (busybox and coreutils alike); maps are read by the
 # shell's own `read`, so the probe forks once, whatever the number of processes.
 PROBE_SCRIPT = r"""
+command -v ls >/dev/null 2>&1 || { echo "missing ls"; exit 127; }
 self=$$
 p=
 ls -l /proc/[0-9]*/fd/ 2>/dev/null | while read -r line; do
@@ -41,7 +46,9 @@ done
 echo end
 """
 
-_LINE = re.compile(r"^(fd|map) (\d+) (/\S.*)$")
+_LINE = re.compile(r"^(fd|map) (\d{1,10}) (/\S.{0,4095})$")
+MAX_PIDS = 1024  # distinct container PIDs the probe may name
+MAX_PATHS = 32  # paths kept per PID
 
 
 @dataclass
@@ -49,10 +56,15 @@ class ProbeResult:
     holders: dict[int, list[str]] = field(default_factory=dict)  # container PID -> paths
     complete: bool = False
     bad_lines: int = 0
+    over_limit: str | None = None  # the probe named more than the caps allow
+    missing: str | None = None  # a tool the probe needs is not in the container
 
 
-def parse_probe(output: str) -> ProbeResult:
-    """Parse probe output; malformed lines are counted, never fatal."""
+def parse_probe(output: str, max_pids: int = MAX_PIDS,
+                max_paths: int = MAX_PATHS) -> ProbeResult:
+    """Parse probe output; malformed lines are counted, never fatal. Output past `end`
+    does not count; more than `max_pids` PIDs set `over_limit` (a shell that invents
+    holders by the thousand is not a probe)."""
     result = ProbeResult()
     for line in output.splitlines():
         line = line.strip()
@@ -60,6 +72,9 @@ def parse_probe(output: str) -> ProbeResult:
             continue
         if line == "end":
             result.complete = True
+            break
+        if line.startswith("missing ") and len(line) < 40:
+            result.missing = line[8:]
             continue
         m = _LINE.match(line)
         if not m:
@@ -67,8 +82,13 @@ def parse_probe(output: str) -> ProbeResult:
             continue
         kind, pid, path = m.group(1), int(m.group(2)), m.group(3)
         label = path if kind == "fd" else f"{path} (mmap)"
-        paths = result.holders.setdefault(pid, [])
-        if label not in paths:
+        paths = result.holders.get(pid)
+        if paths is None:
+            if len(result.holders) >= max_pids:
+                result.over_limit = f"more than {max_pids} processes named"
+                break
+            paths = result.holders[pid] = []
+        if label not in paths and len(paths) < max_paths:
             paths.append(label)
     return result
 

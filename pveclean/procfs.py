@@ -3,12 +3,15 @@ mid-read (returns None), because the host is live while we look at it."""
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import stat
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .model import GpuDevices, PvecleanError
 
@@ -46,20 +49,63 @@ def monitor_running(root: str, vmid: int) -> bool:
         return False
 
 
-def tree_pids(cgroup_dir: Path) -> dict[int, str]:
+MAX_CGROUPS = 10_000  # a container's root can create cgroups without end below ns/
+
+
+class CgroupTree(dict[int, str]):
+    """PID -> its cgroup relative to the walked root. `truncated` says why part of the tree
+    was not walked (too many cgroups, a path too long): processes there were not seen."""
+
+    truncated: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(len(self)) or self.truncated is not None
+
+
+def _cgroup_dirs(cgroup_dir: Path, limit: int) -> tuple[list[str], str | None]:
+    """Every cgroup below `cgroup_dir` (itself first), iteratively: no recursion limit, at
+    most `limit` of them. Deepest last, as a stack walk finds them."""
+    root = str(cgroup_dir)
+    found: list[str] = []
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        if len(found) >= limit:
+            return found, (f"the cgroup tree has more than {limit} cgroups; processes in "
+                           f"the cgroups past the first {limit} were not looked at")
+        found.append(d)
+        try:
+            with os.scandir(d) as it:
+                subdirs = [e.path for e in it if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            continue  # removed while we walked
+        except OSError as exc:
+            where = d if len(d) <= 200 else f"{d[:100]}…{d[-100:]}"
+            return found, f"cannot read cgroup {where}: {exc.strerror}"
+        stack.extend(sorted(subdirs, reverse=True))
+    return found, None
+
+
+def tree_pids(cgroup_dir: Path, limit: int | None = None) -> CgroupTree:
     """PIDs of every process in a cgroup and all cgroups below it -> their relative cgroup."""
-    found: dict[int, str] = {}
+    found = CgroupTree()
     if not cgroup_dir.is_dir():
         return found
-    for dirpath, _dirnames, _files in os.walk(cgroup_dir):
-        rel = os.path.relpath(dirpath, cgroup_dir)
+    dirs, found.truncated = _cgroup_dirs(cgroup_dir, MAX_CGROUPS if limit is None else limit)
+    root = str(cgroup_dir)
+    for d in dirs:
+        rel = "." if d == root else d[len(root) + 1 :]
         try:
-            with open(os.path.join(dirpath, "cgroup.procs"), encoding="ascii") as fh:
+            with open(os.path.join(d, "cgroup.procs"), encoding="ascii") as fh:
                 for line in fh:
                     if line.strip().isdigit():
                         found[int(line)] = rel
-        except OSError:
+        except FileNotFoundError:
             continue  # removed while we walked
+        except OSError as exc:
+            where = d if len(d) <= 200 else f"{d[:100]}…{d[-100:]}"
+            found.truncated = found.truncated or (f"cannot read {where}/cgroup.procs: "
+                                                  f"{exc.strerror}")
     return found
 
 
@@ -70,8 +116,8 @@ def remove_empty_cgroups(cgroup_dir: Path) -> list[str]:
     removed: list[str] = []
     if not cgroup_dir.is_dir():
         return removed
-    dirs = sorted((d for d, _s, _f in os.walk(cgroup_dir)), key=len, reverse=True)
-    for d in dirs:
+    dirs, _ = _cgroup_dirs(cgroup_dir, MAX_CGROUPS)
+    for d in sorted(dirs, key=len, reverse=True):
         try:
             os.rmdir(d)
             removed.append(d)
@@ -178,63 +224,259 @@ def wchan(pid: int) -> str | None:
     return text.strip() if text and text.strip() not in ("", "0") else None
 
 
-def _looks_like_device(target: str) -> bool:
-    # Only fds that point into a /dev are stat()ed: a stat through a fd on a hung network
-    # file system could block, and GPU nodes live in /dev in every Proxmox layout.
-    return target.startswith("/dev/") or os.path.basename(target).startswith("nvidia")
+# File systems whose inodes stat() answers from memory, without a server or a user-space
+# daemon: device nodes live on these (devtmpfs, tmpfs for a container's /dev, the host's
+# disk for nodes made by hand). Everything else -- fuse.*, nfs, cifs/smb3, 9p, ceph,
+# virtiofs, glusterfs, unknown types -- is never stat()ed: a hung server or a malicious FUSE
+# daemon in the container would hang pveclean. A GPU node cannot live on those anyway
+# (they refuse or ignore mknod), so nothing is missed.
+LOCAL_FS = frozenset({
+    "devtmpfs", "tmpfs", "ramfs", "devpts", "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs",
+    "overlay", "f2fs", "bcachefs", "jfs", "reiserfs",
+})
+MAX_MOUNTINFO = 4 << 20  # bytes read of one process's mountinfo
 
 
-def device_fds(pid: int, devices: GpuDevices) -> list[str] | None:
-    """Paths (as the process sees them) of open fds on GPU devices; None if the process is gone."""
-    fd_dir = f"{PROC}/{pid}/fd"
+@dataclass
+class Mounts:
+    """One mount namespace's mounts as a process sees them: mount ID and st_dev -> fs type."""
+
+    by_id: dict[int, str]
+    by_dev: dict[str, str]  # "major:minor" -> fs type (st_dev, as /proc/PID/maps shows it)
+
+
+def parse_mountinfo(text: str) -> Mounts:
+    by_id: dict[int, str] = {}
+    by_dev: dict[str, str] = {}
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields_l, fields_r = left.split(), right.split()
+        if not sep or len(fields_l) < 5 or not fields_r or not fields_l[0].isdigit():
+            continue
+        by_id[int(fields_l[0])] = fields_r[0]
+        by_dev.setdefault(fields_l[2], fields_r[0])
+    return Mounts(by_id, by_dev)
+
+
+def read_mounts(base: str) -> Mounts:
+    """Mounts of the namespace of the task at `base` (/proc/PID or /proc/PID/task/TID)."""
     try:
-        names = os.listdir(fd_dir)
-    except FileNotFoundError:
+        with open(f"{base}/mountinfo", "rb") as fh:
+            raw = fh.read(MAX_MOUNTINFO)
+    except OSError:
+        return Mounts({}, {})
+    return parse_mountinfo(raw.decode("utf-8", "replace"))
+
+
+def _fd_mnt_id(base: str, fd: str) -> int | None:
+    """The mount ID of fd `fd` of the task at `base` (fdinfo's third line)."""
+    try:
+        f = os.open(f"{base}/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        raw = os.read(f, 512)
+    except OSError:
+        return None
+    finally:
+        os.close(f)
+    at = raw.find(b"mnt_id:")
+    if at < 0:
+        return None
+    value = raw[at + 7 : raw.find(b"\n", at)].strip()
+    return int(value) if value.isdigit() else None
+
+
+def live_threads(pid: int) -> int:
+    """Threads of `pid` that have not exited, the leader excluded (a zombie leader's
+    process lives on while one of them runs)."""
+    n = 0
+    for base in _bases(pid, "task"):
+        text = _read(f"{base}/stat")
+        parsed = parse_stat(text) if text else None
+        if parsed and parsed[0] not in ("Z", "X"):
+            n += 1
+    return n
+
+
+def _bases(pid: int, kind: str) -> list[str]:
+    """Where to read a process's `kind` (fd, maps): /proc/PID, and when the leader has
+    exited (a zombie whose fd/ and maps are empty) each live thread's /proc/PID/task/TID."""
+    try:
+        tids = [t for t in os.listdir(f"{PROC}/{pid}/task") if t.isdigit() and t != str(pid)]
+    except OSError:
+        return []
+    return [f"{PROC}/{pid}/task/{t}" for t in sorted(tids, key=int)]
+
+
+AT_FDCWD = -100
+AT_STATX_DONT_SYNC = 0x4000
+STATX_TYPE_MODE = 0x3
+_statx_fn: Any = None
+_STATX_BUF = ctypes.create_string_buffer(256)  # struct statx; scans are single-threaded
+
+
+def _libc_statx() -> Any:
+    global _statx_fn
+    if _statx_fn is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).statx
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
+                           ctypes.c_char_p]
+            fn.restype = ctypes.c_int
+            _statx_fn = fn
+        except (AttributeError, OSError):
+            _statx_fn = False
+    return _statx_fn
+
+
+def stat_nosync(path: str) -> tuple[int, int] | None:
+    """(st_mode, st_rdev) of the file `path` leads to, by statx(AT_STATX_DONT_SYNC): FUSE,
+    NFS, CIFS, 9p and ceph answer from their cache instead of asking a daemon or a server.
+    The mount-type check before it is the first guard; this one holds when the container
+    swaps what an fd number points to between that check and this call. None: gone."""
+    fn = _libc_statx()
+    if fn is False:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_mode, st.st_rdev
+    buf = _STATX_BUF
+    if fn(AT_FDCWD, path.encode(), AT_STATX_DONT_SYNC, STATX_TYPE_MODE, buf) != 0:
+        return None
+    (mode,) = struct.unpack_from("<H", buf, 28)  # struct statx: stx_mode
+    major, minor = struct.unpack_from("<II", buf, 128)  # stx_rdev_major, stx_rdev_minor
+    return mode, os.makedev(major, minor)
+
+
+class ScanCache:
+    """What one scan may share between the processes it looks at: each mount namespace's
+    mounts (the container's processes share one), and (st_dev, inode) -> st_rdev of mapped
+    files (they map the same libraries). A mount ID missing from the cached table is
+    looked up again (a mount made during the scan)."""
+
+    def __init__(self) -> None:
+        self.rdevs: dict[tuple[str, str], int] = {}
+        self._mounts: dict[str, Mounts] = {}
+
+    def mounts(self, base: str, fresh: bool = False) -> Mounts:
+        try:
+            ns = os.readlink(f"{base}/ns/mnt")
+        except OSError:
+            return read_mounts(base)
+        if fresh or ns not in self._mounts:
+            self._mounts[ns] = read_mounts(base)
+        return self._mounts[ns]
+
+
+def _fd_holds(base: str, name: str, devices: GpuDevices, cache: ScanCache,
+              mounts: list[Any]) -> str | None:
+    """The GPU node fd `name` of the task at `base` holds, matched by device number only."""
+    link = f"{base}/fd/{name}"
+    try:
+        target = os.readlink(link)  # never touches the file's own file system
+    except OSError:
+        return None
+    if not target.startswith("/"):
+        return None  # socket:[..], pipe:[..], anon_inode:..
+    mnt_id = _fd_mnt_id(base, name)
+    if mnt_id is None:
+        return None
+    known = mounts[0]
+    if known is None:
+        known = mounts[0] = cache.mounts(base)
+    if mnt_id not in known.by_id and not mounts[1]:  # once per process: a lazily
+        known = mounts[0] = cache.mounts(base, fresh=True)  # unmounted one stays unknown
+        mounts[1] = True
+    fstype = known.by_id.get(mnt_id)
+    if fstype not in LOCAL_FS:
+        return None  # FUSE, NFS, CIFS, 9p...: never stat()ed (it could hang)
+    st = stat_nosync(link)
+    if st is not None and stat.S_ISCHR(st[0]) and devices.matches(st[1]):
+        return f"{target} ({os.major(st[1])}:{os.minor(st[1])})"
+    return None
+
+
+def device_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None
+               ) -> list[str] | None:
+    """Paths (as the process sees them) of open fds on GPU devices, at any path (a bind mount
+    of /dev/nvidia0 at /opt/g counts); None if the process is gone. A process whose main
+    thread exited shows no fds on /proc/PID/fd: its live threads' fd tables are read then."""
+    base = f"{PROC}/{pid}"
+    try:
+        names = os.listdir(f"{base}/fd")
     except OSError:
         return None
     held: list[str] = []
-    for name in names:
-        link = f"{fd_dir}/{name}"
-        try:
-            target = os.readlink(link)
-            if not _looks_like_device(target):
+    todo = [(base, names)] if names else []
+    if not names:
+        for tbase in _bases(pid, "fd"):
+            try:
+                todo.append((tbase, os.listdir(f"{tbase}/fd")))
+            except OSError:
                 continue
-            st = os.stat(link)
-        except OSError:
-            continue
-        if stat.S_ISCHR(st.st_mode) and devices.matches(st.st_rdev):
-            held.append(f"{target} ({os.major(st.st_rdev)}:{os.minor(st.st_rdev)})")
+    cache = cache or ScanCache()
+    for where, fds in todo:
+        mounts: list[Any] = [None, False]  # this task's Mounts, and refreshed once
+        for name in fds:
+            hit = _fd_holds(where, name, devices, cache, mounts)
+            if hit and hit not in held:
+                held.append(hit)
     return held
 
 
-def device_maps(pid: int, devices: GpuDevices) -> list[str]:
-    """Mappings of GPU devices, matched on the device number behind /proc/PID/map_files."""
-    text = _read(f"{PROC}/{pid}/maps")
+def device_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None) -> list[str]:
+    """Mappings of GPU devices at any path, matched on the device number behind
+    /proc/PID/map_files; only files on local file systems are stat()ed."""
+    base = f"{PROC}/{pid}"
+    text = _read(f"{base}/maps")
     if not text:
-        return []
+        for tbase in _bases(pid, "maps"):  # zombie leader: its threads share the mappings
+            text = _read(f"{tbase}/maps")
+            if text:
+                base = tbase
+                break
+        if not text:
+            return []
+    cache = cache or ScanCache()
+    rdevs = cache.rdevs
+    mounts: Mounts | None = None
+    refreshed = False
     held: list[str] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     for line in text.splitlines():
         parts = line.split(None, 5)
-        if len(parts) < 6:
+        if len(parts) < 6 or parts[4] == "0" or not parts[5].startswith("/"):
+            continue  # anonymous, [heap], [stack], [vdso]
+        key = (parts[3], parts[4])  # st_dev of the file's file system, inode
+        if key in seen:
             continue
-        path = parts[5]
-        if not _looks_like_device(path) or path in seen:
-            continue
-        try:
-            st = os.stat(f"{PROC}/{pid}/map_files/{parts[0]}")
-            rdev = st.st_rdev if stat.S_ISCHR(st.st_mode) else -1
-        except OSError:
+        seen.add(key)
+        rdev = rdevs.get(key)
+        if rdev is None:
+            if mounts is None:
+                mounts = cache.mounts(base)
+            dev = _dev_key(parts[3])
+            if dev not in mounts.by_dev and not refreshed:
+                mounts, refreshed = cache.mounts(base, fresh=True), True
             rdev = -1
-        host_paths = {os.path.basename(p) for p in devices.rdevs.values()}
-        if (rdev >= 0 and devices.matches(rdev)) or (
-            rdev < 0 and os.path.basename(path) in host_paths
-        ):
-            seen.add(path)
-            label = f"{os.major(rdev)}:{os.minor(rdev)}" if rdev >= 0 else "path"
-            held.append(f"{path} (mmap {label})")
+            if mounts.by_dev.get(dev) in LOCAL_FS:
+                st = stat_nosync(f"{base}/map_files/{parts[0]}")
+                rdev = st[1] if st is not None and stat.S_ISCHR(st[0]) else -1
+            rdevs[key] = rdev
+        if rdev >= 0 and devices.matches(rdev):
+            held.append(f"{parts[5]} (mmap {os.major(rdev)}:{os.minor(rdev)})")
     return held
+
+
+def _dev_key(maps_dev: str) -> str:
+    """maps shows st_dev as hex "fd:01", mountinfo as decimal "253:1"."""
+    major, _, minor = maps_dev.partition(":")
+    try:
+        return f"{int(major, 16)}:{int(minor, 16)}"
+    except ValueError:
+        return maps_dev
 
 
 def nvidia_majors(proc_devices: str = f"{PROC}/devices") -> frozenset[int]:

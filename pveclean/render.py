@@ -1,10 +1,17 @@
-"""Plain-text rendering of reports for terminals and task logs."""
+"""Plain-text rendering of reports for terminals and task logs.
+
+Every value that a container can influence (names, command lines, paths, cgroups, warnings
+quoting them) goes through `text.safe`: escaped, cut, and measured by displayed width.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from .text import safe
+from .text import ljust, safe, width
+
+LONG = 300  # cut for free-text values (cmdline, warnings) on their own line
 
 
 def _mib(h: dict[str, Any]) -> str:
@@ -12,8 +19,10 @@ def _mib(h: dict[str, Any]) -> str:
     return str(sum(vals)) if vals else "-"
 
 
-def _short(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
+def _table(rows: Sequence[tuple[str, ...]], indent: str = "") -> list[str]:
+    widths = [max(width(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(ljust(c, w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows]
 
 
 def holders_table(rep: dict[str, Any]) -> list[str]:
@@ -25,18 +34,16 @@ def holders_table(rep: dict[str, Any]) -> list[str]:
         if h.get("protected"):
             outcome += f" ({h['protected']})"
         rows.append((
-            str(h["host_pid"]),
-            str(h.get("ct_pid") or "-"),
-            _short(str(h.get("name")), 16),
+            safe(h["host_pid"], 12),
+            safe(h.get("ct_pid") or "-", 12),
+            safe(h.get("name"), 16),
             safe(h.get("unit") or "-", 32),
-            _mib(h),
-            _short(devs, 40),
-            outcome,
-            sigs or "-",
+            safe(_mib(h), 12),
+            safe(devs, 40),
+            safe(outcome, 80),
+            safe(sigs or "-", 40),
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in rows]
+    return _table(rows, "  ")
 
 
 def summary_line(rep: dict[str, Any]) -> str:
@@ -44,16 +51,16 @@ def summary_line(rep: dict[str, Any]) -> str:
     verdict = rep.get("verdict")
     n = s.get("holders", 0)
     stopped = s.get("stopped", 0)
-    head = f"CT {rep['vmid']} {rep['phase']}"
+    head = f"CT {safe(rep['vmid'], 20)} {safe(rep['phase'], 20)}"
     if verdict == "nothing-to-do":
         return f"{head}: no GPU holders ({rep['duration_s']:.2f} s)"
     if verdict == "busy":
-        return f"{head}: busy: {'; '.join(rep.get('errors', []))}"
+        return f"{head}: busy: {safe('; '.join(rep.get('errors', [])), LONG)}"
     if verdict == "dry-run":
         return f"{head}: dry run, {n} GPU holder(s) would be stopped, nothing signalled"
     freed = s.get("freed_mib", 0)
     text = f"{head}: stopped {stopped} of {n} GPU holder(s) ({freed} MiB freed) in " \
-           f"{rep['duration_s']:.2f} s, verdict {verdict}"
+           f"{rep['duration_s']:.2f} s, verdict {safe(verdict, 20)}"
     if s.get("units_stopped"):
         text += f"; units stopped first: {safe(', '.join(s['units_stopped']), 120)}"
     return text
@@ -64,7 +71,7 @@ def memory_lines(rep: dict[str, Any]) -> list[str]:
     for g in rep.get("gpus", []):
         after = g.get("used_after_mib")
         out.append(
-            f"  GPU {g['index']} {g['name']}: used {g['used_before_mib']} -> "
+            f"  GPU {g['index']} {safe(g['name'], 40)}: used {g['used_before_mib']} -> "
             f"{after if after is not None else '?'} MiB of {g['total_mib']}"
         )
     return out
@@ -92,9 +99,9 @@ def render_run(rep: dict[str, Any]) -> str:
     lines += memory_lines(rep)
     lines += unit_lines(rep)
     for w in rep.get("warnings", []):
-        lines.append(f"warning: {w}")
+        lines.append(f"warning: {safe(w, LONG)}")
     for e in rep.get("errors", []):
-        lines.append(f"error: {e}")
+        lines.append(f"error: {safe(e, LONG)}")
     return "\n".join(lines)
 
 
@@ -105,37 +112,38 @@ def reports_table(reps: list[tuple[str, dict[str, Any]]]) -> list[str]:
     for name, r in reps:
         s = r.get("summary") or {}
         rows.append((
-            str(r.get("start", "?"))[:19].replace("T", " "),
-            str(r.get("vmid", "?")),
-            str(r.get("phase", "?")),
-            str(r.get("verdict", "?")),
-            f"{s.get('stopped', 0)}/{s.get('holders', 0)}",
-            str(s.get("freed_mib", 0)),
+            safe(str(r.get("start", "?"))[:19].replace("T", " "), 19),
+            safe(r.get("vmid", "?"), 12),
+            safe(r.get("phase", "?"), 12),
+            safe(r.get("verdict", "?"), 16),
+            safe(f"{s.get('stopped', 0)}/{s.get('holders', 0)}", 16),
+            safe(s.get("freed_mib", 0), 12),
             f"{float(r.get('duration_s', 0)):.2f}",
-            name,
+            safe(name, 80),
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in rows]
+    return _table(rows)
 
 
 def render_report(r: dict[str, Any]) -> str:
     """A whole report, readably: the run's summary, holders, memory, sources, problems."""
     lines = [render_run(r), ""]
-    lines.append(f"started {r.get('start')} on {r.get('host')}, pveclean {r.get('pveclean')}")
+    lines.append(f"started {safe(r.get('start'), 40)} on {safe(r.get('host'), 64)}, "
+                 f"pveclean {safe(r.get('pveclean'), 20)}")
     srcs = r.get("sources") or {}
     if srcs:
-        lines.append("sources: " + "; ".join(f"{k} {v}" for k, v in srcs.items()))
+        lines.append("sources: " + "; ".join(f"{safe(k, 20)} {safe(v, LONG)}"
+                                             for k, v in srcs.items()))
     for h in r.get("holders", []):
-        lines.append(f"  PID {h['host_pid']} ({h.get('name')}): {h.get('cmdline')}")
-        lines.append(f"      cgroup {h.get('cgroup')}, unit {safe(h.get('unit') or '-', 64)}, "
-                     f"user {h.get('user')}, seen by "
-                     f"{', '.join(h.get('sources', []))}, signals: "
-                     f"{', '.join(h.get('signals', [])) or 'none'}")
+        lines.append(f"  PID {safe(h['host_pid'], 12)} ({safe(h.get('name'), 16)}): "
+                     f"{safe(h.get('cmdline'), LONG)}")
+        lines.append(f"      cgroup {safe(h.get('cgroup'), 120)}, "
+                     f"unit {safe(h.get('unit') or '-', 64)}, user {safe(h.get('user'), 32)}"
+                     f", seen by {safe(', '.join(h.get('sources', [])), 40)}, signals: "
+                     f"{safe(', '.join(h.get('signals', [])) or 'none', LONG)}")
     for o in r.get("other_gpu_users", []):
-        lines.append(f"  other GPU user (not signalled): PID {o['host_pid']} {o.get('name')} "
-                     f"in {o.get('cgroup')}")
+        lines.append(f"  other GPU user (not signalled): PID {safe(o['host_pid'], 12)} "
+                     f"{safe(o.get('name'), 16)} in {safe(o.get('cgroup'), 120)}")
     for leak in r.get("leaks", []):
-        lines.append(f"  leak: GPU {leak['index']} {leak['unaccounted_mib']} MiB: "
-                     f"{leak['hint']}")
+        lines.append(f"  leak: GPU {safe(leak['index'], 8)} {safe(leak['unaccounted_mib'], 12)}"
+                     f" MiB: {safe(leak['hint'], LONG)}")
     return "\n".join(lines)

@@ -26,13 +26,19 @@ def iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="milliseconds")
 
 
+MAX_VALUE = 64 << 10  # characters of one string value in a report
+
+
 class Redactor:
-    """Applies the configured patterns: a match's first group is kept, the rest becomes ***."""
+    """Applies the configured patterns: a match's first group is kept, the rest becomes ***.
+    Each value is cut to MAX_VALUE first, so the time stays bounded for any pattern."""
 
     def __init__(self, patterns: list[str]) -> None:
         self.patterns = [re.compile(p) for p in patterns]
 
     def text(self, s: str) -> str:
+        if len(s) > MAX_VALUE:
+            s = s[: MAX_VALUE - 1] + "…"
         for p in self.patterns:
             s = p.sub(self._replace, s)
         return s
@@ -65,17 +71,24 @@ def _str_repr(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
 _Dumper.add_representer(str, _str_repr)
 
 
-def to_yaml(report: dict[str, Any]) -> str:
+def to_yaml(report: dict[str, Any], terminal: bool = False) -> str:
+    """The report as YAML. PyYAML escapes control characters but emits bidi overrides and
+    other format characters raw: for a terminal, everything non-ASCII is escaped."""
     return yaml.dump(report, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-                     allow_unicode=True, width=100)
+                     allow_unicode=not terminal, width=100)
 
 
 def ensure_dir(report_dir: str) -> Path:
+    """The report dir; created 0700 when missing. An existing directory keeps its mode:
+    pveclean chmods only what it created (report_dir: /var/log must not become 0700).
+    Reports are 0600 files created with O_EXCL, safe in a shared directory too."""
     d = Path(report_dir)
     try:
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if os.geteuid() == 0 and (d.stat().st_mode & 0o077):
-            os.chmod(d, 0o700)
+        if not d.is_dir():
+            d.mkdir(mode=0o700, parents=True)
+            os.chmod(d, 0o700)  # mkdir's mode went through the umask
+    except FileExistsError:
+        pass  # made by a concurrent run
     except OSError as exc:
         raise ReportError(f"cannot create report dir {d}: {exc.strerror}") from None
     return d

@@ -10,7 +10,7 @@ from .config import Config
 from .install import is_pveclean
 from .model import PvecleanError
 from .pveapi import Api, Container, Storage
-from .text import safe
+from .text import ljust, safe, width
 
 
 def last_report(cfg: Config, vmid: int) -> dict[str, Any] | None:
@@ -146,9 +146,10 @@ def render(data: dict[str, Any]) -> str:
                      str(len(held)) if held is not None else "-",
                      str(e["gpu_memory_mib"]) if "gpu_memory_mib" in e else "-",
                      last if e["node"] == data["node"] else "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-              for r in rows]
+    cells = [[safe(v, 60) for v in r] for r in rows]
+    widths = [max(width(r[i]) for r in cells) for i in range(len(cells[0]))]
+    lines += ["  ".join(ljust(v, w) for v, w in zip(r, widths, strict=True)).rstrip()
+              for r in cells]
     for e in data["containers"]:
         detail = []
         if e.get("hookscript"):
@@ -159,11 +160,11 @@ def render(data: dict[str, Any]) -> str:
             mib = ", ".join(f"GPU {g}: {m if m is not None else '?'} MiB"
                             for g, m in sorted(h["gpu_memory_mib"].items())) or "no GPU memory"
             unit = f" in {safe(h['unit'], 64)}" if h.get("unit") else ""
-            detail.append(f"  holder: PID {h['host_pid']} {h['name']}{unit} ({mib})")
+            detail.append(f"  holder: PID {h['host_pid']} {safe(h['name'], 16)}{unit} ({mib})")
         for key in ("error", "holders_error"):
             if e.get(key):
-                detail.append(f"  {key.replace('_', ' ')}: {e[key]}")
+                detail.append(f"  {key.replace('_', ' ')}: {safe(e[key], 300)}")
         if detail:
             lines += ["", f"CT {e['vmid']} {e['name']}".rstrip(), *detail]
-    lines += [f"warning: {w}" for w in data["warnings"]]
+    lines += [f"warning: {safe(w, 300)}" for w in data["warnings"]]
     return "\n".join(lines)

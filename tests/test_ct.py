@@ -203,17 +203,6 @@ def test_respawning_supervisor_is_chased_and_named(lab: Lab, vmid: int) -> None:
     assert len(sup_pids) == 1
 
 
-def test_protected_name_is_never_signalled(lab: Lab, vmid: int) -> None:
-    lab.create_ct(vmid, gpus=(0,))
-    w = lab.run_in_ct(vmid, "nvidia-persistenced", hold=["/dev/nvidiactl"])
-    (pid,) = w.host_pids(lab)
-    code, rep = run_json(lab, str(vmid))
-    assert lab.alive(pid)
-    h = holder_by_pid(rep, pid)
-    assert h["outcome"] == "protected" and h["signals"] == []
-    assert code == 1 and rep["verdict"] == "residual"
-
-
 def test_stopped_container_leftover_in_cgroup_is_cleaned(lab: Lab, vmid: int) -> None:
     lab.create_ct(vmid, gpus=(0,))
     lab.pct("stop", str(vmid))

@@ -163,12 +163,13 @@ def test_chained_hookscript_runs_as_proxmox_would(lab: Lab, vmid: int) -> None:
 
 
 def test_report_dir_and_files_are_private_and_pruned(lab: Lab, vmid: int) -> None:
-    lab.write_config(keep_reports=3)
+    report_dir = lab.root / "private-reports"  # made by pveclean (an existing one keeps its mode)
+    lab.write_config(keep_reports=3, report_dir=str(report_dir))
     lab.create_ct(vmid, gpus=(0,), start=False)
     for _ in range(5):
         assert lab.pveclean("ct", str(vmid)).returncode == 0
-    assert lab.report_dir.stat().st_mode & 0o777 == 0o700
-    files = sorted(lab.report_dir.glob(f"{vmid}-*.yaml"))
+    assert report_dir.stat().st_mode & 0o777 == 0o700
+    files = sorted(report_dir.glob(f"{vmid}-*.yaml"))
     assert len(files) == 3
     assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)
     old = files[0]

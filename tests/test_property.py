@@ -71,8 +71,9 @@ def test_never_signals_outside_the_targets_proven_holders(lab: Lab, vmid: int,
                 started.append((spec, w))
             outside = {p for spec, w in started if spec["where"] != "target"
                        for p in w.host_pids(lab)}
-            protected = {p for spec, w in started if spec["where"] == "target"
-                         and spec["protected"] for p in w.host_pids(lab)}
+            # a name the container chose protects nothing (issue 12): target processes named
+            # nvidia-persistenced are holders like any other; host ones are outside anyway
+            protected: set[int] = set()
             target = [p for spec, w in started if spec["where"] == "target"
                       for p in w.host_pids(lab)]
             # exits at random moments while pveclean runs, and their PIDs taken over

@@ -237,3 +237,19 @@ def test_wheel_install_ships_the_hookscript(tmp_path: Path) -> None:
     assert shipped.stat().st_mode & 0o111
     rel = [t.relative_to(sys.prefix) for t in install.TEMPLATES if t.is_relative_to(sys.prefix)]
     assert Path("share/pveclean/hookscripts/pveclean-hook") in rel
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999", "NaN"])
+def test_grace_must_be_finite(value: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "pveclean", "ct", "1", "--grace", value],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--grace" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("key", ["grace_seconds", "deadline_seconds", "lock_wait_seconds",
+                                 "max_report_age_days"])
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", ".NaN"])
+def test_config_numbers_must_be_finite(key: str, value: str) -> None:
+    with pytest.raises(config.ConfigError, match=key):
+        config.parse(f"{key}: {value}\n", "cfg.yaml")

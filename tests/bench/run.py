@@ -35,6 +35,7 @@ from tests.lab.lxclab import REPO, LabUnavailable, cgroup2_root, lab_unavailable
 from .cleanup import bench_cleanup
 from .discovery import bench_discovery, bench_growth
 from .gpus import bench_gpus
+from .flood import bench_flood
 from .hooks import bench_hooks
 from .load import HostLoad, build_loadproc
 from .measure import VmidPool, machine_info, new_lab, shielded
@@ -131,6 +132,7 @@ def run_sections(cfg: BenchConfig, sections: list[str], res: Results, log: Logge
                 lab.destroy()
     if "cleanup" in sections:
         record("cleanup", lambda: bench_cleanup(pool, cfg, log))
+        record("flood", lambda: bench_flood(pool, cfg, log))
     if "hooks" in sections:
         record("hooks", lambda: bench_hooks(pool, cfg, log))
     if "gpus" in sections:

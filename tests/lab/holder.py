@@ -17,6 +17,8 @@ Options (all combinable; see holder.c):
                      most N times after the first one exits
   --pidns            run inside a new PID namespace (needs CAP_SYS_ADMIN): outer process ->
                      init (PID 1, forwards SIGTERM) -> holder (PID 2)
+  --thread-holds     a worker thread holds, the main thread exits: the leader is a zombie
+                     (empty /proc/PID/fd and maps) while the process keeps the GPU
   --ready PATH       append "<getpid()> <comm>\\n" to PATH once the holder is set up
   --exit-after S     exit by itself after S seconds (default 3600)
 Errors: ``holder: <what>: <strerror>`` on stderr and exit status 2.

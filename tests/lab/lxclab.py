@@ -113,14 +113,17 @@ class Workload:
     popen: subprocess.Popen[bytes] | None = None
 
     def host_pids(self, lab: Lab) -> list[int]:
+        # The whole --ready argument, NUL-terminated: "ready-host-1" alone also matches
+        # ready-host-10 and another lab's ready-host-1 on the same host.
+        arg = str(self.ready_file) if self.vmid is None else f"/tmp/ready-{self.tag}"
+        needle = b"\0" + arg.encode() + b"\0"
         pids = []
         for pid in lab.all_pids():
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            # the whole argv element: host-1 must not match host-11
-            if f"ready-{self.tag}\0".encode() in cmd and not cmd.startswith(b"lxc-attach"):
+            if needle in cmd and not cmd.startswith(b"lxc-attach"):
                 pids.append(pid)
         return sorted(pids)
 

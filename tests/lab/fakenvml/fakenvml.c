@@ -21,7 +21,8 @@
  *   hang <seconds>
  *   proc_query_error <NAME|code>
  *
- * A proc counts only while /proc/<pid>/stat exists and its state is not Z/X.
+ * A proc counts only while /proc/<pid>/stat exists and its state is not Z/X (a Z
+ * leader counts while another thread of the process runs, as the driver sees it).
  * "na" reports usedGpuMemory = NVML_VALUE_NOT_AVAILABLE and counts 0 MiB in
  * the device's used memory; "na:<mib>" reports N/A but counts <mib>.
  *
@@ -33,6 +34,7 @@
  * The only global state is the nvmlInit reference count.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdint.h>
@@ -343,6 +345,37 @@ static struct state *load_state(void)
     return st;
 }
 
+/* A thread other than the (zombie) leader that has not exited. */
+static int live_thread(unsigned int pid)
+{
+    char path[96], buf[512], *rp;
+    size_t n;
+    FILE *f;
+    DIR *d;
+    struct dirent *e;
+    int alive = 0;
+
+    snprintf(path, sizeof(path), "/proc/%u/task", pid);
+    d = opendir(path);
+    if (!d)
+        return 0;
+    while (!alive && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9' || (unsigned)atoi(e->d_name) == pid)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%u/task/%.20s/stat", pid, e->d_name);
+        f = fopen(path, "re");
+        if (!f)
+            continue;
+        n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        rp = strrchr(buf, ')');
+        alive = rp && rp[1] == ' ' && rp[2] != '\0' && rp[2] != 'Z' && rp[2] != 'X';
+    }
+    closedir(d);
+    return alive;
+}
+
 static int pid_alive(unsigned int pid)
 {
     char path[64], buf[512], *rp;
@@ -359,7 +392,9 @@ static int pid_alive(unsigned int pid)
     rp = strrchr(buf, ')');
     if (!rp || rp[1] != ' ' || rp[2] == '\0')
         return 0;
-    return rp[2] != 'Z' && rp[2] != 'X';
+    if (rp[2] == 'Z')
+        return live_thread(pid); /* the driver counts a process while a thread of it runs */
+    return rp[2] != 'X';
 }
 
 static void do_hang(double seconds)

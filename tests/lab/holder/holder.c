@@ -4,6 +4,7 @@
  * See tests/lab/holder.py for the option list. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -20,7 +21,7 @@
 
 static volatile sig_atomic_t got_term, got_chld, got_alrm;
 static const char *holds[MAXPATHS], *maps[MAXPATHS];
-static int nhold, nmap, nchildren, ignore_term, pidns;
+static int nhold, nmap, nchildren, ignore_term, pidns, thread_holds;
 static long term_delay_ms, exit_after = 3600, respawn = -1;
 static const char *name, *child_name, *ready;
 static sigset_t waitmask; /* mask used while sleeping in sigsuspend */
@@ -117,6 +118,28 @@ static void __attribute__((noreturn)) hold_forever(void)
     }
 }
 
+static void *thread_main(void *arg)
+{
+    struct timespec ts = {0, 50 * 1000000L};
+    (void)arg;
+    /* wait until the main thread has exited, so --ready means "leader is a zombie" */
+    while (1) {
+        char path[64], buf[512];
+        int fd, n;
+        snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)getpid());
+        fd = open(path, O_RDONLY);
+        if (fd < 0) break;
+        n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n <= 0) break;
+        buf[n] = 0;
+        if (strstr(buf, ") Z ")) break;
+        nanosleep(&ts, NULL);
+    }
+    write_ready();
+    hold_forever();
+}
+
 /* Open/map everything, fork --children, write --ready, then hold forever. */
 static void __attribute__((noreturn)) run_holder(void)
 {
@@ -153,6 +176,14 @@ static void __attribute__((noreturn)) run_holder(void)
         close(p[1]);
         while (read(p[0], what, 1) > 0) {} /* EOF once every child has set up */
         close(p[0]);
+    }
+    if (thread_holds) {
+        /* --thread-holds: a worker thread keeps the fds and mappings, the main thread exits:
+         * the leader is a zombie with an empty /proc/PID/fd and maps, the process lives. */
+        pthread_t t;
+        int err = pthread_create(&t, NULL, thread_main, NULL);
+        if (err) die("pthread_create", err);
+        pthread_exit(NULL);
     }
     write_ready();
     hold_forever();
@@ -236,6 +267,10 @@ int main(int argc, char **argv)
             break; /* the rest only decorates the command line (e.g. -m vllm.worker) */
         if (!strcmp(o, "--ignore-term")) {
             ignore_term = 1;
+            continue;
+        }
+        if (!strcmp(o, "--thread-holds")) {
+            thread_holds = 1;
             continue;
         }
         if (!strcmp(o, "--pidns")) {
