@@ -34,8 +34,8 @@ from tests.lab.lxclab import REPO, LabUnavailable, cgroup2_root, lab_unavailable
 
 from .cleanup import bench_cleanup
 from .discovery import bench_discovery, bench_growth
-from .gpus import bench_gpus
 from .flood import bench_flood
+from .gpus import bench_gpus
 from .hooks import bench_hooks
 from .load import HostLoad, build_loadproc
 from .measure import VmidPool, machine_info, new_lab, shielded
