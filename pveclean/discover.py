@@ -17,7 +17,7 @@ from pathlib import Path
 from . import probe, procfs, worker
 from .model import Discovery, GpuDevices, GpuMemory, Holder
 from .nvml import Nvml, NvmlUnavailable
-from .pct import PctMissing, start_pct, wait_pct
+from .pct import PctMissing, PctReader, start_pct, wait_pct
 from .units import unit_of
 
 
@@ -163,9 +163,14 @@ def start_probe(scope: Scope, pct_command: str) -> subprocess.Popen[bytes]:
         raise RuntimeError(str(exc)) from None
 
 
-def finish_probe(proc: subprocess.Popen[bytes], timeout: float) -> probe.ProbeResult:
+def finish_probe(proc: subprocess.Popen[bytes] | PctReader, timeout: float
+                 ) -> probe.ProbeResult:
     """The probe's result; raises RuntimeError with the reason when it did not work."""
-    res = wait_pct(proc, timeout)
+    if isinstance(proc, PctReader):
+        proc.pump(timeout)
+        res = proc.result(max(timeout, 0.5))  # its output is complete: it exits right after
+    else:
+        res = wait_pct(proc, timeout)
     if res.over_limit:
         raise RuntimeError(f"probe output over its limit ({res.over_limit}); ignored")
     if res.returncode is None:
@@ -466,14 +471,14 @@ def discover(
     sources = {"host": "ok"}
     warnings: list[str] = []
     running = scope.running
-    probing: subprocess.Popen[bytes] | None = None
+    probing: PctReader | None = None
     if pct_command is None:
         sources["probe"] = "disabled in config"
     elif not running:
         sources["probe"] = "container not running"
     else:
         try:
-            probing = start_probe(scope, pct_command)
+            probing = PctReader(start_probe(scope, pct_command))
             sources["probe"] = "pending"
         except RuntimeError as exc:
             sources["probe"] = f"failed: {exc}"

@@ -60,77 +60,108 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+class PctReader:
+    """Bounded, incremental collection of a started pct's output. `pump()` reads what is there
+    and says when the output is complete, so a caller can poll it while it does other work:
+    a pct writing more than a pipe holds never finishes unless someone reads it. Never keeps
+    more than `max_stdout`/`max_stderr` bytes or a line longer than `max_line` (the container's
+    shell writes this output); over a cap the whole process group is killed."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], max_stdout: int = MAX_STDOUT,
+                 max_stderr: int = MAX_STDERR, max_line: int = MAX_LINE) -> None:
+        self.proc = proc
+        self.max_line = max_line
+        self.over: str | None = None
+        self.bufs: dict[int, bytearray] = {}
+        self.caps: dict[int, tuple[str, int]] = {}
+        self.line_len: dict[int, int] = {}
+        self.open: set[int] = set()
+        for name, pipe, cap in (("stdout", proc.stdout, max_stdout),
+                                ("stderr", proc.stderr, max_stderr)):
+            if pipe is not None:
+                fd = pipe.fileno()
+                os.set_blocking(fd, False)
+                self.bufs[fd], self.caps[fd], self.line_len[fd] = bytearray(), (name, cap), 0
+                self.open.add(fd)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.over) or not self.open
+
+    def pump(self, timeout: float = 0.0) -> bool:
+        """Read for at most `timeout` seconds (0: only what is there); True when complete."""
+        end = time.monotonic() + max(timeout, 0.0)
+        with selectors.DefaultSelector() as sel:
+            for fd in self.open:
+                sel.register(fd, selectors.EVENT_READ)
+            while not self.done:
+                events = sel.select(max(end - time.monotonic(), 0.0))
+                if not events:
+                    break
+                for key, _ev in events:
+                    if self._read(key.fd):
+                        sel.unregister(key.fd)
+                    if self.done:
+                        break
+        return self.done
+
+    def _read(self, fd: int) -> bool:
+        """One read; True at end of file."""
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return False
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.open.discard(fd)
+            return True
+        name, cap = self.caps[fd]
+        room = cap - len(self.bufs[fd])
+        self.bufs[fd] += chunk[: max(room, 0)]
+        segs = chunk.split(b"\n")  # the first continues the line before
+        longest = self.line_len[fd] + len(segs[0])
+        if len(segs) > 1:
+            longest = max(longest, *(len(x) for x in segs[1:]))
+            self.line_len[fd] = len(segs[-1])
+        else:
+            self.line_len[fd] = longest
+        if len(chunk) > room:
+            self.over = f"{name} over {cap} bytes"
+        elif longest > self.max_line:
+            self.over = f"{name} has a line over {self.max_line} bytes"
+        return False
+
+    def result(self, wait: float = 1.0) -> PctResult:
+        """Finish: kill it if it is over a cap or its output is not complete, reap it (at
+        most `wait` seconds), close the pipes."""
+        proc = self.proc
+        cut = not self.done or bool(self.over)
+        if cut:
+            _kill(proc)
+        try:
+            rc = proc.wait(timeout=1.0 if cut else max(wait, 0.01))
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            rc = None
+        out = bytes(self.bufs[proc.stdout.fileno()]) if proc.stdout is not None else b""
+        err = bytes(self.bufs[proc.stderr.fileno()]) if proc.stderr is not None else b""
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        return PctResult(None if cut else rc, out.decode(errors="replace"),
+                         err.decode(errors="replace"), self.over)
+
+
 def wait_pct(proc: subprocess.Popen[bytes], timeout: float, max_stdout: int = MAX_STDOUT,
              max_stderr: int = MAX_STDERR, max_line: int = MAX_LINE) -> PctResult:
     """Collect a started pct; never waits longer than `timeout` (a hung `pct exec` into a
-    frozen container is killed with its whole process group) and never keeps more than
-    `max_stdout`/`max_stderr` bytes or a line longer than `max_line`: the container's shell
-    writes this output, and over a cap the whole process group is killed."""
+    frozen container is killed with its whole process group), output bounded as PctReader."""
     end = time.monotonic() + max(timeout, 0.01)
-    bufs: dict[int, bytearray] = {}
-    caps: dict[int, tuple[str, int]] = {}
-    line_len: dict[int, int] = {}
-    over: str | None = None
-    sel = selectors.DefaultSelector()
-    for name, pipe, cap in (("stdout", proc.stdout, max_stdout),
-                            ("stderr", proc.stderr, max_stderr)):
-        if pipe is not None:
-            fd = pipe.fileno()
-            os.set_blocking(fd, False)
-            bufs[fd], caps[fd], line_len[fd] = bytearray(), (name, cap), 0
-            sel.register(fd, selectors.EVENT_READ)
-    timed_out = False
-    try:
-        while sel.get_map():
-            left = end - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            for key, _ev in sel.select(left):
-                fd = key.fd
-                try:
-                    chunk = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(fd)
-                    continue
-                name, cap = caps[fd]
-                room = cap - len(bufs[fd])
-                bufs[fd] += chunk[: max(room, 0)]
-                segs = chunk.split(b"\n")  # the first continues the line before
-                longest = line_len[fd] + len(segs[0])
-                if len(segs) > 1:
-                    longest = max(longest, *(len(x) for x in segs[1:]))
-                    line_len[fd] = len(segs[-1])
-                else:
-                    line_len[fd] = longest
-                if len(chunk) > room:
-                    over = f"{name} over {cap} bytes"
-                elif longest > max_line:
-                    over = f"{name} has a line over {max_line} bytes"
-                if over:
-                    break
-            if over:
-                break
-    finally:
-        sel.close()
-    if over or timed_out:
-        _kill(proc)
-    try:
-        rc = proc.wait(timeout=1.0) if (over or timed_out) else proc.wait(
-            timeout=max(end - time.monotonic(), 0.01))
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        rc = None
-    out = bytes(bufs[proc.stdout.fileno()]) if proc.stdout is not None else b""
-    err = bytes(bufs[proc.stderr.fileno()]) if proc.stderr is not None else b""
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                pipe.close()
-    return PctResult(None if (over or timed_out) else rc, out.decode(errors="replace"),
-                     err.decode(errors="replace"), over)
+    reader = PctReader(proc, max_stdout, max_stderr, max_line)
+    reader.pump(end - time.monotonic())
+    return reader.result(end - time.monotonic())
 
 
 def run_pct(pct_command: str, args: list[str], timeout: float) -> PctResult:

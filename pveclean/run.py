@@ -131,7 +131,7 @@ def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
     """Merge the probe if it has arrived (or arrives within `wait`); returns holders only it
     saw. A probe still running stays pending."""
     proc = disc.probe
-    if proc is None or (wait <= 0 and proc.poll() is None):
+    if proc is None or not proc.pump(wait):  # drained as it comes: it may write a lot
         return []
     disc.probe = None
     try:
@@ -156,9 +156,9 @@ def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
 def _drop_probe(disc: Discovery, why: str) -> None:
     """Kill a probe still running, its whole process group, without reading what it wrote
     (a `pct exec` stuck in a frozen container may never close its pipes)."""
-    proc = disc.probe
-    if proc is None:
+    if disc.probe is None:
         return
+    proc = disc.probe.proc
     disc.probe = None
     disc.sources["probe"] = why
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -191,10 +191,13 @@ def test_a_hung_fuse_fd_cannot_hang_pre_stop(lab: Lab, vmid: int, hangfs: HangFs
     (pre,) = reports(lab, vmid, "pre-stop")
     assert pre["duration_s"] <= deadline + MARGIN
     assert pre["verdict"] == "residual"
-    assert any(e.startswith(f"PID {wpid}: reading its /proc files did not finish")
-               for e in pre["errors"]), pre["errors"]
+    # The scan never stat()s the FUSE fd (its mount's type is read from fdinfo and mountinfo,
+    # issue 12), so the wedged process is found by its GPU fd and signalled like any holder;
+    # it then hangs in exit, closing the file the server no longer answers for. Whatever
+    # hangs after that (its /proc, NVML, the verification) is cut at the deadline and said.
+    wedged_h = [h for h in pre["holders"] if h["host_pid"] == wpid]
+    assert wedged_h and wedged_h[0]["outcome"] == "survived" or pre["errors"], pre
     assert not any(lab.alive(p) for p in ok.host_pids(lab))  # the others were cleaned
-    assert lab.alive(wpid)  # never proven a holder: never signalled
     assert f"pveclean: WARNING: CT {vmid} pre-stop" in res.stdout
     # the killed reader kept no lock: the next run is not `busy`
     _code, rep, _took = ct_json(lab, str(vmid), "--grace", "0")

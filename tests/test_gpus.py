@@ -258,9 +258,8 @@ def test_a_container_that_nests_its_cgroups_deep_cannot_break_the_view(lab: Lab,
         for _ in range(1200):  # deeper than Python recurses
             deep = deep / "d"
             deep.mkdir()
-        data = gpus_json(lab)
-        assert any(f"CT {vmid}: its cgroup tree could not be read" in x
-                   for x in data["warnings"]), data["warnings"]
+        data = gpus_json(lab)  # the walk is iterative (issue 12): deep is only slower
+        assert not any("RecursionError" in x for x in data["warnings"]), data["warnings"]
         row = next(p for p in data["gpus"][0]["processes"] if p["host_pid"] == pid)
         assert (row["owner"], row["vmid"], row["memory_mib"]) == ("ct", vmid, 256)
     finally:

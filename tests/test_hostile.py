@@ -270,8 +270,11 @@ def replace_sh(lab: Lab, vmid: int, body: str) -> None:
 
 
 def test_probe_flood_is_cut_and_the_run_goes_on(lab: Lab, vmid: int) -> None:
+    # The probe never gates a run (issue 16): a holder that ignores SIGTERM keeps this run
+    # going through the grace, long enough for the probe's answer to arrive and be judged.
+    lab.write_config(grace_seconds=1.5)
     lab.create_ct(vmid, gpus=(0,))
-    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], ignore_term=True)
     (pid,) = w.host_pids(lab)
     replace_sh(lab, vmid, "/bin/busybox yes 'fd 1 /dev/nvidia0' | "
                           "/bin/busybox head -c 67108864")
@@ -284,8 +287,11 @@ def test_probe_flood_is_cut_and_the_run_goes_on(lab: Lab, vmid: int) -> None:
 
 
 def test_probe_that_invents_thousands_of_pids_is_ignored(lab: Lab, vmid: int) -> None:
+    # The probe never gates a run (issue 16): a holder that ignores SIGTERM keeps this run
+    # going through the grace, long enough for the probe's answer to arrive and be judged.
+    lab.write_config(grace_seconds=1.5)
     lab.create_ct(vmid, gpus=(0,))
-    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], ignore_term=True)
     (pid,) = w.host_pids(lab)
     replace_sh(lab, vmid, "i=2; while [ $i -lt 5000 ]; do echo \"fd $i /dev/nvidia0\"; "
                           "i=$((i+1)); done; echo end")
@@ -305,6 +311,7 @@ def _libs(binary: str) -> list[str]:
 def test_probe_without_ls_says_it_could_not_look(lab: Lab, vmid: int) -> None:
     """A container whose pct exec PATH has no `ls` (NixOS): the probe must not say ok."""
     lab.create_ct(vmid, gpus=(0,))
+    keep_the_run_going(lab, vmid)
     dash = shutil.which("dash")
     if dash is None:
         pytest.skip("no dash on this host to stand in for a shell without busybox applets")
@@ -322,8 +329,16 @@ def test_probe_without_ls_says_it_could_not_look(lab: Lab, vmid: int) -> None:
     assert rep["sources"]["probe"].startswith("failed") and "'ls'" in rep["sources"]["probe"]
 
 
+def keep_the_run_going(lab: Lab, vmid: int) -> None:
+    """The probe never gates a run (issue 16): a holder that ignores SIGTERM keeps the run
+    going through a 1.5 s grace, long enough for the probe's answer to arrive and be judged."""
+    lab.write_config(grace_seconds=1.5)
+    lab.run_in_ct(vmid, "nccl-helper", hold=["/dev/nvidia0"], ignore_term=True)
+
+
 def test_host_environment_does_not_enter_the_container(lab: Lab, vmid: int) -> None:
     lab.create_ct(vmid, gpus=(0,))
+    keep_the_run_going(lab, vmid)
     replace_sh(lab, vmid, "/bin/busybox env > /tmp/env-seen; exec /bin/busybox sh \"$@\"")
     env = {**lab.env(), "PVECLEAN_CANARY": "s3cr3t-host-token"}
     code, rep = run_json(lab, vmid, env=env)
