@@ -1,9 +1,33 @@
 """Entry point. `pveclean hook ...` and `pveclean unit ...` take a lean path (no typer, no
-proxmoxer): they run on every container start and stop."""
+proxmoxer): they run on every container start and stop. `pveclean ct ...` and `--version`
+skip typer too when their arguments are the common ones (typer's import is most of a
+dry run's time); anything else goes through the typer app."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+
+
+def _lean(fn: Callable[[], int]) -> int:
+    """Run a lean command with the typer app's error handling: one line and an exit code."""
+    from .config import ConfigError
+    from .model import EXIT_ACCESS, EXIT_USAGE, PvecleanError
+
+    def fail(message: str, code: int) -> int:
+        sys.stderr.write(f"pveclean: {message}\n")
+        return code
+
+    try:
+        return fn()
+    except ConfigError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    except PvecleanError as exc:
+        return fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        return fail("interrupted", 130)
+    except Exception as exc:  # never a traceback
+        return fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_ACCESS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,6 +40,21 @@ def main(argv: list[str] | None = None) -> int:
         from .unit import from_argv
 
         return from_argv(args[1:])
+    if args == ["--version"]:
+        from . import __version__
+
+        print(f"pveclean {__version__}")
+        return 0
+    if args and args[0] == "ct":
+        from . import ctcmd
+        from .model import PvecleanError
+
+        try:
+            parsed = ctcmd.parse(args[1:])
+        except PvecleanError:  # a bad --grace: typer says it the usual way
+            parsed = None
+        if parsed is not None:
+            return _lean(lambda: ctcmd.run(parsed))
     from .cli import run_app
 
     return run_app(args)

@@ -87,34 +87,10 @@ def ct(
 
     Examples: pveclean ct 129 --dry-run | pveclean ct 129 --stop-units
     """
-    from .pveconf import parse_vmid
-    from .render import render_run
-    from .run import clean
+    from .ctcmd import CtArgs, run
 
-    cfg = load(config)
-    vid = parse_vmid(vmid)
-    progress = None
-    if not as_json and sys.stderr.isatty():
-        def progress(msg: str) -> None:
-            from .text import safe
-
-            typer.echo(f"... {safe(msg, 300)}", err=True)
-    result = clean(vid, cfg, dry_run=dry_run, grace=grace, progress=progress,
-                   stop_units=stop_units)
-    if as_json:
-        typer.echo(json.dumps(result.report, indent=2, default=str))
-    else:
-        typer.echo(render_run(result.report))
-        if result.path:
-            typer.echo(f"report: {result.path}")
-    if result.report_error:
-        typer.echo(f"pveclean: {result.report_error}", err=True)
-        if not as_json:
-            typer.echo("--- report (not saved) ---", err=True)
-            from .report import to_yaml
-
-            typer.echo(to_yaml(result.report, terminal=True), err=True)
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(run(CtArgs(vmid, dry_run, as_json, grace, stop_units,
+                                str(config) if config else None)))
 
 
 @app.command()

@@ -344,10 +344,11 @@ def _clean(
     rounds = 0
     verify_s: float | None = None
     if dry_run:
-        if disc.holders and disc.probe is not None:  # something to show: the probe's view too
-            disc.holders += [h for h in _merge_probe(
-                disc, scope, reads, end, wait=min(10.0, max(deadline.remaining() * 0.3, 0.05)))
-                if h.host_pid not in {x.host_pid for x in disc.holders}]
+        # The probe gates no verdict, a dry run's neither: it shows what a cleanup would act
+        # on now (the host view and NVML), plus the probe's findings if they are already in.
+        if disc.holders and disc.probe is not None:
+            disc.holders += [h for h in _merge_probe(disc, scope, reads, end)
+                             if h.host_pid not in {x.host_pid for x in disc.holders}]
         holders = disc.holders
         for h in holders:
             h.outcome = "protected" if h.protected else "would-stop"
@@ -370,6 +371,8 @@ def _clean(
     if disc.probe is not None:
         late = ("not waited for: the host view and NVML found nothing to clean"
                 if not holders else
+                "not waited for: a dry run shows what the host view and NVML found"
+                if dry_run else
                 f"late: not finished when the run ended ({deadline.elapsed():.2f} s); "
                 "its findings were not used")
         _drop_probe(disc, late)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -109,7 +110,10 @@ def ct_json(lab: Lab, *args: str) -> tuple[int, dict[str, Any], float]:
     return r.returncode, json.loads(r.stdout), took
 
 
-def test_dry_run_stuck_on_a_hung_probe_never_blocks_a_cleanup(lab: Lab, vmid: int) -> None:
+def test_dry_run_stuck_mid_run_never_blocks_a_cleanup(lab: Lab, vmid: int) -> None:
+    """A dry run caught in the middle of its run (it has started its probe, so it is past
+    where a lock would be taken) and held there: a cleanup meanwhile neither waits for it nor
+    reports busy."""
     lab.write_config(grace_seconds=0.5, deadline_seconds=20)
     lab.create_ct(vmid, gpus=(0, 1))
     a = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 500})
@@ -119,13 +123,18 @@ def test_dry_run_stuck_on_a_hung_probe_never_blocks_a_cleanup(lab: Lab, vmid: in
     dry = subprocess.Popen([str(Path(sys.executable).parent / "pveclean"), "ct", str(vmid),
                             "--dry-run", "--json"], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, env=lab.env(), text=True)
+    children = Path(f"/proc/{dry.pid}/task/{dry.pid}/children")
     try:
-        time.sleep(1.0)  # the dry run is now waiting for its probe
-        assert dry.poll() is None
+        end = time.monotonic() + 20
+        while not children.read_text().split() and time.monotonic() < end:
+            time.sleep(0.005)  # until it has forked its probe (or its reader)
+        os.kill(dry.pid, signal.SIGSTOP)  # held mid-run
+        lab.freeze(lab.cgroup(vmid) / "ns", False)
         code, rep, took = ct_json(lab, str(vmid))
-        assert dry.poll() is None, "the dry run was expected to still wait for its probe"
+        assert dry.poll() is None, "the dry run was expected to be held mid-run"
     finally:
         lab.freeze(lab.cgroup(vmid) / "ns", False)
+        os.kill(dry.pid, signal.SIGCONT)
         out, _err = dry.communicate(timeout=30)
     assert rep["verdict"] == "clean", rep["errors"]
     assert code == 0 and not any(lab.alive(p) for p in pids)

@@ -37,7 +37,7 @@ from .measure import GpuReading, VmidPool, median, new_lab, nvml_reading, shield
 from .settings import BenchConfig
 from .table import Row, Table
 
-TARGET_OVERHEAD_S = 0.2
+TARGET_OVERHEAD_S = 0.1  # issue 16: verified <= 0.1 s after the last holder exits
 TARGET_GPUS = (0, 1, 2, 3)
 AWK_PID = "awk '{print $2}'"
 
@@ -165,7 +165,11 @@ def run_method(lab: Lab, s: Seeds, method: str, cfg: BenchConfig) -> Outcome:
     before = nvml_reading(lab)
     extra: dict[str, Any]
     if method == "pveclean":
-        t = timed([*pveclean_exe(), "ct", str(s.vmid), "--json"], lab.env())
+        lab.set_pct_latency(cfg.pct_latency_s)  # its probe meets a pct as slow as Proxmox's
+        try:
+            t = timed([*pveclean_exe(), "ct", str(s.vmid), "--json"], lab.env())
+        finally:
+            lab.set_pct_latency(0)
         wall = t.seconds  # pveclean exits once it has verified the memory free
         after = nvml_reading(lab)
         try:
@@ -270,9 +274,10 @@ def _cleanup_results(results: dict[str, list[Outcome]], cfg: BenchConfig
         after = [float(o.extra["after_last_exit_s"]) for o in outs
                  if o.extra.get("after_last_exit_s") is not None]
         if after:
-            # the issue's target: done (verified) within 0.2 s after the last holder exits;
+            # the issue's target: done (verified) within 0.1 s after the last holder exits;
             # measured by pveclean itself from the moment the last pidfd became readable
-            rows.append(Row("Cleanup", "pveclean: verified after the last holder exited",
+            rows.append(Row("Cleanup", "pveclean: verified after the last holder exited "
+                            f"({cfg.pct_latency_s:.1f} s pct)",
                             f"{median(after):.3f} s (max {max(after):.3f} s)",
                             f"<= {TARGET_OVERHEAD_S} s", max(after) <= TARGET_OVERHEAD_S))
         rows.append(Row("Cleanup", "pveclean: wall time - holders' own exit time",

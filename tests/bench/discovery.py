@@ -25,7 +25,7 @@ HOLDER_NAME = "gpu-worker"
 OTHER_NAME = "app"
 HOLDER_MIB = 100
 OTHER_FDS = 5  # /dev/null fds of each non-holder, so the container scan has fds to look at
-TARGET_SPEEDUP = 10.0
+TARGET_SPEEDUP = 4.0  # issue 16: the whole ct --dry-run vs fuser -v at 5,000 processes
 FLAT_RATIO = 2.0  # a later step may cost at most this many times the first one per process...
 FLAT_FLOOR_S = 0.0001  # ...or under 0.1 ms per process, which is flat for any purpose
 
@@ -188,6 +188,7 @@ def bench_discovery(lab: Lab, vmid: int, cfg: BenchConfig, load: HostLoad,
     add_holders(lab, vmid, cfg.ct_holders)
     ct_size = grow_ct_to(lab, vmid, cfg.ct_procs)
     tl = tools(lab, vmid)
+    lab.set_pct_latency(cfg.pct_latency_s)  # pveclean's probe meets a pct as slow as Proxmox's
     levels: list[Level] = []
     for n in cfg.host_loads:
         load.grow_to(n)
@@ -199,6 +200,7 @@ def bench_discovery(lab: Lab, vmid: int, cfg: BenchConfig, load: HostLoad,
                             found_counts(lab, vmid, tl)))
     load.stop()
     fixed = fixed_costs(lab, vmid, cfg.runs)
+    lab.set_pct_latency(0)
     return _discovery_results(levels, tl, ct_size, cfg, fixed)
 
 
@@ -244,7 +246,8 @@ def _discovery_results(levels: list[Level], tl: list[Tool], ct_size: int, cfg: B
     top = levels[-1]
     p, f = top.med("pveclean"), top.med("fuser")
     r = _ratio(f, p)
-    rows.append(Row("Discovery", f"{top.load:,} host processes: pveclean ct --dry-run vs fuser -v",
+    rows.append(Row("Discovery", f"{top.load:,} host processes: pveclean ct --dry-run "
+                    f"({cfg.pct_latency_s:.1f} s pct) vs fuser -v",
                     f"{_msn(p)} vs {_msn(f)}: {_x(r)}", f">= {TARGET_SPEEDUP:.0f}x faster",
                     None if r is None else r >= TARGET_SPEEDUP))
     lo = top.med("lsof")

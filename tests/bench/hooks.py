@@ -9,15 +9,28 @@ pct stand-in it runs for the in-container probe).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from .measure import Spawned, VmidPool, median, new_lab, shielded, spawn_like_proxmox
+from .discovery import pveclean_exe
+from .measure import (
+    Spawned,
+    VmidPool,
+    median,
+    new_lab,
+    shielded,
+    spawn_like_proxmox,
+    timed,
+)
 from .settings import BenchConfig
 from .table import Row, Table, ms
 
 TARGET_WALL_S = 0.3
 TARGET_RSS_MB = 60.0
+TARGET_SLOW_PCT_S = 0.3  # issue 16: pre-stop with nothing to clean and a 0.5 s pct
+TARGET_SLOW_PCT_RATIO = 1.5  # ... and at most 1.5x its time with a fast pct
+TARGET_DRY_VS_BARE = 3.5  # `pveclean ct VMID --dry-run`, no holders, vs `python3 -c pass`
 PHASES = ("pre-start", "post-start", "pre-stop")
 
 
@@ -40,6 +53,21 @@ def bench_hooks(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
             argv = [script, str(vmid), phase]
             spawn_like_proxmox(argv, lab.root)  # warm-up: first run writes .pyc files
             runs[phase] = [spawn_like_proxmox(argv, lab.root) for _ in range(cfg.hook_runs)]
+        # the same pre-stop with a pct as slow as Proxmox's (its probe must not gate the run)
+        lab.set_pct_latency(cfg.pct_latency_s)
+        argv = [script, str(vmid), "pre-stop"]
+        spawn_like_proxmox(argv, lab.root)
+        slow = [spawn_like_proxmox(argv, lab.root) for _ in range(cfg.hook_runs)]
+        # `pveclean ct --dry-run` with no holders against a bare interpreter, interleaved
+        dry = [*pveclean_exe(), "ct", str(vmid), "--dry-run"]
+        bare = [sys.executable, "-c", "pass"]
+        timed(dry, lab.env())
+        dry_times: list[float] = []
+        bare_times: list[float] = []
+        for _ in range(cfg.hook_runs):
+            dry_times.append(timed(dry, lab.env()).seconds)
+            bare_times.append(timed(bare).seconds)
+        lab.set_pct_latency(0)
     finally:
         with shielded():
             lab.destroy()
@@ -58,8 +86,28 @@ def bench_hooks(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
                         f"< {TARGET_WALL_S * 1000:.0f} ms", wall < TARGET_WALL_S))
         rows.append(Row("Hook", f"{phase}: peak RSS", f"{_mb(rss):.1f} MB",
                         f"< {TARGET_RSS_MB:.0f} MB", _mb(rss) < TARGET_RSS_MB))
+    fast, slowed = median([r.seconds for r in runs["pre-stop"]]), median([r.seconds for r in slow])
+    lat = f"{cfg.pct_latency_s:.1f} s pct"
+    table.rows.append([f"pre-stop, {lat}", ms(slowed), ms(max(r.seconds for r in slow)),
+                       f"{_mb(max(r.max_rss_kib for r in slow)):.1f} MB",
+                       ",".join(map(str, sorted({r.returncode for r in slow}))),
+                       (slow[-1].output.strip().splitlines() or ["(none)"])[0][:110]])
+    rows.append(Row("Hook", f"pre-stop, nothing to clean, {lat}: wall time (median)",
+                    ms(slowed), f"<= {TARGET_SLOW_PCT_S * 1000:.0f} ms",
+                    slowed <= TARGET_SLOW_PCT_S))
+    rows.append(Row("Hook", f"pre-stop, nothing to clean: {lat} vs the lab's fast pct",
+                    f"{ms(slowed)} vs {ms(fast)}: {slowed / fast:.2f}x",
+                    f"<= {TARGET_SLOW_PCT_RATIO}x", slowed <= TARGET_SLOW_PCT_RATIO * fast))
+    d, b = median(dry_times), median(bare_times)
+    rows.append(Row("Start-up", f"ct --dry-run, no holders, {lat}, vs python3 -c pass",
+                    f"{ms(d)} vs {ms(b)}: {d / b:.1f}x", f"<= {TARGET_DRY_VS_BARE}x",
+                    d <= TARGET_DRY_VS_BARE * b))
+    raw_slow = [r.__dict__ for r in slow]
+    table.notes.append(f"'{lat}': every pct call sleeps {cfg.pct_latency_s} s first, as "
+                       "Proxmox's Perl pct compiles its modules on each call.")
     table.notes.append("Peak RSS: ru_maxrss of the hook's process tree from wait4() (sh exec'ing "
                        "pveclean, and the pct stand-in pveclean runs for its probe); "
                        "1 MB = 10^6 bytes.")
     raw = {phase: [r.__dict__ for r in rs] for phase, rs in runs.items()}
+    raw["pre-stop-slow-pct"] = raw_slow
     return rows, [table], raw

@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="tiny sizes and one run each: checks that the bench works")
     ap.add_argument("--runs", type=int, help="timed runs per measurement (default 11)")
     ap.add_argument("--only", help=f"comma-separated sections out of {','.join(SECTIONS)}")
+    ap.add_argument("--pct-latency", type=float, metavar="SECONDS",
+                    help="seconds each pct call of pveclean's sleeps first, modelling Proxmox's "
+                         "Perl pct (default 0.5; 0 for the lab's bare stand-in)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR,
                     help="where the Markdown and JSON go (default bench/results)")
     args = ap.parse_args(argv)
@@ -71,6 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ap.error(f"unknown section(s): {', '.join(sorted(unknown))}")
     if args.runs is not None and args.runs < 1:
         ap.error("--runs must be at least 1")
+    if args.pct_latency is not None and not 0 <= args.pct_latency <= 10:
+        ap.error("--pct-latency must be 0..10 seconds")
     return args
 
 
@@ -145,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = quick() if args.quick else BenchConfig()
     if args.runs is not None:
         cfg = dataclasses.replace(cfg, runs=args.runs, hook_runs=max(args.runs, 1))
+    if args.pct_latency is not None:
+        cfg = dataclasses.replace(cfg, pct_latency_s=args.pct_latency)
     sections = args.only.split(",") if args.only else list(SECTIONS)
     reason = unavailable()
     if reason:

@@ -32,6 +32,9 @@ class BenchConfig:
     methods: tuple[str, ...] = ALL_METHODS
     # hook overhead
     hook_runs: int = 10
+    # Proxmox's pct is Perl that compiles the PVE stack at every call: each pct call made by
+    # pveclean (the probe) sleeps this long first. Rows say which latency they ran with.
+    pct_latency_s: float = 0.5
 
 
 def quick() -> BenchConfig:

@@ -207,6 +207,15 @@ class Lab:
             p.write_text(text)
             p.chmod(0o755)
 
+    def set_pct_latency(self, seconds: float) -> None:
+        """Model Proxmox's pct, a Perl program that compiles the PVE module stack on every
+        call (about 0.5 s): `pct` sleeps this long before it does anything."""
+        py = sys.executable
+        pause = f"sleep {seconds:.3f}\n" if seconds > 0 else ""
+        self.pct_path.write_text(f'#!/bin/sh\n{pause}exec "{py}" "{PCT_PY}" --lab "{self.root}" '
+                                 '"$@"\n')
+        self.pct_path.chmod(0o755)
+
     @property
     def pct_path(self) -> Path:
         return self.root / "bin" / "pct"
