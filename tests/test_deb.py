@@ -235,7 +235,8 @@ def test_install_into_scratch_root(deb: Path, tmp_path: Path) -> None:
                        capture_output=True, text=True, check=False, env=env)
     assert r.returncode == 0, r.stderr
     # the modules come from the package's private directory (python -v names each source)
-    r = subprocess.run([sys.executable, "-I", "-B", "-v", str(exe), "--version"],
+    # (--help goes through typer; --version alone no longer imports it, issue 16)
+    r = subprocess.run([sys.executable, "-I", "-B", "-v", str(exe), "--help"],
                        capture_output=True, text=True, check=False, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     for mod in ("pveclean/cli.py", "typer/__init__.py", "click/__init__.py"):

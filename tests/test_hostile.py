@@ -281,7 +281,11 @@ def test_probe_flood_is_cut_and_the_run_goes_on(lab: Lab, vmid: int) -> None:
     code, rep = run_json(lab, vmid)
     assert code == 0, rep
     assert rep["verdict"] == "clean" and not lab.alive(pid)
-    assert "over its limit" in rep["sources"]["probe"] and "1048576" in rep["sources"]["probe"]
+    # The probe gates nothing (issue 16): read while the run goes on, it is cut at its cap,
+    # or still unfinished when the run ends (then killed unread). Never more than the cap kept.
+    probe_src = rep["sources"]["probe"]
+    assert ("over its limit" in probe_src and "1048576" in probe_src) or probe_src.startswith(
+        "late: "), probe_src
     (path,) = sorted(lab.report_dir.glob(f"{vmid}-*.yaml"))
     assert path.stat().st_size < 64 << 10
 
