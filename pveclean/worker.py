@@ -237,17 +237,22 @@ class Worker:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._req = self._resp = -1
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            pidfd = -1
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        end = time.monotonic() + REAP_WAIT
-        while True:
-            try:
-                done, _status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if done or time.monotonic() >= end:
-                return
-            time.sleep(0.005)
+        try:
+            if pidfd >= 0:  # wake the moment it is gone: no polling sleep on every run
+                poller = select.poll()
+                poller.register(pidfd, select.POLLIN)
+                poller.poll(REAP_WAIT * 1000)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
 
     def close(self) -> None:
         self.kill("done")
