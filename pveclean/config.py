@@ -6,7 +6,6 @@ config that controls SIGKILL must never silently fall back to a default.
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -172,6 +171,8 @@ def parse(text: str, source: str = "<string>") -> Config:
         if not isinstance(key, str) or key not in _SCHEMA:
             hint = ""
             if isinstance(key, str):
+                import difflib  # only for the error message
+
                 close = difflib.get_close_matches(key, list(_SCHEMA), n=1)
                 hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"{source} line {line}: unknown key {key!r}{hint}")

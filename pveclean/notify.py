@@ -7,13 +7,12 @@ import contextlib
 import errno
 import fcntl
 import os
-import socket
 import stat
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from .report import exclusive_temp
 from .text import safe
 
 VERDICTS = ("clean", "nothing-to-do", "dry-run", "residual", "leaked", "error", "busy")
@@ -43,6 +42,8 @@ def syslog(rep: dict[str, Any], path: str | None, socket_path: str = "/dev/log")
         level = "err"
     msg = f"<{LOG_USER * 8 + PRI[level]}>pveclean[{os.getpid()}]: {log_line(rep, path)}"
     try:
+        import socket  # only when syslog is on: not on every run's import path
+
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
             sock.settimeout(0.5)
             sock.connect(socket_path)
@@ -151,7 +152,7 @@ def write_metrics(rep: dict[str, Any], metrics_path: str, lock_wait: float = LOC
         old = [ln for ln in _read_old(path).splitlines()
                if ln.startswith("pveclean_") and vmid_label not in ln]
         lines = sorted(old + _metric_lines(rep, time.time()))
-        tmpfd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".pveclean-", suffix=".prom")
+        tmpfd, tmp = exclusive_temp(path.parent, ".pveclean-", ".prom")
         try:
             with os.fdopen(tmpfd, "w") as fh:
                 fh.write(HELP + "\n".join(lines) + "\n")

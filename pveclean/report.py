@@ -6,7 +6,6 @@ import contextlib
 import datetime as dt
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -98,6 +97,20 @@ def report_name(vmid: int, phase: str, started: float) -> str:
     return f"{vmid}-{phase}-{utc_stamp(started)}.yaml"
 
 
+def exclusive_temp(d: os.PathLike[str] | str, prefix: str, suffix: str,
+                   mode: int = 0o600) -> tuple[int, str]:
+    """A new file with a random name in `d`, created exclusively and never through a
+    symlink (what tempfile.mkstemp does, without importing tempfile on every run)."""
+    for _ in range(100):
+        path = os.path.join(d, f"{prefix}{os.urandom(6).hex()}{suffix}")
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                           | os.O_CLOEXEC, mode), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {d}")
+
+
 def write(report: dict[str, Any], report_dir: str) -> Path:
     """Write atomically: temp file in the same dir, fsync, rename. Never overwrites."""
     d = ensure_dir(report_dir)
@@ -105,7 +118,7 @@ def write(report: dict[str, Any], report_dir: str) -> Path:
     body = {k: v for k, v in report.items() if not k.startswith("_")}
     text = to_yaml(body)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".yaml", dir=d)
+        fd, tmp = exclusive_temp(d, ".tmp-", ".yaml")
     except OSError as exc:
         raise ReportError(f"cannot write report in {d}: {exc.strerror}") from None
     try:
