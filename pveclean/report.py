@@ -58,8 +58,9 @@ class Redactor:
         return v
 
 
-class _Dumper(yaml.SafeDumper):
-    pass
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """libyaml's emitter where PyYAML has it: the same text, about 3x faster (a report with
+    thousands of holders took seconds with the pure-Python one)."""
 
 
 def _str_repr(dumper: yaml.SafeDumper, data: str) -> yaml.Node:

@@ -60,3 +60,25 @@ def test_what_the_lean_parser_leaves_goes_through_typer(argv: list[str], needle:
     assert needle in r.stdout + r.stderr, r
     assert "Traceback" not in r.stderr
     assert r.returncode == (0 if "--help" in argv else 2), r
+
+
+def test_reports_are_emitted_by_libyaml_with_the_same_text() -> None:
+    """The C emitter is only faster: the text is what PyYAML's own emitter writes."""
+    import yaml
+
+    from pveclean import report
+
+    rep = {"vmid": 129, "holders": [
+        {"host_pid": i, "name": "python3\x1b[2J\u202e", "cmdline": "a --token=x\nb",
+         "gpu_memory_mib": {0: 100, 1: None}} for i in range(50)]}
+
+    class Pure(yaml.SafeDumper):
+        pass
+
+    Pure.add_representer(str, report._str_repr)
+    for terminal in (False, True):
+        pure = yaml.dump(rep, Dumper=Pure, sort_keys=False, default_flow_style=False,
+                         allow_unicode=not terminal, width=100)
+        assert report.to_yaml(rep, terminal=terminal) == pure
+    if hasattr(yaml, "CSafeDumper"):
+        assert issubclass(report._Dumper, yaml.CSafeDumper)
