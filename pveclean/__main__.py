@@ -9,14 +9,16 @@ import sys
 from collections.abc import Callable
 
 
-def _lean(fn: Callable[[], int]) -> int:
-    """Run a lean command with the typer app's error handling: one line and an exit code."""
+def fail(message: str, code: int) -> int:
+    sys.stderr.write(f"pveclean: {message}\n")
+    return code
+
+
+def guarded(fn: Callable[[], int]) -> int:
+    """Run a command: every expected failure becomes one line and an exit code, never a
+    traceback (the lean commands and the typer app alike)."""
     from .config import ConfigError
     from .model import EXIT_ACCESS, EXIT_USAGE, PvecleanError
-
-    def fail(message: str, code: int) -> int:
-        sys.stderr.write(f"pveclean: {message}\n")
-        return code
 
     try:
         return fn()
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         except PvecleanError:  # a bad --grace: typer says it the usual way
             parsed = None
         if parsed is not None:
-            return _lean(lambda: ctcmd.run(parsed))
+            return guarded(lambda: ctcmd.run(parsed))
     from .cli import run_app
 
     return run_app(args)

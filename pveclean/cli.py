@@ -11,7 +11,7 @@ import typer
 
 from . import __version__
 from .config import ConfigError, dump, load
-from .model import EXIT_ACCESS, EXIT_OK, EXIT_USAGE, PvecleanError
+from .model import EXIT_OK, EXIT_USAGE, PvecleanError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 clean, nothing to do or dry run; 1 GPU holders or their memory remain; "
@@ -352,31 +352,25 @@ def config_check(
     typer.echo(f"config OK ({cfg.source})", err=True)
 
 
-def _fail(message: str, code: int) -> int:
-    sys.stderr.write(f"pveclean: {message}\n")
-    return code
-
-
 def run_app(args: list[str]) -> int:
-    """Run the typer app; every expected failure becomes one line and an exit code."""
-    try:
-        rv = app(args=args, prog_name="pveclean", standalone_mode=False)
-        if isinstance(rv, int):  # click returns the code of typer.Exit without raising
-            return rv
-    except typer.Exit as exc:
-        return int(exc.exit_code)
-    except ConfigError as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    except PvecleanError as exc:
-        return _fail(str(exc), exc.exit_code)
-    except KeyboardInterrupt:
-        return _fail("interrupted", 130)
-    except Exception as exc:  # click's usage errors (typer may vendor click), and the unexpected
-        if type(exc).__name__ == "Abort":
-            return _fail("aborted", 130)
-        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-            hint = " (see 'pveclean --help')"
-            return _fail(f"{exc.format_message()}{hint}", EXIT_USAGE)
-        return _fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_ACCESS)
-    return EXIT_OK
+    """Run the typer app; every expected failure becomes one line and an exit code (the
+    mapping is the lean commands' own, `__main__.guarded`; click's are added here)."""
+    from .__main__ import fail, guarded
 
+    def go() -> int:
+        try:
+            rv = app(args=args, prog_name="pveclean", standalone_mode=False)
+        except typer.Exit as exc:
+            return int(exc.exit_code)
+        except (ConfigError, PvecleanError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # click's usage errors (typer may vendor click)
+            if type(exc).__name__ == "Abort":
+                return fail("aborted", 130)
+            if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+                return fail(f"{exc.format_message()} (see 'pveclean --help')", EXIT_USAGE)
+            raise
+        # click returns the code of typer.Exit without raising
+        return rv if isinstance(rv, int) else EXIT_OK
+
+    return guarded(go)

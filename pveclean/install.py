@@ -319,25 +319,6 @@ def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf
     plan.steps.append(step)
 
 
-def write_hook(path: Path, text: str) -> None:
-    """Atomically: executable, root-owned when run as root."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o755)
-        try:
-            os.write(fd, text.encode())
-            os.fchmod(fd, 0o755)
-            if os.geteuid() == 0:
-                os.fchown(fd, 0, 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise PvecleanError(f"cannot write {path}: {exc.strerror}", EXIT_ACCESS) from None
-
-
 def _hookscript_is(api: Api, node: str, vmid: int, volid: str) -> bool:
     """Re-read the config in force: is the hookscript now `volid`? (False if unreadable.)"""
     try:
@@ -354,7 +335,7 @@ def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
         api.set_storage_content(plan.storage, plan.enable_snippets)
         out.done.append(f"storage '{plan.storage}': content {','.join(plan.enable_snippets)}")
     if plan.file is not None and plan.file_action in ("create", "update"):
-        write_hook(plan.file, plan.text)
+        unit.write_file(plan.file, plan.text, 0o755)
         out.done.append(f"wrote {plan.file}")
     for s in plan.steps:
         if s.action not in ("set", "chain"):
@@ -393,7 +374,7 @@ def _apply_dropins(cfg: Config, plan: Plan, out: Outcome) -> None:
     for vmid, path, action, text in plan.dropins:
         try:
             if action in ("create", "update"):
-                unit.write_dropin(path, text)
+                unit.write_file(path, text)
                 out.done.append(f"CT {vmid}: wrote {path}")
             elif action == "remove":
                 unit.remove_dropin(path)

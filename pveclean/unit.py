@@ -89,15 +89,18 @@ def installed(cfg: Config) -> list[int]:
     return sorted(out)
 
 
-def write_dropin(path: Path, text: str) -> None:
-    """Atomically, root-owned 0644, its directory created."""
+def write_file(path: Path, text: str, mode: int = 0o644) -> None:
+    """Atomically (temp file, fsync, rename; never through a symlink), with `mode`, root's
+    when run as root, its directory created. The drop-in and the stamped hookscript."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
         try:
             os.write(fd, text.encode())
-            os.fchmod(fd, 0o644)
+            os.fchmod(fd, mode)
+            if os.geteuid() == 0:
+                os.fchown(fd, 0, 0)
             os.fsync(fd)
         finally:
             os.close(fd)
