@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return hook_main(args[1:])
     if args and args[0] == "unit":  # the systemd drop-in: every start and stop, lean too
-        from .unit import from_argv
+        from .dropin import from_argv
 
         return from_argv(args[1:])
     if args == ["--version"]:

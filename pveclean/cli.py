@@ -118,7 +118,7 @@ def unit(
 
     Example: pveclean unit 129 start-pre
     """
-    from .unit import main as unit_main
+    from .dropin import main as unit_main
 
     raise typer.Exit(unit_main([vmid, phase], str(config) if config else None))
 

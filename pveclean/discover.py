@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import probe, procfs, worker
 from .model import Discovery, GpuDevices, GpuMemory, Holder
@@ -413,30 +414,24 @@ class Reads:
                 return None
 
     def memory(self, end: float) -> list[GpuMemory] | None:
-        if self.nvml_error is not None:
-            return None
-        try:
-            mem, err = self.worker.call(w_memory, self._nvml_t(),
-                                        timeout=end - time.monotonic(), what="NVML memory")
-        except (worker.WorkerError, worker.RemoteError) as exc:
-            self.nvml_error = f"NVML memory query did not answer: {exc}"
-            return None
-        if err:
-            self.nvml_error = err
-        return mem
+        return self._nvml(w_memory, end, "NVML memory", "NVML memory query")
 
     def processes(self, end: float) -> dict[int, dict[int, int | None]] | None:
+        return self._nvml(w_processes, end, "NVML processes", "NVML process query")
+
+    def _nvml(self, fn: Callable[..., Any], end: float, what: str, query: str) -> Any:
+        """One NVML query in the worker; once NVML failed or hung, none is asked again."""
         if self.nvml_error is not None:
             return None
         try:
-            procs, err = self.worker.call(w_processes, self._nvml_t(),
-                                          timeout=end - time.monotonic(), what="NVML processes")
+            value, err = self.worker.call(fn, self._nvml_t(), timeout=end - time.monotonic(),
+                                          what=what)
         except (worker.WorkerError, worker.RemoteError) as exc:
-            self.nvml_error = f"NVML process query did not answer: {exc}"
+            self.nvml_error = f"{query} did not answer: {exc}"
             return None
         if err:
             self.nvml_error = err
-        return procs
+        return value
 
     def call(self, fn: object, *args: object, end: float, what: str) -> object | None:
         """Any other read; None when it did not finish (the reason goes to `problems`)."""

@@ -539,5 +539,5 @@ def render(data: dict[str, Any]) -> str:
     lines += ["", f"scanned {len(s['containers_scanned'])} container(s) with GPU access "
                   f"(skipped {len(s['containers_skipped_no_gpu'])} without) and the host's "
                   f"processes in {s['seconds'] * 1000:.0f} ms; NVML: {data['sources']['nvml']}"]
-    lines += [f"warning: {w}" for w in data["warnings"]]
+    lines += [f"warning: {safe(w, 300)}" for w in data["warnings"]]
     return "\n".join(lines)

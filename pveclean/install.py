@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import chain, procfs, pveconf, unit
+from . import chain, dropin, procfs, pveconf
 from .config import DEFAULT_PATH, Config, untrusted
 from .model import EXIT_ACCESS, EXIT_OK, EXIT_USAGE, PvecleanError
 from .pveapi import Api, Container
@@ -268,8 +268,8 @@ def _dropin_step(cfg: Config, plan: Plan, c: Container, here: str) -> None:
         plan.notes.append(f"CT {c.vmid} is on node {c.node}: its systemd drop-in goes on that "
                           f"node; run pveclean install --systemd {c.vmid} there")
         return
-    path = unit.dropin_path(cfg, c.vmid)
-    text = unit.dropin_text(c.vmid, pveclean_bin(), config_file(cfg))
+    path = dropin.dropin_path(cfg, c.vmid)
+    text = dropin.dropin_text(c.vmid, pveclean_bin(), config_file(cfg))
     try:
         old = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
@@ -278,7 +278,7 @@ def _dropin_step(cfg: Config, plan: Plan, c: Container, here: str) -> None:
     except OSError as exc:
         plan.problem(f"cannot read {path}: {exc.strerror}", EXIT_ACCESS)
         return
-    if unit.MARKER not in old:
+    if dropin.MARKER not in old:
         plan.problem(f"{path} exists and is not pveclean's drop-in; not overwriting it")
         return
     plan.dropins.append((c.vmid, path, "unchanged" if old == text else "update", text))
@@ -335,7 +335,7 @@ def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
         api.set_storage_content(plan.storage, plan.enable_snippets)
         out.done.append(f"storage '{plan.storage}': content {','.join(plan.enable_snippets)}")
     if plan.file is not None and plan.file_action in ("create", "update"):
-        unit.write_file(plan.file, plan.text, 0o755)
+        dropin.write_file(plan.file, plan.text, 0o755)
         out.done.append(f"wrote {plan.file}")
     for s in plan.steps:
         if s.action not in ("set", "chain"):
@@ -374,17 +374,17 @@ def _apply_dropins(cfg: Config, plan: Plan, out: Outcome) -> None:
     for vmid, path, action, text in plan.dropins:
         try:
             if action in ("create", "update"):
-                unit.write_file(path, text)
+                dropin.write_file(path, text)
                 out.done.append(f"CT {vmid}: wrote {path}")
             elif action == "remove":
-                unit.remove_dropin(path)
+                dropin.remove_dropin(path)
                 out.done.append(f"CT {vmid}: removed {path}")
             else:
                 continue
             changed = True
         except PvecleanError as exc:
             out.errors.append((f"CT {vmid}: {exc}", exc.exit_code))
-    if changed and (warning := unit.daemon_reload(cfg)):
+    if changed and (warning := dropin.daemon_reload(cfg)):
         out.errors.append((warning, EXIT_ACCESS))
 
 
@@ -395,12 +395,12 @@ def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
     seen = _all(api, plan, online) if all_ else _targets(api, plan, vmids, online)
     removed: set[str] = set()
     still_used: set[str] = set()
-    dropin_vmids = set(unit.installed(cfg)) if all_ else set()
+    dropin_vmids = set(dropin.installed(cfg)) if all_ else set()
     for c, _conf in seen:
-        if c.node == here and unit.is_ours(unit.dropin_path(cfg, c.vmid)):
+        if c.node == here and dropin.is_ours(dropin.dropin_path(cfg, c.vmid)):
             dropin_vmids.add(c.vmid)
     for vmid in sorted(dropin_vmids):
-        plan.dropins.append((vmid, unit.dropin_path(cfg, vmid), "remove", ""))
+        plan.dropins.append((vmid, dropin.dropin_path(cfg, vmid), "remove", ""))
     for c, conf in seen:
         cur = conf.hookscript
         if not is_pveclean(cur):

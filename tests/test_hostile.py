@@ -30,12 +30,7 @@ def run_json(lab: Lab, *args: str | int, env: dict[str, str] | None = None
 
 def start_in_ct(lab: Lab, vmid: int, name: str, flags: list[str], pre: str = "") -> Workload:
     """Like Lab.run_in_ct, with any holder flags and a shell prelude run before it."""
-    lab._counter += 1
-    tag = f"{vmid}-x{lab._counter}"
-    link = lab.rootfs(vmid) / "opt/lab/bin" / name
-    if not link.exists():
-        link.symlink_to("holder")
-    ready = f"/tmp/ready-{tag}"
+    tag, ready = lab.ct_holder(vmid, name, kind="x")
     argv = [f"/opt/lab/bin/{name}", *flags, "--ready", ready, "--exit-after", "900"]
     quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
     lab.pct("exec", str(vmid), "--", "/bin/sh", "-c",
@@ -269,13 +264,16 @@ def replace_sh(lab: Lab, vmid: int, body: str) -> None:
     sh.chmod(0o755)
 
 
-def test_probe_flood_is_cut_and_the_run_goes_on(lab: Lab, vmid: int) -> None:
-    # The probe never gates a run (issue 16): a holder that ignores SIGTERM keeps this run
-    # going through the grace, long enough for the probe's answer to arrive and be judged.
+def keep_the_run_going(lab: Lab, vmid: int) -> Workload:
+    """The probe never gates a run (issue 16): a holder that ignores SIGTERM keeps the run
+    going through a 1.5 s grace, long enough for the probe's answer to arrive and be judged."""
     lab.write_config(grace_seconds=1.5)
+    return lab.run_in_ct(vmid, "nccl-helper", hold=["/dev/nvidia0"], ignore_term=True)
+
+
+def test_probe_flood_is_cut_and_the_run_goes_on(lab: Lab, vmid: int) -> None:
     lab.create_ct(vmid, gpus=(0,))
-    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], ignore_term=True)
-    (pid,) = w.host_pids(lab)
+    (pid,) = keep_the_run_going(lab, vmid).host_pids(lab)
     replace_sh(lab, vmid, "/bin/busybox yes 'fd 1 /dev/nvidia0' | "
                           "/bin/busybox head -c 67108864")
     code, rep = run_json(lab, vmid)
@@ -291,12 +289,8 @@ def test_probe_flood_is_cut_and_the_run_goes_on(lab: Lab, vmid: int) -> None:
 
 
 def test_probe_that_invents_thousands_of_pids_is_ignored(lab: Lab, vmid: int) -> None:
-    # The probe never gates a run (issue 16): a holder that ignores SIGTERM keeps this run
-    # going through the grace, long enough for the probe's answer to arrive and be judged.
-    lab.write_config(grace_seconds=1.5)
     lab.create_ct(vmid, gpus=(0,))
-    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], ignore_term=True)
-    (pid,) = w.host_pids(lab)
+    (pid,) = keep_the_run_going(lab, vmid).host_pids(lab)
     replace_sh(lab, vmid, "i=2; while [ $i -lt 5000 ]; do echo \"fd $i /dev/nvidia0\"; "
                           "i=$((i+1)); done; echo end")
     code, rep = run_json(lab, vmid)
@@ -333,11 +327,6 @@ def test_probe_without_ls_says_it_could_not_look(lab: Lab, vmid: int) -> None:
     assert rep["sources"]["probe"].startswith("failed") and "'ls'" in rep["sources"]["probe"]
 
 
-def keep_the_run_going(lab: Lab, vmid: int) -> None:
-    """The probe never gates a run (issue 16): a holder that ignores SIGTERM keeps the run
-    going through a 1.5 s grace, long enough for the probe's answer to arrive and be judged."""
-    lab.write_config(grace_seconds=1.5)
-    lab.run_in_ct(vmid, "nccl-helper", hold=["/dev/nvidia0"], ignore_term=True)
 
 
 def test_host_environment_does_not_enter_the_container(lab: Lab, vmid: int) -> None:

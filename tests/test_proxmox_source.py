@@ -456,7 +456,7 @@ def test_without_the_dropin_a_reboot_inside_the_guest_fails_silently(lab: Lab,
 def test_unit_phases_never_fail_the_unit_but_by_a_refusal(tmp_path: Path,
                                                          capfd: pytest.CaptureFixture[str],
                                                          ) -> None:
-    from pveclean import unit
+    from pveclean import dropin
 
     (tmp_path / "lxc").mkdir()
     cfgfile = tmp_path / "pveclean.yaml"
@@ -468,13 +468,13 @@ def test_unit_phases_never_fail_the_unit_but_by_a_refusal(tmp_path: Path,
                  ["-c", str(cfgfile), "100", "bogus"],
                  ["-c", str(cfgfile), "abc", "start-pre"],
                  ["-c", str(tmp_path / "missing.yaml"), "100", "start-pre"]):
-        assert unit.from_argv(argv) == 0, argv
+        assert dropin.from_argv(argv) == 0, argv
     out = capfd.readouterr()
     assert "Traceback" not in out.out + out.err
     assert len(out.out.splitlines()) == 5
     with pytest.raises(PvecleanError, match="cannot go into a systemd unit"):
-        unit.dropin_text(100, "/opt/my pveclean/bin/pveclean", None)
-    text = unit.dropin_text(100, "/usr/sbin/pveclean", None)
+        dropin.dropin_text(100, "/opt/my pveclean/bin/pveclean", None)
+    text = dropin.dropin_text(100, "/usr/sbin/pveclean", None)
     assert "ExecStartPre=/bin/sh -c '/usr/sbin/pveclean unit 100 start-pre;" in text
 
 
@@ -490,13 +490,13 @@ def test_dropin_start_pre_fails_the_unit_only_on_a_refusal(
         tmp_path: Path, script: str | None, expect_rc: int, warned: bool) -> None:
     """The ExecStartPre= line as systemd runs it ($$ is a literal $), with a pveclean that is
     missing, broken, killed, fine or refusing."""
-    from pveclean import unit
+    from pveclean import dropin
 
     exe = tmp_path / "pveclean"
     if script is not None:
         exe.write_text(script)
         exe.chmod(0o755)
-    line = unit.dropin_text(100, str(exe), None).split("ExecStartPre=", 1)[1].splitlines()[0]
+    line = dropin.dropin_text(100, str(exe), None).split("ExecStartPre=", 1)[1].splitlines()[0]
     argv = shlex.split(line.replace("$$", "$"))
     res = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
     assert res.returncode == expect_rc, res

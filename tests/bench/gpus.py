@@ -7,14 +7,12 @@ where the processes of a busy Proxmox host live."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .discovery import Tool, add_holders, host_process_count, pveclean_exe, time_interleaved
-from .load import HostLoad
+from .load import HostLoad, group_pids
 from .measure import Timed, VmidPool, median, new_lab, shielded, timed
 from .settings import BenchConfig
 from .table import Row, Table, ms
@@ -33,21 +31,6 @@ def _gpus_pids(t: Timed) -> int:
 
 def _fuser_pids(t: Timed) -> int:
     return len({w for w in t.stdout.split() if w.isdigit()})
-
-
-def _load_pids(load: HostLoad) -> list[int]:
-    pgids = load.pgids()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            text = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        if int(text[text.rfind(")") + 2:].split()[2]) in pgids:
-            out.append(int(name))
-    return out
 
 
 def bench_gpus(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
@@ -74,7 +57,7 @@ def bench_gpus(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
             if where.startswith("a container"):
                 target = lab.cgroup(quiet_ct) / "ns" / "load"
                 target.mkdir(parents=True, exist_ok=True)
-                for pid in _load_pids(load):
+                for pid in group_pids(load.pgids()):
                     try:
                         (target / "cgroup.procs").write_text(str(pid))
                     except OSError:

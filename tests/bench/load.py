@@ -40,10 +40,10 @@ def build_loadproc(out_dir: Path = BUILD) -> Path:
     return binary
 
 
-def _group_members(pgids: set[int]) -> int:
-    """How many processes are in the given process groups, zombies included: a killed load
-    process keeps its PID until init reaps it, which can take seconds for thousands."""
-    n = 0
+def group_pids(pgids: set[int]) -> list[int]:
+    """The processes in the given process groups, zombies included: a killed load process
+    keeps its PID until init reaps it, which can take seconds for thousands."""
+    out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -51,10 +51,9 @@ def _group_members(pgids: set[int]) -> int:
             text = Path(f"/proc/{name}/stat").read_text()
         except OSError:
             continue
-        fields = text[text.rfind(")") + 2:].split()
-        if int(fields[2]) in pgids:
-            n += 1
-    return n
+        if int(text[text.rfind(")") + 2:].split()[2]) in pgids:
+            out.append(int(name))
+    return out
 
 
 class HostLoad:
@@ -99,7 +98,7 @@ class HostLoad:
             if p.stdout is not None:
                 p.stdout.close()
         end = time.monotonic() + timeout
-        while pgids and _group_members(pgids) and time.monotonic() < end:
+        while pgids and group_pids(pgids) and time.monotonic() < end:
             time.sleep(0.05)
         self.batches.clear()
         self.count = 0

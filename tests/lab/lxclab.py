@@ -369,6 +369,16 @@ class Lab:
             args += ["--term-delay", str(term_delay_ms)]
         return [*args, "--ready", ready, "--exit-after", "900"]
 
+    def ct_holder(self, vmid: int, name: str, kind: str = "") -> tuple[str, str]:
+        """A fresh workload tag, the holder program linked as `name` in the container's
+        /opt/lab/bin, and the ready file it will write (as the container sees it)."""
+        self._counter += 1
+        tag = f"{vmid}-{kind}{self._counter}"
+        link = self.rootfs(vmid) / "opt/lab/bin" / name
+        if not link.exists():
+            link.symlink_to("holder")
+        return tag, f"/tmp/ready-{tag}"
+
     def run_in_ct(
         self,
         vmid: int,
@@ -387,12 +397,7 @@ class Lab:
     ) -> Workload:
         """Start a holder as `name` inside the container, detached (its parent exits, init
         adopts it), optionally moved to another cgroup below ns/, with NVML memory."""
-        self._counter += 1
-        tag = f"{vmid}-{self._counter}"
-        link = self.rootfs(vmid) / "opt/lab/bin" / name
-        if not link.exists():
-            link.symlink_to("holder")
-        ready = f"/tmp/ready-{tag}"
+        tag, ready = self.ct_holder(vmid, name)
         argv = [f"/opt/lab/bin/{name}", *self._holder_args(
             tag, list(hold), list(maps), ignore_term, children, respawn, pidns, term_delay_ms,
             ready), "--", *extra_args]

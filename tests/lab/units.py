@@ -164,12 +164,7 @@ def add_unit(lab: Lab, vmid: int, unit: str, name: str, hold: list[str],
     """A service `unit` whose ExecStart= is a holder named `name`; started (and waited for)
     through the stand-in's `systemctl start`. The workload's host_pids() are its live and
     respawned holders."""
-    lab._counter += 1
-    tag = f"{vmid}-{lab._counter}"
-    link = lab.rootfs(vmid) / "opt/lab/bin" / name
-    if not link.exists():
-        link.symlink_to("holder")
-    ready = f"/tmp/ready-{tag}"
+    tag, ready = lab.ct_holder(vmid, name)
     argv = [f"/opt/lab/bin/{name}",
             *lab._holder_args(tag, hold, [], False, 0, 0, False, 0, ready)]
     (lab.rootfs(vmid) / "etc/systemd/system" / unit).write_text(
