@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
 
-import yaml
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_PATH = Path("/etc/pveclean/pveclean.yaml")
 ENV_VAR = "PVECLEAN_CONFIG"
@@ -152,6 +153,8 @@ def _check_redact(patterns: list[str], where: str) -> None:
 
 def parse(text: str, source: str = "<string>") -> Config:
     """Parse and validate config text; raises ConfigError with key and line."""
+    import yaml  # here: a `ct` run imports it after its worker is forked (prelude.py)
+
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         node = yaml.compose(text, Loader=loader)
@@ -258,9 +261,10 @@ def untrusted(path: str | os.PathLike[str], what: str) -> str | None:
 
 
 def _executable(command: str) -> str | None:
-    """The file `command` (a pct_command) runs, looked up as start_pct looks it up."""
+    """The file `command` (a pct_command) runs, looked up as start_pct looks it up (exec
+    searches the PATH of pct's environment): shutil.which, without importing shutil (and
+    its compression modules) on every run."""
     import shlex
-    import shutil
 
     from .pct import HOOK_PATH
 
@@ -270,7 +274,13 @@ def _executable(command: str) -> str | None:
         return None
     if not argv:
         return None
-    return argv[0] if "/" in argv[0] else shutil.which(argv[0], path=HOOK_PATH)
+    if "/" in argv[0]:
+        return argv[0]
+    for d in HOOK_PATH.split(":"):
+        path = os.path.join(d, argv[0])
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def check_trusted(cfg: Config, path: Path | None = None) -> None:
@@ -311,5 +321,7 @@ def load(explicit: str | os.PathLike[str] | None = None) -> Config:
 
 
 def dump(cfg: Config) -> str:
+    import yaml
+
     header = f"# effective configuration (from {cfg.source})\n"
     return header + yaml.safe_dump(cfg.as_dict(), sort_keys=False, default_flow_style=False)

@@ -66,21 +66,24 @@ def parse(argv: list[str]) -> CtArgs | None:
 
 def run(args: CtArgs) -> int:
     """Load the config, clean the container, print the result; returns the exit code."""
+    from . import prelude
     from .config import load
     from .pveconf import parse_vmid
     from .run import clean
 
-    cfg = load(args.config)
-    vid = parse_vmid(args.vmid)
-    progress = None
-    if not args.as_json and sys.stderr.isatty():
-        from .text import safe
+    with prelude.begin() as wk:  # it imports nvidia-ml-py while the config is read
+        cfg = load(args.config)
+        vid = parse_vmid(args.vmid)
+        prelude.warm(wk, cfg, vid)
+        progress = None
+        if not args.as_json and sys.stderr.isatty():
+            from .text import safe
 
-        def progress(msg: str) -> None:
-            print(f"... {safe(msg, 300)}", file=sys.stderr, flush=True)
+            def progress(msg: str) -> None:
+                print(f"... {safe(msg, 300)}", file=sys.stderr, flush=True)
 
-    result = clean(vid, cfg, dry_run=args.dry_run, grace=args.grace, progress=progress,
-                   stop_units=args.stop_units)
+        result = clean(vid, cfg, dry_run=args.dry_run, grace=args.grace, progress=progress,
+                       stop_units=args.stop_units, worker=wk)
     if args.as_json:
         import json
 

@@ -8,18 +8,21 @@ Only the container's own processes are read, so the cost does not grow with the 
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from . import probe, procfs, worker
 from .model import Discovery, GpuDevices, GpuMemory, Holder
-from .nvml import Nvml, NvmlUnavailable
+from .nvml import Nvml, NvmlUnavailable, nvml_allowance
 from .pct import PctMissing, PctReader, start_pct, wait_pct
 from .units import unit_of
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+    from typing import Any
 
 
 class Deadline:
@@ -258,15 +261,7 @@ def merge_nvml(
 
 # ---- reads made in the worker process (see worker.py); module-level so they pickle -------
 def _nvml() -> Nvml:
-    st = worker.state()
-    if "nvml" not in st:
-        st["nvml"] = Nvml(st.get("nvml_library"), st.get("nvml_timeout", 5.0))
-    nv: Nvml = st["nvml"]
-    return nv
-
-
-def _nvml_allowance(timeout: float) -> float:
-    return 2 * timeout + 0.5  # init, then the query, each bounded by the adapter's timeout
+    return Nvml.in_worker(worker.state())
 
 
 def w_host(scope: Scope, skip: frozenset[int], stall: float, with_nvml: bool,
@@ -274,7 +269,7 @@ def w_host(scope: Scope, skip: frozenset[int], stall: float, with_nvml: bool,
     view = scan_host(scope, skip, stall)
     if not with_nvml:
         return view, [], "disabled"
-    worker.note(("nvml", "process query"), _nvml_allowance(nvml_timeout))
+    worker.note(("nvml", "process query"), nvml_allowance(nvml_timeout))
     try:
         procs = _nvml().processes(timeout=nvml_timeout)
     except NvmlUnavailable as exc:
@@ -284,7 +279,7 @@ def w_host(scope: Scope, skip: frozenset[int], stall: float, with_nvml: bool,
 
 
 def w_memory(nvml_timeout: float) -> tuple[list[GpuMemory] | None, str | None]:
-    worker.note(("nvml", "memory query"), _nvml_allowance(nvml_timeout))
+    worker.note(("nvml", "memory query"), nvml_allowance(nvml_timeout))
     try:
         return _nvml().memory(timeout=nvml_timeout), None
     except NvmlUnavailable as exc:
@@ -292,7 +287,7 @@ def w_memory(nvml_timeout: float) -> tuple[list[GpuMemory] | None, str | None]:
 
 
 def w_processes(nvml_timeout: float) -> tuple[dict[int, dict[int, int | None]] | None, str | None]:
-    worker.note(("nvml", "process query"), _nvml_allowance(nvml_timeout))
+    worker.note(("nvml", "process query"), nvml_allowance(nvml_timeout))
     try:
         return _nvml().processes(timeout=nvml_timeout), None
     except NvmlUnavailable as exc:
@@ -305,7 +300,7 @@ def w_rescan(scope: Scope, skip: frozenset[int], stall: float, known: set[int],
     view = scan_host(scope, skip, stall)
     nvml_pids: set[int] = set()
     if with_nvml and not _nvml().error:
-        worker.note(("nvml", "process query"), _nvml_allowance(nvml_timeout))
+        worker.note(("nvml", "process query"), nvml_allowance(nvml_timeout))
         try:
             procs = _nvml().processes(timeout=nvml_timeout)
             # A PID of ours that NVML still lists has not released its memory yet.

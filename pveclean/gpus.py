@@ -20,7 +20,6 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from . import procfs, pveconf, report
 from .config import Config
@@ -29,6 +28,10 @@ from .model import GpuDevices, GpuMemory, Holder, PvecleanError
 from .nvml import Nvml, NvmlUnavailable
 from .text import safe
 from .units import unit_of
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 PCI_DEVICES = Path("/sys/bus/pci/devices")
 NVIDIA_VENDOR = "0x10de"

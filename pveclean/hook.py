@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import sys
 import time
-from typing import Any
 
 from . import chain, procfs, pveconf, report
 from .config import PHASES, Config, ConfigError, load
@@ -20,6 +19,10 @@ from .model import EXIT_REFUSE, EXIT_USAGE, GpuMemory, PvecleanError
 from .nvml import Nvml
 from .run import RunResult, cgroup_root, clean, finish, new_worker, reserve_for, stall_for
 from .text import safe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack, contexts
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # Exit codes, documented in the README and `pveclean --help`.
 EXIT_OK = 0  # clean, nothing to do, dry run

@@ -10,10 +10,13 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any
 
 from .report import exclusive_temp
 from .text import safe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 VERDICTS = ("clean", "nothing-to-do", "dry-run", "residual", "leaked", "error", "busy")
 LOG_USER = 1

@@ -6,14 +6,24 @@ thread and is abandoned after its timeout, so the run's deadline always holds.
 
 from __future__ import annotations
 
-import threading
+import contextlib
 from collections.abc import Callable
-from typing import Any, TypeVar
 
 from .model import GpuMemory
 
-T = TypeVar("T")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
+
 MIB = 1024 * 1024
+
+
+def nvml_allowance(timeout: float) -> float:
+    """How long a worker may be silent in NVML: init, then the query, each bounded by the
+    adapter's timeout."""
+    return 2 * timeout + 0.5
 
 
 class NvmlUnavailable(Exception):
@@ -21,6 +31,8 @@ class NvmlUnavailable(Exception):
 
 
 def _call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
+    import threading  # here: NVML is asked in the run's worker, never in its parent
+
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -60,6 +72,26 @@ class Nvml:
     def for_run(cls, library: str | None, deadline_seconds: float) -> Nvml:
         """A session whose calls may use at most a fifth of the run (5 s at most)."""
         return cls(library, timeout=min(5.0, deadline_seconds * 0.2))
+
+    @staticmethod
+    def settings(library: str | None, deadline_seconds: float) -> dict[str, Any]:
+        """What a worker's state() needs for its session (see `in_worker`)."""
+        return {"nvml_library": library,
+                "nvml_timeout": Nvml.for_run(library, deadline_seconds).timeout}
+
+    @classmethod
+    def in_worker(cls, state: dict[str, Any]) -> Nvml:
+        """The worker's one session, made from its settings on first use."""
+        if "nvml" not in state:
+            state["nvml"] = cls(state.get("nvml_library"), state.get("nvml_timeout", 5.0))
+        nv: Nvml = state["nvml"]
+        return nv
+
+    def warm(self) -> None:
+        """Load the library and init NVML now (the first query then only asks); a failure
+        is kept in `error`, as a query would keep it."""
+        with contextlib.suppress(NvmlUnavailable):
+            self._init()
 
     def _init(self) -> Any:
         if self._nv is not None:

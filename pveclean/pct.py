@@ -7,9 +7,12 @@ import os
 import selectors
 import shlex
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
 
 HOOK_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
 # What `pct exec` runs under, whatever the caller's environment holds: Proxmox 8's pct exec
@@ -38,6 +41,8 @@ class PctMissing(Exception):
 
 def start_pct(pct_command: str, args: list[str]) -> subprocess.Popen[bytes]:
     """Start `pct ARGS` in its own process group, so a hung one can be killed whole."""
+    import subprocess  # here: a run that starts no pct (a stopped container) never needs it
+
     argv = [*shlex.split(pct_command), *args]
     env = dict(PCT_ENV)
     try:
@@ -139,6 +144,8 @@ class PctReader:
         cut = not self.done or bool(self.over)
         if cut:
             _kill(proc)
+        import subprocess
+
         try:
             rc = proc.wait(timeout=1.0 if cut else max(wait, 0.01))
         except subprocess.TimeoutExpired:

@@ -3,7 +3,6 @@ mid-read (returns None), because the host is live while we look at it."""
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import os
 import stat
@@ -11,9 +10,12 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .model import GpuDevices, PvecleanError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 PROC = "/proc"
 
@@ -313,13 +315,18 @@ AT_FDCWD = -100
 AT_STATX_DONT_SYNC = 0x4000
 STATX_TYPE_MODE = 0x3
 _statx_fn: Any = None
-_STATX_BUF = ctypes.create_string_buffer(256)  # struct statx; scans are single-threaded
+_statx_buf: Any = None  # struct statx; scans are single-threaded
 
 
 def _libc_statx() -> Any:
-    global _statx_fn
+    """statx() through ctypes, loaded on the first scan: scans run in the worker, so the
+    parent of a run never imports ctypes."""
+    global _statx_fn, _statx_buf
     if _statx_fn is None:
+        import ctypes
+
         try:
+            _statx_buf = ctypes.create_string_buffer(256)
             fn = ctypes.CDLL(None, use_errno=True).statx
             fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
                            ctypes.c_char_p]
@@ -342,7 +349,7 @@ def stat_nosync(path: str) -> tuple[int, int] | None:
         except OSError:
             return None
         return st.st_mode, st.st_rdev
-    buf = _STATX_BUF
+    buf = _statx_buf
     if fn(AT_FDCWD, path.encode(), AT_STATX_DONT_SYNC, STATX_TYPE_MODE, buf) != 0:
         return None
     (mode,) = struct.unpack_from("<H", buf, 28)  # struct statx: stx_mode

@@ -13,11 +13,14 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from . import pveconf
 from .config import Config
 from .model import EXIT_ACCESS, EXIT_USAGE, PvecleanError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 ROOT_USER = "root@pam"
 TIMEOUT = 30  # seconds per call; pvesh pays a Perl start-up on every one

@@ -7,9 +7,12 @@ quoting them) goes through `text.safe`: escaped, cut, and measured by displayed 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from .text import ljust, safe, width
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 LONG = 300  # cut for free-text values (cmdline, warnings) on their own line
 

@@ -3,26 +3,46 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
+import functools
+import math
 import os
 import re
 import time
 from pathlib import Path
-from typing import Any
 
-import yaml
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    import yaml
 
 
 class ReportError(Exception):
     pass
 
 
+def _utc(t: float) -> tuple[str, int]:
+    """(YYYYmmddHHMMSS, microseconds) of `t` in UTC, as datetime.fromtimestamp(t, UTC) rounds
+    it (half to even), without importing datetime on every run."""
+    frac, whole = math.modf(t)
+    us = round(frac * 1e6)
+    if us >= 1_000_000:
+        whole, us = whole + 1, us - 1_000_000
+    elif us < 0:
+        whole, us = whole - 1, us + 1_000_000
+    return time.strftime("%Y%m%d%H%M%S", time.gmtime(int(whole))), us
+
+
 def utc_stamp(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    """20261203T065312.253174Z: a report's name."""
+    day, us = _utc(t)
+    return f"{day[:8]}T{day[8:]}.{us:06d}Z"
 
 
 def iso(t: float) -> str:
-    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="milliseconds")
+    """2026-12-03T06:53:12.253+00:00: datetime's isoformat(timespec="milliseconds")."""
+    d, us = _utc(t)
+    return f"{d[:4]}-{d[4:6]}-{d[6:8]}T{d[8:10]}:{d[10:12]}:{d[12:]}.{us // 1000:03d}+00:00"
 
 
 MAX_VALUE = 64 << 10  # characters of one string value in a report
@@ -58,9 +78,18 @@ class Redactor:
         return v
 
 
-class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+@functools.cache
+def _dumper() -> type:
     """libyaml's emitter where PyYAML has it: the same text, about 3x faster (a report with
-    thousands of holders took seconds with the pure-Python one)."""
+    thousands of holders took seconds with the pure-Python one). PyYAML is imported where
+    it is used: a `ct` run imports it after its worker is forked (see prelude.py)."""
+    import yaml
+
+    class Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+        pass
+
+    Dumper.add_representer(str, _str_repr)
+    return Dumper
 
 
 def _str_repr(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
@@ -68,13 +97,12 @@ def _str_repr(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
     return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
 
 
-_Dumper.add_representer(str, _str_repr)
-
-
 def to_yaml(report: dict[str, Any], terminal: bool = False) -> str:
     """The report as YAML. PyYAML escapes control characters but emits bidi overrides and
     other format characters raw: for a terminal, everything non-ASCII is escaped."""
-    return yaml.dump(report, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+    import yaml
+
+    return yaml.dump(report, Dumper=_dumper(), sort_keys=False, default_flow_style=False,
                      allow_unicode=not terminal, width=100)
 
 
@@ -155,6 +183,8 @@ def list_reports(report_dir: str, vmid: int | None = None) -> list[Path]:
 
 
 def load(path: Path) -> dict[str, Any]:
+    import yaml
+
     try:
         with open(path, encoding="utf-8") as fh:
             data = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))

@@ -6,15 +6,12 @@ import contextlib
 import os
 import resource
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from . import __version__, notify, procfs, pveconf, report, units
-from . import stop as stopper
 from .config import Config
 from .discover import (
     Deadline,
@@ -27,7 +24,6 @@ from .discover import (
     w_make_holders,
     w_parents,
 )
-from .lock import Busy, container_lock
 from .model import (
     EXIT_OK,
     EXIT_REPORT,
@@ -39,6 +35,11 @@ from .model import (
 )
 from .nvml import Nvml
 from .worker import RemoteError, Worker, WorkerError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 
 Progress = Callable[[str], None]
 POLL_INTERVAL = 0.02  # rescans while verifying; each is a cgroup walk, not a /proc walk
@@ -80,8 +81,7 @@ def stall_for(cfg: Config) -> float:
 
 
 def new_worker(cfg: Config) -> Worker:
-    return Worker(nvml_library=cfg.nvml_library,
-                  nvml_timeout=Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout)
+    return Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds))
 
 
 def raise_open_files_limit() -> None:
@@ -108,6 +108,8 @@ def fd_budget() -> int:
 
 def _identities(reads: Reads, hs: list[Holder], scope: Scope, end: float) -> list[str | None]:
     """Identity checks of `hs` in the worker; a PID whose reads hang is not signalled."""
+    from . import stop as stopper
+
     while True:
         try:
             out: list[str | None] = reads.worker.call(
@@ -158,6 +160,8 @@ def _drop_probe(disc: Discovery, why: str) -> None:
     (a `pct exec` stuck in a frozen container may never close its pipes)."""
     if disc.probe is None:
         return
+    import subprocess  # imported by the probe's start
+
     proc = disc.probe.proc
     disc.probe = None
     disc.sources["probe"] = why
@@ -181,6 +185,8 @@ def stop_and_verify(
 ) -> tuple[list[Holder], bool, int, float | None]:
     """Returns (all holders handled, verified-free, rounds used, last exit, monotonic).
     Every read goes through the worker; the parent holds the pidfds and signals."""
+    from . import stop as stopper  # here: a dry run or a run with nothing to stop needs none
+
     all_holders = list(disc.holders)
     handled: set[ProcIdentity] = {h.identity for h in all_holders}
     targets = [h for h in all_holders if not h.protected]
@@ -290,25 +296,34 @@ def clean(
         if dry_run:
             return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
                           deadline, started, stop_units)
+        from .lock import Busy, container_lock  # here: a dry run takes no lock
+
         wait = min(cfg.lock_wait_seconds, max(0.0, deadline.remaining() - reserve_for(cfg)))
-        with container_lock(cfg.state_dir, vmid, wait, f"{phase} run"):
-            return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
-                          deadline, started, stop_units)
-    except Busy as exc:
-        rep = {
-            "pveclean": __version__, "vmid": vmid, "phase": phase,
-            "host": os.uname().nodename, "start": report.iso(started),
-            "duration_s": round(time.time() - started, 3), "dry_run": dry_run,
-            "verdict": "busy", "summary": {"holders": 0, "stopped": 0, "outcomes": {},
-                                           "freed_mib": 0, "rounds": 0},
-            "container": {"running": None, "gpu_config": ctconf.gpu_lines()},
-            "holders": [], "gpus": [], "warnings": [], "errors": [str(exc)],
-            "_started": started,
-        }
-        return finish(rep, cfg, write_report, deadline)
+        try:
+            with container_lock(cfg.state_dir, vmid, wait, f"{phase} run"):
+                return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report,
+                              wk, deadline, started, stop_units)
+        except Busy as exc:
+            return finish(_busy(vmid, phase, started, dry_run, ctconf, exc), cfg, write_report,
+                          deadline)
     finally:
         if worker is None:
             wk.close()
+
+
+def _busy(vmid: int, phase: str, started: float, dry_run: bool, ctconf: pveconf.CtConfig,
+          exc: Exception) -> dict[str, Any]:
+    """The report of a run that found the container's lock held (by another cleanup)."""
+    return {
+        "pveclean": __version__, "vmid": vmid, "phase": phase,
+        "host": os.uname().nodename, "start": report.iso(started),
+        "duration_s": round(time.time() - started, 3), "dry_run": dry_run,
+        "verdict": "busy", "summary": {"holders": 0, "stopped": 0, "outcomes": {},
+                                       "freed_mib": 0, "rounds": 0},
+        "container": {"running": None, "gpu_config": ctconf.gpu_lines()},
+        "holders": [], "gpus": [], "warnings": [], "errors": [str(exc)],
+        "_started": started,
+    }
 
 
 def _clean(

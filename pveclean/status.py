@@ -3,14 +3,16 @@ and hookscript; this node's also with their current GPU holders and their last r
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import chain, procfs, report
 from .config import Config
 from .install import is_pveclean
 from .model import PvecleanError
 from .pveapi import Api, Container, Storage
 from .text import ljust, safe, width
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def last_report(cfg: Config, vmid: int) -> dict[str, Any] | None:

@@ -14,13 +14,15 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from . import procfs
 from .pct import PctMissing, run_pct
 from .text import safe
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from .config import Config
     from .discover import Deadline, Scope
     from .model import Discovery

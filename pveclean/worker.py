@@ -23,9 +23,11 @@ import select
 import signal
 import struct
 import time
-import traceback
 from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_ANSWER = 256 * 1024 * 1024  # bytes: 5,000 holders with 8 KiB command lines fit
 _HEADER = struct.Struct("<QB")  # length of the body, kind
@@ -85,10 +87,14 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _serve(req_fd: int, out_fd: int, init: dict[str, Any]) -> None:
+def _serve(req_fd: int, out_fd: int, init: dict[str, Any],
+           prelude: Callable[[], object] | None) -> None:
     global _out_fd
     _out_fd = out_fd
     _state.update(init)
+    if prelude is not None:
+        with contextlib.suppress(Exception):  # what it failed at stays in the state
+            prelude()
     while True:
         head = _read_exact(req_fd, _HEADER.size)
         if head is None:
@@ -101,6 +107,8 @@ def _serve(req_fd: int, out_fd: int, init: dict[str, Any]) -> None:
         try:
             value = fn(*args)
         except BaseException as exc:  # reported to the parent, which decides
+            import traceback
+
             text = str(exc) or "".join(traceback.format_exception_only(type(exc), exc)).strip()
             _send(out_fd, ERROR, (type(exc).__name__, text))
             continue
@@ -109,10 +117,16 @@ def _serve(req_fd: int, out_fd: int, init: dict[str, Any]) -> None:
 
 # ---- the parent side --------------------------------------------------------------------
 class Worker:
-    """One forked reader, started on the first call and again after a kill."""
+    """One forked reader, started on the first call and again after a kill.
 
-    def __init__(self, **init: Any) -> None:
+    `prelude` runs in the first child right after the fork, before it reads a request:
+    start-up work (NVML's init) that overlaps what the parent does until its first call.
+    Its notes reach that call, which they bound as any call's own notes do."""
+
+    def __init__(self, prelude: Callable[[], object] | None = None, **init: Any) -> None:
         self.init = init  # copied into the child's state()
+        self.prelude = prelude
+        self._unread = 0  # answers to submit()s the next call reads past
         self.pid: int | None = None
         self._req = self._resp = -1
         self.started = 0  # how many children were forked (1 unless one was killed)
@@ -137,7 +151,7 @@ class Worker:
                 os.closerange(3, keep[0])
                 os.closerange(keep[0] + 1, keep[1])
                 os.closerange(keep[1] + 1, os.sysconf("SC_OPEN_MAX"))
-                _serve(req_r, resp_w, self.init)
+                _serve(req_r, resp_w, self.init, self.prelude)
             except BaseException:
                 code = 1
             finally:
@@ -146,6 +160,13 @@ class Worker:
         os.close(resp_w)
         self.pid, self._req, self._resp = pid, req_w, resp_r
         self.started += 1
+        self.prelude = None  # a restarted worker starts bare
+
+    def start(self) -> Worker:
+        """Fork now rather than on the first call (so that a prelude starts now)."""
+        if self.pid is None:
+            self._start()
+        return self
 
     def call(
         self,
@@ -157,14 +178,12 @@ class Worker:
     ) -> Any:
         """fn(*args) in the worker. Raises WorkerError when it does not answer within
         `timeout` or stalls past a note's allowance (the worker is then killed), RemoteError
-        when fn raised there."""
+        when fn raised there. Answers to earlier submit()s are read past within the same
+        bounds: their notes count as this call's."""
         end = time.monotonic() + max(timeout, 0.0)
-        if self.pid is None:
-            self._start()
+        self.submit(fn, *args, timeout=timeout, what=what)
         last_note: Any = None
         try:
-            body = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
-            self._write(_HEADER.pack(len(body), 0) + body, end, what)
             step_end = end
             while True:
                 kind, value = self._read_message(step_end, end, what, last_note)
@@ -175,6 +194,9 @@ class Worker:
                     now = time.monotonic()
                     step_end = end if allowance is None else min(end, now + allowance)
                     continue
+                self._unread -= 1
+                if self._unread:
+                    continue  # a submit()'s answer: nobody waits for it
                 if kind == ERROR:
                     raise RemoteError(f"{value[0]}: {value[1]}", value[0])
                 return value
@@ -182,6 +204,19 @@ class Worker:
             self.kill(str(exc))
             exc.note = exc.note if exc.note is not None else last_note
             raise
+
+    def submit(self, fn: Callable[..., Any], *args: Any, timeout: float, what: str) -> None:
+        """Send fn(*args) and go on: work whose answer nobody waits for (NVML's init), done
+        while the parent does something else. The next call reads past its answer."""
+        if self.pid is None:
+            self._start()
+        body = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self._write(_HEADER.pack(len(body), 0) + body, time.monotonic() + timeout, what)
+        except WorkerError as exc:
+            self.kill(str(exc))
+            raise
+        self._unread += 1
 
     def _write(self, data: bytes, end: float, what: str) -> None:
         view = memoryview(data)
@@ -233,6 +268,7 @@ class Worker:
         if why != "done":
             self.killed.append(why)
         self.pid = None
+        self._unread = 0
         for fd in (self._req, self._resp):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -102,7 +102,59 @@ def test_worker_keeps_no_inherited_fd(tmp_path: Path) -> None:
     assert len(fds) == 6, fds  # stdio (on /dev/null), two pipe ends, listdir's own fd
 
 
+def _mark(path: str) -> None:
+    with open(path, "a", encoding="ascii") as fh:
+        fh.write(f"{os.getpid()}\n")
+
+
+def _stall_in_init() -> None:
+    worker.note(("nvml", "init"), 0.2)
+    _sleep_forever()
+
+
+def test_a_prelude_runs_in_the_first_worker_only(tmp_path: Path) -> None:
+    """prelude.py's start-up work: once, in the first child, never again after a kill."""
+    marks = tmp_path / "marks"
+    w = Worker(lambda: _mark(str(marks))).start()
+    try:
+        first = w.pid
+        assert w.call(_add, 1, 2, timeout=5, what="add") == 3  # after the prelude ran
+        assert marks.read_text().split() == [str(first)]
+        with pytest.raises(WorkerError):
+            w.call(_sleep_forever, timeout=0.2, what="sleep")
+        assert w.call(_add, 2, 2, timeout=5, what="again") == 4 and w.started == 2
+        assert marks.read_text().split() == [str(first)]
+    finally:
+        w.close()
+
+
+def test_a_submitted_answer_is_read_past_and_its_stall_bounds_the_next_call() -> None:
+    with Worker() as w:
+        w.submit(_add, 1, 1, timeout=5, what="warm")
+        w.submit(_raises, timeout=5, what="warm")  # nobody waits for it: not raised
+        assert w.call(_add, 2, 3, timeout=5, what="add") == 5
+        w.submit(_stall_in_init, timeout=5, what="warm")
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as err:
+            w.call(_add, 1, 2, timeout=10, what="memory")
+        assert err.value.stalled and err.value.note == ("nvml", "init")
+        assert time.monotonic() - t0 < 0.2 + 0.3  # its note's allowance, not the call's 10 s
+        assert w.call(_add, 1, 2, timeout=5, what="after") == 3  # a fresh worker, no debt
+
+
 # ---- lab --------------------------------------------------------------------------------
+def test_ct_on_a_stopped_container_never_touches_nvml(lab: Lab, vmid: int) -> None:
+    """The worker inits NVML ahead of the run (prelude.py), but not for a stopped container
+    with an empty cgroup tree: the run asks NVML nothing then, and its init may take seconds."""
+    assert lab.nvml is not None
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    lab.nvml.hang(20)
+    for args in ((), ("--dry-run",)):
+        code, rep, took = ct_json(lab, str(vmid), *args)
+        assert code == 0 and took < 2 + START_UP, (took, rep)
+        assert rep["sources"]["nvml"].startswith("not needed"), rep["sources"]
+
+
 def ct_json(lab: Lab, *args: str) -> tuple[int, dict[str, Any], float]:
     t0 = time.monotonic()
     r = lab.pveclean("ct", *args, "--json")

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pveclean.ctcmd import CtArgs, parse
 from pveclean.model import PvecleanError
@@ -81,4 +84,35 @@ def test_reports_are_emitted_by_libyaml_with_the_same_text() -> None:
                          allow_unicode=not terminal, width=100)
         assert report.to_yaml(rep, terminal=terminal) == pure
     if hasattr(yaml, "CSafeDumper"):
-        assert issubclass(report._Dumper, yaml.CSafeDumper)
+        assert issubclass(report._dumper(), yaml.CSafeDumper)
+
+
+def test_a_ct_run_forks_its_worker_before_the_heavy_imports(tmp_path: Path) -> None:
+    """prelude.py: the worker imports nvidia-ml-py while the parent imports PyYAML; neither,
+    nor what a dry run does not use, is in the parent when it forks."""
+    cfg = tmp_path / "pveclean.yaml"
+    cfg.write_text(f"pve_config_dir: {tmp_path}\nsyslog: false\n")
+    cfg.chmod(0o644)
+    heavy = ("yaml", "pynvml", "typing", "ctypes", "datetime", "subprocess", "shutil",
+             "threading", "pveclean.stop", "pveclean.lock")
+    r = _run("import sys; from pveclean import worker; seen = []; start = worker.Worker._start; "
+             "worker.Worker._start = lambda self: (seen.append(set(sys.modules)), start(self)); "
+             "from pveclean.__main__ import main; "
+             f"rc = main(['ct', '999999', '--dry-run', '--config', {str(cfg)!r}]); "
+             f"print(rc, len(seen), sorted(m for m in {heavy!r} if m in seen[0]))")
+    assert r.stdout.splitlines()[-1] == "3 1 []", r  # 3: no such container, after the fork
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.floats(min_value=0, max_value=4102444799.999, allow_nan=False)
+       | st.integers(0, 4102444799).map(lambda s: s + 0.0000005)
+       | st.integers(0, 4102444799).map(lambda s: s + 0.9999995))
+def test_report_times_are_what_datetime_writes(t: float) -> None:
+    """report.py writes report names and times without importing datetime on every run."""
+    import datetime as dt
+
+    from pveclean import report
+
+    when = dt.datetime.fromtimestamp(t, dt.UTC)
+    assert report.utc_stamp(t) == when.strftime("%Y%m%dT%H%M%S.%fZ")
+    assert report.iso(t) == when.isoformat(timespec="milliseconds")
