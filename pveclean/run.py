@@ -349,7 +349,12 @@ def _clean(
                   Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout)
     errors: list[str] = []
     before = None if idle else reads.memory(end)
-    disc = discover(scope, reads, cfg.pct_command if cfg.probe else None, deadline, end)
+    # A dry run starts no probe: it shows what a cleanup would act on now, and the probe's
+    # findings would come in after it (a `pct exec` takes 0.5 s on Proxmox to start).
+    disc = discover(scope, reads, cfg.pct_command if cfg.probe and not dry_run else None,
+                    deadline, end)
+    if dry_run and cfg.probe and scope.running:
+        disc.sources["probe"] = "not run: a dry run shows what the host view and NVML find"
     if idle:
         disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
     if progress:
@@ -359,11 +364,6 @@ def _clean(
     rounds = 0
     verify_s: float | None = None
     if dry_run:
-        # The probe gates no verdict, a dry run's neither: it shows what a cleanup would act
-        # on now (the host view and NVML), plus the probe's findings if they are already in.
-        if disc.holders and disc.probe is not None:
-            disc.holders += [h for h in _merge_probe(disc, scope, reads, end)
-                             if h.host_pid not in {x.host_pid for x in disc.holders}]
         holders = disc.holders
         for h in holders:
             h.outcome = "protected" if h.protected else "would-stop"
@@ -386,8 +386,6 @@ def _clean(
     if disc.probe is not None:
         late = ("not waited for: the host view and NVML found nothing to clean"
                 if not holders else
-                "not waited for: a dry run shows what the host view and NVML found"
-                if dry_run else
                 f"late: not finished when the run ended ({deadline.elapsed():.2f} s); "
                 "its findings were not used")
         _drop_probe(disc, late)
