@@ -62,9 +62,9 @@ import sys
 
 sys.path.insert(0, os.path.normpath(os.path.join(os.path.realpath(__file__), "..", "..", "lib",
                                                  "pveclean")))
-from pveclean.__main__ import main
+from pveclean.__main__ import entry
 
-sys.exit(main())
+entry()
 """
 
 CONTROL = """Package: pveclean

@@ -5,8 +5,14 @@ dry run's time); anything else goes through the typer app."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from collections.abc import Callable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 
 def fail(message: str, code: int) -> int:
@@ -62,5 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     return run_app(args)
 
 
+def entry() -> NoReturn:
+    """The `pveclean` command: main(), then exit without the interpreter's teardown. Freeing
+    the ~200 modules a run imports took 10 ms of a 130 ms dry run, on every hook too; by now
+    everything is closed (workers, probe, lock, report) but stdout and stderr, flushed here."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or a broken pipe
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

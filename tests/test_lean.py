@@ -116,3 +116,20 @@ def test_report_times_are_what_datetime_writes(t: float) -> None:
     when = dt.datetime.fromtimestamp(t, dt.UTC)
     assert report.utc_stamp(t) == when.strftime("%Y%m%dT%H%M%S.%fZ")
     assert report.iso(t) == when.isoformat(timespec="milliseconds")
+
+
+@pytest.mark.parametrize("argv,code,out,err", [
+    (["--version"], 0, "pveclean ", ""),
+    (["ct", "12x"], 2, "", "pveclean: "),
+])
+def test_the_command_exits_with_main_s_code_and_its_output_flushed(
+        argv: list[str], code: int, out: str, err: str) -> None:
+    """entry() skips the interpreter's teardown (os._exit): what was written still arrives
+    through a pipe, and the exit code is main()'s."""
+    for cmd in ([sys.executable, "-m", "pveclean", *argv],
+                [sys.executable, "-c", "import sys; from pveclean.__main__ import entry; "
+                 f"sys.argv[1:] = {argv!r}; print('buffered', end=''); entry()"]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        assert r.returncode == code, r
+        assert r.stdout.removeprefix("buffered").startswith(out) and r.stderr.startswith(err), r
+        assert "buffered" in r.stdout or cmd[1] == "-m"
