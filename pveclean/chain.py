@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 from pathlib import Path
 
 from .config import Config
@@ -109,6 +108,8 @@ def run_chained(vmid: int, phase: str, cfg: Config) -> int:
             print(f"pveclean: CT {vmid} {phase}: chained hookscript {volid} ({path}) is not "
                   "executable", flush=True)
             return fail
+        import subprocess  # here: most hooks chain nothing
+
         proc = subprocess.run([path, str(vmid), phase], stdin=subprocess.DEVNULL, check=False)
     except OSError as exc:
         print(f"pveclean: CT {vmid} {phase}: chained hookscript {volid} ({path}) cannot run: "

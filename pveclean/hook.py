@@ -12,13 +12,14 @@ import re
 import sys
 import time
 
-from . import chain, procfs, pveconf, report
+from . import chain, prelude, procfs, pveconf, report
 from .config import PHASES, Config, ConfigError, load
 from .discover import Deadline, Reads
 from .model import EXIT_REFUSE, EXIT_USAGE, GpuMemory, PvecleanError
 from .nvml import Nvml
 from .run import RunResult, cgroup_root, clean, finish, new_worker, reserve_for, stall_for
 from .text import safe
+from .worker import Worker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,8 +39,10 @@ def _where(res: RunResult) -> str:
     return f"report NOT written: {res.report_error}"
 
 
-def pre_stop(vmid: int, cfg: Config) -> int:
-    res = clean(vmid, cfg, phase="pre-stop")
+def pre_stop(vmid: int, cfg: Config, early: Worker | None = None) -> int:
+    if early is not None:
+        prelude.warm(early, cfg, vmid)
+    res = clean(vmid, cfg, phase="pre-stop", worker=early)
     rep = res.report
     if rep["verdict"] == "busy":
         return _busy(vmid, "pre-stop", res)
@@ -119,11 +122,13 @@ def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
     return leaks
 
 
-def post_stop(vmid: int, cfg: Config) -> int:
+def post_stop(vmid: int, cfg: Config, early: Worker | None = None) -> int:
     """The container's processes are gone: is the GPU memory they had released?
     NVML is asked in the run's worker, within the run's deadline (see worker.py)."""
     deadline = Deadline(cfg.deadline_seconds)
-    with new_worker(cfg) as wk:
+    if early is not None:
+        prelude.warm(early, cfg, vmid)  # its settings; no init for a stopped container
+    with early or new_worker(cfg) as wk:
         res = clean(vmid, cfg, phase="post-stop", write_report=False, worker=wk,
                     deadline=deadline)
         rep = res.report
@@ -165,7 +170,7 @@ def _busy(vmid: int, phase: str, res: RunResult) -> int:
     return 0
 
 
-def pre_start(vmid: int, cfg: Config) -> int:
+def pre_start(vmid: int, cfg: Config, early: Worker | None = None) -> int:
     res = clean(vmid, cfg, phase="pre-start", write_report=False)
     rep = res.report
     if rep["verdict"] == "busy":
@@ -231,6 +236,9 @@ def _chained(vmid: int, phase: str, cfg: Config) -> int:
         return 0
 
 
+NVML_PHASES = ("pre-stop", "post-stop")  # they ask NVML: fork their worker first (prelude.py)
+
+
 def _main(argv: list[str]) -> int:
     if len(argv) != 2:
         say("usage: pveclean hook VMID PHASE")
@@ -244,6 +252,16 @@ def _main(argv: list[str]) -> int:
     if phase not in PHASES:
         say(f"pveclean: CT {vmid}: unknown hook phase '{phase}'; nothing to do")
         return 0
+    # the worker imports nvidia-ml-py while the config is read (and the chained script runs)
+    early = prelude.begin() if phase in NVML_PHASES else None
+    try:
+        return _phase(vmid, phase, early)
+    finally:
+        if early is not None:
+            early.close()
+
+
+def _phase(vmid: int, phase: str, early: Worker | None) -> int:
     try:
         cfg = load()
     except ConfigError as exc:
@@ -262,7 +280,7 @@ def _main(argv: list[str]) -> int:
     if not cfg.phase_enabled(phase) or phase not in HANDLERS:
         return EXIT_REFUSE if refused else 0
     try:
-        code = HANDLERS[phase](vmid, cfg)
+        code = HANDLERS[phase](vmid, cfg, early)
     except PvecleanError as exc:
         say(f"pveclean: CT {vmid} {phase}: {safe(exc, 300)}")
         code = 0

@@ -3,6 +3,7 @@ behave as the typer app does."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -87,20 +88,29 @@ def test_reports_are_emitted_by_libyaml_with_the_same_text() -> None:
         assert issubclass(report._dumper(), yaml.CSafeDumper)
 
 
-def test_a_ct_run_forks_its_worker_before_the_heavy_imports(tmp_path: Path) -> None:
+@pytest.mark.parametrize("argv,code", [
+    (["ct", "999999", "--dry-run"], 3),  # 3: no such container, found after the fork
+    (["hook", "999999", "pre-stop"], 0),  # a hook says so and exits 0
+    (["hook", "999999", "post-stop"], 0),
+])
+def test_a_run_forks_its_worker_before_the_heavy_imports(tmp_path: Path, argv: list[str],
+                                                         code: int) -> None:
     """prelude.py: the worker imports nvidia-ml-py while the parent imports PyYAML; neither,
     nor what a dry run does not use, is in the parent when it forks."""
     cfg = tmp_path / "pveclean.yaml"
-    cfg.write_text(f"pve_config_dir: {tmp_path}\nsyslog: false\n")
+    cfg.write_text(f"pve_config_dir: {tmp_path}\nsyslog: false\nreport_dir: {tmp_path}\n")
     cfg.chmod(0o644)
     heavy = ("yaml", "pynvml", "typing", "ctypes", "datetime", "subprocess", "shutil",
              "threading", "pveclean.stop", "pveclean.lock")
-    r = _run("import sys; from pveclean import worker; seen = []; start = worker.Worker._start; "
-             "worker.Worker._start = lambda self: (seen.append(set(sys.modules)), start(self)); "
-             "from pveclean.__main__ import main; "
-             f"rc = main(['ct', '999999', '--dry-run', '--config', {str(cfg)!r}]); "
-             f"print(rc, len(seen), sorted(m for m in {heavy!r} if m in seen[0]))")
-    assert r.stdout.splitlines()[-1] == "3 1 []", r  # 3: no such container, after the fork
+    r = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; from pveclean import worker; seen = []; start = worker.Worker._start; "
+         "worker.Worker._start = lambda self: (seen.append(set(sys.modules)), start(self)); "
+         f"from pveclean.__main__ import main; rc = main({argv!r}); "
+         f"print(rc, len(seen) > 0, sorted(m for m in {heavy!r} if m in seen[0]))"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PVECLEAN_CONFIG": str(cfg)})
+    assert r.stdout.splitlines()[-1] == f"{code} True []", r
 
 
 @settings(max_examples=2000, deadline=None)
