@@ -149,6 +149,17 @@ def test_stat_and_status_parsing() -> None:
     assert st["NSpid"] == "4242\t17\t2" and st["Name"] == "python3"
 
 
+def test_status_parsing_of_the_needed_keys_matches_the_whole_parse() -> None:
+    for pid in ("self", "1"):
+        text = Path(f"/proc/{pid}/status").read_text()
+        whole = procfs.parse_status(text)
+        assert procfs.parse_status(text, procfs.STATUS_KEYS) == {
+            k: whole[k] for k in procfs.STATUS_KEYS}
+    assert procfs.read_status(os.getpid()) == procfs.read_status(os.getpid())
+    st = procfs.read_status(os.getpid())
+    assert st is not None and st.nspid[0] == os.getpid() and st.uid == os.getuid()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=300))
 def test_proc_parsers_never_crash(text: str) -> None:
