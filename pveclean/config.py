@@ -266,7 +266,7 @@ def _executable(command: str) -> str | None:
     its compression modules) on every run."""
     import shlex
 
-    from .pct import HOOK_PATH
+    from .model import HOOK_PATH
 
     try:
         argv = shlex.split(command)

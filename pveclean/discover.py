@@ -13,16 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import probe, procfs, worker
+from . import procfs, worker
 from .model import Discovery, GpuDevices, GpuMemory, Holder
 from .nvml import Nvml, NvmlUnavailable, nvml_allowance
-from .pct import PctMissing, PctReader, start_pct, wait_pct
-from .units import unit_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
     from typing import Any
+
+    from . import probe
+    from .pct import PctReader
 
 
 class Deadline:
@@ -84,6 +85,8 @@ def _protect_reason(st: procfs.ProcStatus, scope: Scope, exe: str | None,
 
 
 def make_holder(st: procfs.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder:
+    from .units import unit_of  # here: a run that finds no holder needs none of units.py
+
     exe, cmdline = procfs.exe(st.pid), procfs.cmdline(st.pid)
     cgroup = f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/")
     now = procfs.pid_cgroup(st.pid)  # fresher than the walk: a new process moves, then execs
@@ -161,6 +164,9 @@ def unwalked(reason: str, scope: Scope) -> Holder:
 
 def start_probe(scope: Scope, pct_command: str) -> subprocess.Popen[bytes]:
     """Start the in-namespace view; it runs while the host view and NVML are read."""
+    from . import probe  # here and in finish_probe: a run that starts no probe needs neither
+    from .pct import PctMissing, start_pct
+
     try:
         return start_pct(pct_command, probe.probe_argv(scope.vmid, scope.probe_patterns))
     except PctMissing as exc:
@@ -170,6 +176,9 @@ def start_probe(scope: Scope, pct_command: str) -> subprocess.Popen[bytes]:
 def finish_probe(proc: subprocess.Popen[bytes] | PctReader, timeout: float
                  ) -> probe.ProbeResult:
     """The probe's result; raises RuntimeError with the reason when it did not work."""
+    from . import probe
+    from .pct import PctReader, wait_pct
+
     if isinstance(proc, PctReader):
         proc.pump(timeout)
         res = proc.result(max(timeout, 0.5))  # its output is complete: it exits right after
@@ -467,6 +476,8 @@ def discover(
     elif not running:
         sources["probe"] = "container not running"
     else:
+        from .pct import PctReader
+
         try:
             probing = PctReader(start_probe(scope, pct_command))
             sources["probe"] = "pending"

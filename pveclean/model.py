@@ -32,6 +32,10 @@ VERDICT_EXIT = {
 }
 
 
+# The PATH Proxmox runs hooks and `pct exec` under (and pct's own lookup of a bare command).
+HOOK_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
+
+
 class PvecleanError(Exception):
     """An error with a one-line message for the admin and an exit code."""
 

@@ -10,11 +10,12 @@ import signal
 import time
 from dataclasses import dataclass
 
+from .model import HOOK_PATH
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import subprocess
 
-HOOK_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
 # What `pct exec` runs under, whatever the caller's environment holds: Proxmox 8's pct exec
 # passes its environment into the container, where the tenant's shell could read tokens.
 PCT_ENV = {"PATH": HOOK_PATH, "LC_ALL": "C"}

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__, notify, procfs, pveconf, report, units
+from . import __version__, notify, procfs, pveconf, report
 from .config import Config
 from .discover import (
     Deadline,
@@ -359,8 +359,11 @@ def _clean(
         disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
     if progress:
         progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
-    unit_stops = units.before_stop(vmid, cfg, scope, disc, deadline, dry_run, progress) \
-        if stop_units else None
+    unit_stops = None
+    if stop_units:
+        from . import units
+
+        unit_stops = units.before_stop(vmid, cfg, scope, disc, deadline, dry_run, progress)
     rounds = 0
     verify_s: float | None = None
     if dry_run:
@@ -401,7 +404,10 @@ def _clean(
     rep["summary"]["verified_after_last_exit_s"] = verify_s
     if wk.killed:
         rep["summary"]["readers_killed"] = len(wk.killed)
-    units.annotate(rep, scope, unit_stops)
+    if unit_stops is not None or holders:  # else there is nothing to say of units
+        from . import units
+
+        units.annotate(rep, scope, unit_stops)
     return finish(rep, cfg, write_report, deadline)
 
 

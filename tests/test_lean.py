@@ -101,7 +101,8 @@ def test_a_run_forks_its_worker_before_the_heavy_imports(tmp_path: Path, argv: l
     cfg.write_text(f"pve_config_dir: {tmp_path}\nsyslog: false\nreport_dir: {tmp_path}\n")
     cfg.chmod(0o644)
     heavy = ("yaml", "pynvml", "typing", "ctypes", "datetime", "subprocess", "shutil",
-             "threading", "pveclean.stop", "pveclean.lock")
+             "threading", "selectors", "pveclean.stop", "pveclean.lock", "pveclean.pct",
+             "pveclean.probe", "pveclean.units")
     r = subprocess.run(
         [sys.executable, "-c",
          "import sys; from pveclean import worker; seen = []; start = worker.Worker._start; "
