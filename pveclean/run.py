@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None]
 POLL_INTERVAL = 0.02  # rescans while verifying; each is a cgroup walk, not a /proc walk
 SETTLE = 0.05  # a clean result must hold this long, so a respawn racing us is seen
+RESTART_WATCH = 0.3  # s after the last exit: systemd's default RestartSec (100 ms) and a start
 
 
 @dataclass
@@ -366,6 +367,7 @@ def _clean(
         unit_stops = units.before_stop(vmid, cfg, scope, disc, deadline, dry_run, progress)
     rounds = 0
     verify_s: float | None = None
+    last_exit: float | None = None
     if dry_run:
         holders = disc.holders
         for h in holders:
@@ -407,6 +409,13 @@ def _clean(
     if unit_stops is not None or holders:  # else there is nothing to say of units
         from . import units
 
+        if phase == "manual" and last_exit is not None and any(
+                h.outcome in ("terminated", "killed") and (h.unit or "").endswith(".service")
+                for h in holders):
+            # systemd starts a service again RestartSec (100 ms by default) after its main
+            # process exits: look at its cgroup once that has passed, so that the hint names
+            # a unit that came back (a stopping container's units stop with it: hooks skip it)
+            time.sleep(max(0.0, min(last_exit + RESTART_WATCH, end) - time.monotonic()))
         units.annotate(rep, scope, unit_stops)
     return finish(rep, cfg, write_report, deadline)
 

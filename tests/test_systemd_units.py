@@ -221,6 +221,23 @@ def test_stop_units_ends_a_respawn_loop_that_plain_ct_leaves_residual(lab: Lab,
     assert init is not None and lab.alive(init)  # the container's init is untouched
 
 
+def test_a_unit_that_restarts_after_systemd_s_default_delay_is_named(lab: Lab,
+                                                                      vmid: int) -> None:
+    """systemd starts a service again RestartSec (100 ms by default) after its main process
+    exits: later than the 50 ms a clean result must hold. A manual run looks at the unit's
+    cgroup once that has passed, and names the unit that came back."""
+    lab.create_ct(vmid, gpus=(0,))
+    labsd.install_systemd(lab, vmid)
+    unit = "vllm-worker.service"
+    labsd.add_unit(lab, vmid, unit, "python3", hold=["/dev/nvidia0"], restart_sec=0.1)
+    code, rep = run_json(lab, vmid)
+    assert code == 0 and rep["verdict"] == "clean", rep  # the GPU was free when it ended
+    assert labsd.starts(lab, vmid, unit) == 2
+    hint = f"{unit} in CT {vmid} is still active (1 process(es) in its cgroup); stop it with: " \
+           f"pct exec {vmid} -- systemctl stop {unit}"
+    assert any(h.startswith(hint) for h in rep.get("hints", [])), rep.get("hints")
+
+
 def test_stop_units_without_systemd_goes_on_with_the_cleanup(lab: Lab, vmid: int) -> None:
     lab.create_ct(vmid, gpus=(0,))
     plain = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
