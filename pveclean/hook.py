@@ -171,6 +171,8 @@ def _busy(vmid: int, phase: str, res: RunResult) -> int:
 
 
 def pre_start(vmid: int, cfg: Config, early: Worker | None = None) -> int:
+    """`early` is always None: a start forks no worker ahead (it asks NVML nothing unless
+    something is left, see NVML_PHASES)."""
     res = clean(vmid, cfg, phase="pre-start", write_report=False)
     rep = res.report
     if rep["verdict"] == "busy":

@@ -1,5 +1,6 @@
-"""The start of a `ct` run, overlapped: the run's worker is forked as soon as the run's modules
-are imported, and gets NVML ready while the parent reads the config.
+"""The start of a run, overlapped (`ct`, and the pre-stop and post-stop hooks): the run's
+worker is forked as soon as the run's modules are imported, and gets NVML ready while the
+parent reads the config.
 
 Importing nvidia-ml-py and initialising NVML are a fixed cost of every run on a running
 container (about a fifth of a dry run's time in the lab; seconds on a host without

@@ -120,8 +120,8 @@ class Worker:
     """One forked reader, started on the first call and again after a kill.
 
     `prelude` runs in the first child right after the fork, before it reads a request:
-    start-up work (NVML's init) that overlaps what the parent does until its first call.
-    Its notes reach that call, which they bound as any call's own notes do."""
+    start-up work (importing nvidia-ml-py, see prelude.py) that overlaps what the parent does
+    until its first call. Its notes reach that call, which they bound as its own do."""
 
     def __init__(self, prelude: Callable[[], object] | None = None, **init: Any) -> None:
         self.init = init  # copied into the child's state()
