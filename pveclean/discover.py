@@ -464,6 +464,7 @@ def discover(
     pct_command: str | None,
     deadline: Deadline,
     end: float,
+    no_probe: str = "disabled in config",
 ) -> Discovery:
     """Host view and NVML decide; the probe is started here and left running (the run
     merges it when it arrives, see run.py): it never holds up a stop or a verdict."""
@@ -472,7 +473,7 @@ def discover(
     running = scope.running
     probing: PctReader | None = None
     if pct_command is None:
-        sources["probe"] = "disabled in config"
+        sources["probe"] = no_probe
     elif not running:
         sources["probe"] = "container not running"
     else:

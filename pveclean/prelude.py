@@ -39,15 +39,15 @@ def _import_nvml() -> None:
 
 
 def w_warm_nvml(settings: dict[str, object], cgroup_root: str | None, vmid: int) -> None:
-    """In the worker: NVML's init, unless the container is stopped and its cgroup tree is
-    empty (the run then asks NVML nothing, see run._clean: no init that may take seconds)."""
+    """In the worker: NVML's init, unless there is nothing left in the container (the run
+    then asks NVML nothing, see procfs.nothing_left)."""
     from . import procfs
 
     state = worker.state()
     state.update(settings)
     root = cgroup_root or procfs.cgroup2_root()
-    if not procfs.monitor_running(root, vmid) and \
-            not procfs.tree_pids(procfs.container_cgroup(root, vmid)):
+    if procfs.nothing_left(procfs.container_cgroup(root, vmid),
+                           procfs.monitor_running(root, vmid)):
         return
     nv = Nvml.in_worker(state)
     worker.note(("nvml", "init"), nvml_allowance(nv.timeout))

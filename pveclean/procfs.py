@@ -51,6 +51,12 @@ def monitor_running(root: str, vmid: int) -> bool:
         return False
 
 
+def nothing_left(cgroup_dir: Path, running: bool) -> bool:
+    """A stopped container whose cgroup tree is empty: nothing to find there, so a run asks
+    NVML nothing (its init can take seconds on a host without nvidia-persistenced)."""
+    return not running and not tree_pids(cgroup_dir)
+
+
 MAX_CGROUPS = 10_000  # a container's root can create cgroups without end below ns/
 
 

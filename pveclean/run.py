@@ -305,15 +305,15 @@ def clean(
                 return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report,
                               wk, deadline, started, stop_units)
         except Busy as exc:
-            return finish(_busy(vmid, phase, started, dry_run, ctconf, exc), cfg, write_report,
-                          deadline)
+            return finish(_busy_report(vmid, phase, started, dry_run, ctconf, exc), cfg,
+                          write_report, deadline)
     finally:
         if worker is None:
             wk.close()
 
 
-def _busy(vmid: int, phase: str, started: float, dry_run: bool, ctconf: pveconf.CtConfig,
-          exc: Exception) -> dict[str, Any]:
+def _busy_report(vmid: int, phase: str, started: float, dry_run: bool,
+                 ctconf: pveconf.CtConfig, exc: Exception) -> dict[str, Any]:
     """The report of a run that found the container's lock held (by another cleanup)."""
     return {
         "pveclean": __version__, "vmid": vmid, "phase": phase,
@@ -343,19 +343,18 @@ def _clean(
 ) -> RunResult:
     scope = make_scope(vmid, cfg, ctconf)
     end = deadline.end - reserve_for(cfg)
-    # A stopped container with an empty cgroup tree has nothing to find: skip NVML, whose
-    # init can take seconds on a host without nvidia-persistenced (every start pays it).
-    idle = not scope.running and not procfs.tree_pids(scope.cgroup_dir)
+    idle = procfs.nothing_left(scope.cgroup_dir, scope.running)  # then no NVML at all
     reads = Reads(wk, deadline, stall_for(cfg), not idle,
                   Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout)
     errors: list[str] = []
     before = None if idle else reads.memory(end)
     # A dry run starts no probe: it shows what a cleanup would act on now, and the probe's
     # findings would come in after it (a `pct exec` takes 0.5 s on Proxmox to start).
+    no_probe = ("disabled in config" if not cfg.probe else
+                "container not running" if not scope.running else
+                "not run: a dry run shows what the host view and NVML find")
     disc = discover(scope, reads, cfg.pct_command if cfg.probe and not dry_run else None,
-                    deadline, end)
-    if dry_run and cfg.probe and scope.running:
-        disc.sources["probe"] = "not run: a dry run shows what the host view and NVML find"
+                    deadline, end, no_probe)
     if idle:
         disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
     if progress:
@@ -409,13 +408,10 @@ def _clean(
     if unit_stops is not None or holders:  # else there is nothing to say of units
         from . import units
 
-        if phase == "manual" and last_exit is not None and any(
-                h.outcome in ("terminated", "killed") and (h.unit or "").endswith(".service")
-                for h in holders):
-            # systemd starts a service again RestartSec (100 ms by default) after its main
-            # process exits: look at its cgroup once that has passed, so that the hint names
-            # a unit that came back (a stopping container's units stop with it: hooks skip it)
-            time.sleep(max(0.0, min(last_exit + RESTART_WATCH, end) - time.monotonic()))
+        if phase == "manual" and last_exit is not None:
+            # a stopping container's units stop with it: hooks do not wait for restarts
+            units.await_restarts(holders, scope.cgroup_dir.parent.parent,
+                                 min(last_exit + RESTART_WATCH, end))
         units.annotate(rep, scope, unit_stops)
     return finish(rep, cfg, write_report, deadline)
 

@@ -11,6 +11,7 @@ accepted only in systemd's unit-name syntax, never decides what is signalled, an
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
     from .config import Config
     from .discover import Deadline, Scope
-    from .model import Discovery
+    from .model import Discovery, Holder
 
 # systemd's unit_name_is_valid(): prefix of [A-Za-z0-9:_.\-], at most one "@" with a
 # non-empty instance (a template itself never runs), a unit type suffix, at most 255 bytes.
@@ -143,6 +144,22 @@ def processes_in(cgroup_root: Path, cgroup: str | None) -> int | None:
         return len(procfs.tree_pids(cgroup_root / cgroup.lstrip("/")))
     except (OSError, RecursionError):  # a tree the container nested too deep to walk
         return None
+
+
+RESTART_POLL = 0.02  # s between looks at the cgroups of services that may come back
+
+
+def await_restarts(holders: list[Holder], cgroup_root: Path, until: float) -> None:
+    """systemd starts a service again RestartSec (100 ms by default) after its main process
+    exits, later than a clean result must hold: until `until` (monotonic), look at the
+    cgroups of the services whose holders were signalled, and return as soon as one has a
+    process again, so that its hint names it (see hints)."""
+    cgroups = {cg for h in holders if h.outcome in ("terminated", "killed") and h.unit
+               and h.unit.endswith(".service") and (cg := unit_cgroup(h.cgroup, h.unit))}
+    while cgroups and time.monotonic() < until:
+        if any(processes_in(cgroup_root, cg) for cg in cgroups):
+            return
+        time.sleep(min(RESTART_POLL, max(until - time.monotonic(), 0.0)))
 
 
 def init_unit_of(init_pid: int | None) -> str | None:
