@@ -152,39 +152,24 @@ def _check_redact(patterns: list[str], where: str) -> None:
 
 
 def parse(text: str, source: str = "<string>") -> Config:
-    """Parse and validate config text; raises ConfigError with key and line."""
-    import yaml  # here: a `ct` run imports it after its worker is forked (prelude.py)
+    """Parse and validate config text; raises ConfigError with key and line. A config in the
+    plain subset of YAML is read without PyYAML (minyaml: the same result, tested), since
+    importing PyYAML costs more than a hook with nothing to clean."""
+    from .minyaml import config_entries
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        node = yaml.compose(text, Loader=loader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"{source}{line}: {problem}") from None
-    if node is None:
-        return replace(Config(), source=source)
-    if not isinstance(node, yaml.MappingNode):
-        raise ConfigError(f"{source} line {node.start_mark.line + 1}: top level must be a mapping")
+    entries = config_entries(text)
+    if entries is None:
+        entries = _pyyaml_entries(text, source)
     values: dict[str, Any] = {}
-    for key_node, value_node in node.value:
-        line = key_node.start_mark.line + 1
-        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-        if not isinstance(key, str) or key not in _SCHEMA:
-            hint = ""
-            if isinstance(key, str):
-                import difflib  # only for the error message
+    for key, line, value in entries:
+        if key not in _SCHEMA:
+            import difflib  # only for the error message
 
-                close = difflib.get_close_matches(key, list(_SCHEMA), n=1)
-                hint = f" (did you mean '{close[0]}'?)" if close else ""
+            close = difflib.get_close_matches(key, list(_SCHEMA), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"{source} line {line}: unknown key {key!r}{hint}")
         if key in values:
             raise ConfigError(f"{source} line {line}: key '{key}' given twice")
-        try:
-            value = yaml.load(yaml.serialize(value_node), Loader=loader)
-        except yaml.YAMLError:
-            raise ConfigError(f"{source} line {line}: '{key}' has an unreadable value") from None
         expected, check = _SCHEMA[key]
         if not check(value):
             raise ConfigError(f"{source} line {line}: '{key}' must be {expected}, got {value!r}")
@@ -197,6 +182,41 @@ def parse(text: str, source: str = "<string>") -> Config:
         values["api"] = {**DEFAULT_API, **values["api"]}
     _check_redact(values.get("redact", []), source)
     return replace(Config(), source=source, **values)
+
+
+def _pyyaml_entries(text: str, source: str) -> list[tuple[str, int, Any]]:
+    """The top-level (key, line, value) entries as PyYAML reads them. The value of a key that
+    parse() rejects anyway (unknown, or given twice) is not read: that error comes first."""
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        node = yaml.compose(text, Loader=loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{source}{line}: {problem}") from None
+    if node is None:
+        return []
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(f"{source} line {node.start_mark.line + 1}: top level must be a mapping")
+    entries: list[tuple[str, int, Any]] = []
+    constructor = yaml.constructor.SafeConstructor()
+    for key_node, value_node in node.value:
+        line = key_node.start_mark.line + 1
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+        if not isinstance(key, str):
+            raise ConfigError(f"{source} line {line}: unknown key {key!r}")
+        value = None
+        if key in _SCHEMA and all(k != key for k, _, _ in entries):
+            try:
+                value = constructor.construct_object(value_node, deep=True)
+            except yaml.YAMLError:
+                raise ConfigError(
+                    f"{source} line {line}: '{key}' has an unreadable value") from None
+        entries.append((key, line, value))
+    return entries
 
 
 def locate(explicit: str | os.PathLike[str] | None = None) -> Path | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import re
@@ -13,8 +12,6 @@ from pathlib import Path
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-    import yaml
 
 
 class ReportError(Exception):
@@ -78,32 +75,13 @@ class Redactor:
         return v
 
 
-@functools.cache
-def _dumper() -> type:
-    """libyaml's emitter where PyYAML has it: the same text, about 3x faster (a report with
-    thousands of holders took seconds with the pure-Python one). PyYAML is imported where
-    it is used: a `ct` run imports it after its worker is forked (see prelude.py)."""
-    import yaml
-
-    class Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
-        pass
-
-    Dumper.add_representer(str, _str_repr)
-    return Dumper
-
-
-def _str_repr(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-    style = "|" if "\n" in data else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-
 def to_yaml(report: dict[str, Any], terminal: bool = False) -> str:
-    """The report as YAML. PyYAML escapes control characters but emits bidi overrides and
-    other format characters raw: for a terminal, everything non-ASCII is escaped."""
-    import yaml
+    """The report as YAML (minyaml: PyYAML's block layout, without importing PyYAML on every
+    run). For a terminal everything but printable ASCII is escaped: bidi overrides and other
+    format characters are printable to YAML but not safe on a screen."""
+    from . import minyaml
 
-    return yaml.dump(report, Dumper=_dumper(), sort_keys=False, default_flow_style=False,
-                     allow_unicode=not terminal, width=100)
+    return minyaml.dump(report, terminal=terminal)
 
 
 def ensure_dir(report_dir: str) -> Path:
@@ -172,14 +150,16 @@ def write(report: dict[str, Any], report_dir: str) -> Path:
 
 
 def list_reports(report_dir: str, vmid: int | None = None) -> list[Path]:
-    d = Path(report_dir)
+    """The reports in `report_dir` (of one container), oldest first: by the time in the name."""
+    prefix = f"{vmid}-" if vmid is not None else ""
     try:
-        files = [p for p in d.glob("*.yaml") if not p.name.startswith(".")]
+        with os.scandir(report_dir) as it:
+            names = [e.name for e in it if e.name.endswith(".yaml")
+                     and e.name.startswith(prefix) and not e.name.startswith(".")]
     except OSError:
         return []
-    if vmid is not None:
-        files = [p for p in files if p.name.startswith(f"{vmid}-")]
-    return sorted(files, key=lambda p: (p.name.split("-")[-1], p.name))
+    d = Path(report_dir)
+    return [d / n for n in sorted(names, key=lambda n: (n.split("-")[-1], n))]
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -200,16 +180,19 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def prune(report_dir: str, vmid: int, keep: int, max_age_days: float) -> int:
-    """Retention per container: at most `keep` reports, none older than `max_age_days`."""
+    """Retention per container: at most `keep` reports, none older than `max_age_days`.
+    Oldest first, so the age check stops at the first report young enough (every run prunes:
+    a stat of each of a hundred reports was most of a report's cost)."""
     files = list_reports(report_dir, vmid)
+    excess = len(files) - keep
     now = time.time()
     removed = 0
-    for i, p in enumerate(reversed(files)):
+    for i, p in enumerate(files):
         try:
-            old = now - p.stat().st_mtime > max_age_days * 86400
-            if i >= keep or old:
-                p.unlink()
-                removed += 1
+            if i >= excess and now - p.stat().st_mtime <= max_age_days * 86400:
+                break
+            p.unlink()
+            removed += 1
         except OSError:
             continue
     return removed

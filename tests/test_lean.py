@@ -66,26 +66,19 @@ def test_what_the_lean_parser_leaves_goes_through_typer(argv: list[str], needle:
     assert r.returncode == (0 if "--help" in argv else 2), r
 
 
-def test_reports_are_emitted_by_libyaml_with_the_same_text() -> None:
-    """The C emitter is only faster: the text is what PyYAML's own emitter writes."""
-    import yaml
-
-    from pveclean import report
-
-    rep = {"vmid": 129, "holders": [
-        {"host_pid": i, "name": "python3\x1b[2J\u202e", "cmdline": "a --token=x\nb",
-         "gpu_memory_mib": {0: 100, 1: None}} for i in range(50)]}
-
-    class Pure(yaml.SafeDumper):
-        pass
-
-    Pure.add_representer(str, report._str_repr)
-    for terminal in (False, True):
-        pure = yaml.dump(rep, Dumper=Pure, sort_keys=False, default_flow_style=False,
-                         allow_unicode=not terminal, width=100)
-        assert report.to_yaml(rep, terminal=terminal) == pure
-    if hasattr(yaml, "CSafeDumper"):
-        assert issubclass(report._dumper(), yaml.CSafeDumper)
+def test_reports_are_written_without_pyyaml() -> None:
+    """Importing PyYAML costs more than a hook with nothing to clean: reports go through
+    minyaml, and PyYAML reads them back as they were (escaped for a terminal)."""
+    code = ("import sys; from pveclean import report; rep = {'vmid': 129, 'holders': [{"
+            "'host_pid': i, 'name': 'python3\\x1b[2J\\u202e', 'cmdline': 'a --token=x\\nb',"
+            " 'gpu_memory_mib': {0: 100, 1: None}} for i in range(50)]};"
+            "text = report.to_yaml(rep); term = report.to_yaml(rep, terminal=True);"
+            "assert 'yaml' not in sys.modules, sorted(sys.modules);"
+            "import yaml; assert yaml.safe_load(text) == rep == yaml.safe_load(term);"
+            "assert term.isascii() and '\\x1b' not in term; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.stdout == "ok\n", r.stderr
 
 
 @pytest.mark.parametrize("argv,code", [
@@ -144,3 +137,22 @@ def test_the_command_exits_with_main_s_code_and_its_output_flushed(
         assert r.returncode == code, r
         assert r.stdout.removeprefix("buffered").startswith(out) and r.stderr.startswith(err), r
         assert "buffered" in r.stdout or cmd[1] == "-m"
+
+
+def test_prune_keeps_the_newest_reports_and_no_old_one(tmp_path: Path) -> None:
+    """report.prune stats only as far as the first young report (oldest first)."""
+    import time
+
+    from pveclean import report
+
+    now = time.time()
+    names = [report.report_name(129, "manual", now - 86400 * (10 - i)) for i in range(10)]
+    for i, name in enumerate(names):  # one a day, the oldest ten days old
+        (tmp_path / name).write_text("vmid: 129\n")
+        os.utime(tmp_path / name, (now - 86400 * (10 - i),) * 2)
+    (tmp_path / report.report_name(130, "manual", now - 86400 * 20)).write_text("vmid: 130\n")
+    assert report.prune(str(tmp_path), 129, keep=8, max_age_days=7.5) == 3  # 2 over, 1 old
+    assert [p.name for p in report.list_reports(str(tmp_path), 129)] == names[3:]
+    assert report.prune(str(tmp_path), 129, keep=2, max_age_days=30) == 5
+    assert [p.name for p in report.list_reports(str(tmp_path), 129)] == names[8:]
+    assert len(report.list_reports(str(tmp_path))) == 3  # CT 130's is not 129's to prune
