@@ -41,9 +41,17 @@ def guarded(fn: Callable[[], int]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] == "hook":
-        from .hook import main as hook_main
+        from . import prelude
 
-        return hook_main(args[1:])
+        # pre-stop, post-stop: the worker is forked before the hook's imports (prelude.py)
+        early = prelude.begin() if len(args) == 3 and args[2] in prelude.NVML_PHASES else None
+        try:
+            from .hook import main as hook_main
+
+            return hook_main(args[1:], early)
+        finally:
+            if early is not None:
+                early.close()
     if args and args[0] == "unit":  # the systemd drop-in: every start and stop, lean too
         from .dropin import from_argv
 
@@ -54,15 +62,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pveclean {__version__}")
         return 0
     if args and args[0] == "ct":
-        from . import ctcmd
-        from .model import PvecleanError
+        from . import prelude
 
-        try:
-            parsed = ctcmd.parse(args[1:])
-        except PvecleanError:  # a bad --grace: typer says it the usual way
-            parsed = None
-        if parsed is not None:
-            return guarded(lambda: ctcmd.run(parsed))
+        with prelude.begin() as wk:  # forked before the run's imports (prelude.py)
+            from . import ctcmd
+            from .model import PvecleanError
+
+            try:
+                parsed = ctcmd.parse(args[1:])
+            except PvecleanError:  # a bad --grace: typer says it the usual way
+                parsed = None
+            if parsed is not None:
+                return guarded(lambda: ctcmd.run(parsed, wk))
     from .cli import run_app
 
     return run_app(args)

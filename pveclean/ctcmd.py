@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 from .model import EXIT_USAGE, PvecleanError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .worker import Worker
+
 FLAGS = {"--dry-run": "dry_run", "--json": "as_json", "--stop-units": "stop_units"}
 VALUES = {"--grace": "grace", "--config": "config", "-c": "config"}
 
@@ -64,26 +68,30 @@ def parse(argv: list[str]) -> CtArgs | None:
     return args
 
 
-def run(args: CtArgs) -> int:
-    """Load the config, clean the container, print the result; returns the exit code."""
+def run(args: CtArgs, wk: Worker | None = None) -> int:
+    """Load the config, clean the container, print the result; returns the exit code. `wk`:
+    the run's worker, forked early by __main__ (prelude.py); else forked here."""
     from . import prelude
+
+    if wk is None:
+        with prelude.begin() as own:
+            return run(args, own)
     from .config import load
     from .pveconf import parse_vmid
     from .run import clean
 
-    with prelude.begin() as wk:  # it imports nvidia-ml-py while the config is read
-        cfg = load(args.config)
-        vid = parse_vmid(args.vmid)
-        prelude.warm(wk, cfg, vid)
-        progress = None
-        if not args.as_json and sys.stderr.isatty():
-            from .text import safe
+    cfg = load(args.config)
+    vid = parse_vmid(args.vmid)
+    prelude.warm(wk, cfg, vid)
+    progress = None
+    if not args.as_json and sys.stderr.isatty():
+        from .text import safe
 
-            def progress(msg: str) -> None:
-                print(f"... {safe(msg, 300)}", file=sys.stderr, flush=True)
+        def progress(msg: str) -> None:
+            print(f"... {safe(msg, 300)}", file=sys.stderr, flush=True)
 
-        result = clean(vid, cfg, dry_run=args.dry_run, grace=args.grace, progress=progress,
-                       stop_units=args.stop_units, worker=wk)
+    result = clean(vid, cfg, dry_run=args.dry_run, grace=args.grace, progress=progress,
+                   stop_units=args.stop_units, worker=wk)
     if args.as_json:
         import json
 

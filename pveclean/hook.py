@@ -172,7 +172,7 @@ def _busy(vmid: int, phase: str, res: RunResult) -> int:
 
 def pre_start(vmid: int, cfg: Config, early: Worker | None = None) -> int:
     """`early` is always None: a start forks no worker ahead (it asks NVML nothing unless
-    something is left, see NVML_PHASES)."""
+    something is left, see prelude.NVML_PHASES)."""
     res = clean(vmid, cfg, phase="pre-start", write_report=False)
     rep = res.report
     if rep["verdict"] == "busy":
@@ -213,12 +213,14 @@ def pre_start(vmid: int, cfg: Config, early: Worker | None = None) -> int:
 HANDLERS = {"pre-stop": pre_stop, "post-stop": post_stop, "pre-start": pre_start}
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], early: Worker | None = None) -> int:
     """Never raises: every failure is one line in the task log. Only pre-start can return
-    EXIT_REFUSE (a decision); the shim turns every other non-zero status into a warning."""
+    EXIT_REFUSE (a decision); the shim turns every other non-zero status into a warning.
+    `early`: the worker of a pre-stop or post-stop, forked by __main__ before this module
+    was imported (prelude.py); else forked here."""
     phase = argv[1] if len(argv) == 2 else "?"
     try:
-        return _main(argv)
+        return _main(argv, early)
     except KeyboardInterrupt:
         say(f"pveclean: hook {phase}: interrupted; nothing more done")
     except SystemExit as exc:  # a library calling sys.exit(): never a refusal
@@ -238,10 +240,7 @@ def _chained(vmid: int, phase: str, cfg: Config) -> int:
         return 0
 
 
-NVML_PHASES = ("pre-stop", "post-stop")  # they ask NVML: fork their worker first (prelude.py)
-
-
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], early: Worker | None) -> int:
     if len(argv) != 2:
         say("usage: pveclean hook VMID PHASE")
         return EXIT_USAGE
@@ -254,13 +253,11 @@ def _main(argv: list[str]) -> int:
     if phase not in PHASES:
         say(f"pveclean: CT {vmid}: unknown hook phase '{phase}'; nothing to do")
         return 0
-    # the worker imports nvidia-ml-py while the config is read (and the chained script runs)
-    early = prelude.begin() if phase in NVML_PHASES else None
-    try:
+    if early is not None or phase not in prelude.NVML_PHASES:
         return _phase(vmid, phase, early)
-    finally:
-        if early is not None:
-            early.close()
+    # the worker imports nvidia-ml-py while the config is read (and the chained script runs)
+    with prelude.begin() as own:
+        return _phase(vmid, phase, own)
 
 
 def _phase(vmid: int, phase: str, early: Worker | None) -> int:

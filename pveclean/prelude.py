@@ -1,12 +1,13 @@
 """The start of a run, overlapped (`ct`, and the pre-stop and post-stop hooks): the run's
-worker is forked as soon as the run's modules are imported, and gets NVML ready while the
-parent reads the config.
+worker is forked first thing, and imports what its first calls need (nvidia-ml-py, the NVML
+adapter, the scan) and gets NVML ready while the parent imports the run and reads the config.
 
 Importing nvidia-ml-py and initialising NVML are a fixed cost of every run on a running
-container (about a fifth of a dry run's time in the lab; seconds on a host without
-nvidia-persistenced) that needs nothing from the parent but the config's `nvml_library`. So
-the worker imports the Python side at once and inits NVML as soon as the parent has read the
-config, while the parent imports PyYAML and reads it.
+container (nvidia-ml-py alone takes longer to import than the rest of a dry run's modules;
+NVML's init takes seconds on a host without nvidia-persistenced) that needs nothing from the
+parent but the config's `nvml_library`. So __main__ forks the worker before it imports the
+run, the worker imports at once, and inits NVML as soon as the parent has read the config.
+This module imports nothing but the worker: it is imported before the fork.
 """
 
 from __future__ import annotations
@@ -14,34 +15,40 @@ from __future__ import annotations
 import contextlib
 
 from . import worker
-from .nvml import Nvml, nvml_allowance
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .config import Config
 
+NVML_PHASES = ("pre-stop", "post-stop")  # the hook phases that ask NVML
+
 
 def begin() -> worker.Worker:
-    """The run's worker, forked now; it imports nvidia-ml-py meanwhile."""
-    return worker.Worker(_import_nvml).start()
+    """The run's worker, forked now; it imports meanwhile (see _prepare)."""
+    return worker.Worker(_prepare).start()
+
+
+def _prepare() -> None:
+    """In the worker, once: its first calls need NVML, the adapter and the host scan."""
+    with contextlib.suppress(ImportError):  # no nvidia-ml-py: the run says so, as ever
+        import pynvml  # noqa: F401
+    from . import discover  # noqa: F401  (the adapter, procfs and the scan)
 
 
 def warm(wk: worker.Worker, cfg: Config, vmid: int) -> None:
     """Have the worker init NVML while the parent goes on (its first call reads past it)."""
+    from .nvml import Nvml
+
     settings = Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)
     wk.init.update(settings)  # a worker started again after a kill gets them too
     wk.submit(w_warm_nvml, settings, cfg.cgroup_root, vmid, timeout=1.0, what="NVML init")
-
-
-def _import_nvml() -> None:
-    with contextlib.suppress(ImportError):  # no nvidia-ml-py: the run says so, as ever
-        import pynvml  # noqa: F401
 
 
 def w_warm_nvml(settings: dict[str, object], cgroup_root: str | None, vmid: int) -> None:
     """In the worker: NVML's init, unless there is nothing left in the container (the run
     then asks NVML nothing, see procfs.nothing_left)."""
     from . import procfs
+    from .nvml import Nvml, nvml_allowance
 
     state = worker.state()
     state.update(settings)

@@ -88,14 +88,16 @@ def test_reports_are_written_without_pyyaml() -> None:
 ])
 def test_a_run_forks_its_worker_before_the_heavy_imports(tmp_path: Path, argv: list[str],
                                                          code: int) -> None:
-    """prelude.py: the worker imports nvidia-ml-py while the parent imports PyYAML; neither,
-    nor what a dry run does not use, is in the parent when it forks."""
+    """prelude.py: the worker is forked before the run's own modules are imported, so that it
+    imports nvidia-ml-py and the scan while the parent imports the run and reads the config;
+    none of that, nor what a dry run does not use, is in the parent when it forks."""
     cfg = tmp_path / "pveclean.yaml"
     cfg.write_text(f"pve_config_dir: {tmp_path}\nsyslog: false\nreport_dir: {tmp_path}\n")
     cfg.chmod(0o644)
     heavy = ("yaml", "pynvml", "typing", "ctypes", "datetime", "subprocess", "shutil",
              "threading", "selectors", "pveclean.stop", "pveclean.lock", "pveclean.pct",
-             "pveclean.probe", "pveclean.units")
+             "pveclean.probe", "pveclean.units", "dataclasses", "pveclean.run",
+             "pveclean.config", "pveclean.discover", "pveclean.hook", "pveclean.ctcmd")
     r = subprocess.run(
         [sys.executable, "-c",
          "import sys; from pveclean import worker; seen = []; start = worker.Worker._start; "
