@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import procfs
-from .pct import PctMissing, run_pct
 from .text import safe
 
 TYPE_CHECKING = False
@@ -196,6 +195,8 @@ def stop_units(vmid: int, holders: list[Any], init_pid: int | None, cgroup_root:
             out["command"] = shell_command(vmid, wanted)
         return out
     out["command"] = shell_command(vmid, wanted)
+    from .pct import PctMissing, run_pct  # here: a holder's unit_of() is read in the scan
+
     try:
         res = run_pct(pct_command, stop_command(vmid, wanted), timeout)
         rc, err = res.returncode, (res.stderr.strip().splitlines() or [""])[-1]
