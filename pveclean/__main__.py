@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         from . import prelude
 
         # pre-stop, post-stop: the worker is forked before the hook's imports (prelude.py)
-        early = prelude.begin() if len(args) == 3 and args[2] in prelude.NVML_PHASES else None
+        early = (prelude.begin_early() if len(args) == 3 and args[2] in prelude.NVML_PHASES
+                 else None)
         try:
             from .hook import main as hook_main
 
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     if args and args[0] == "ct":
         from . import prelude
 
-        with prelude.begin() as wk:  # forked before the run's imports (prelude.py)
+        wk = prelude.begin_early()  # forked before the run's imports (prelude.py)
+        try:
             from . import ctcmd
             from .model import PvecleanError
 
@@ -74,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                 parsed = None
             if parsed is not None:
                 return guarded(lambda: ctcmd.run(parsed, wk))
+        finally:
+            if wk is not None:
+                wk.close()
     from .cli import run_app
 
     return run_app(args)

@@ -28,6 +28,16 @@ def begin() -> worker.Worker:
     return worker.Worker(_prepare).start()
 
 
+def begin_early() -> worker.Worker | None:
+    """begin() for __main__, before a command's own error handling: None when the fork fails
+    (out of processes or memory); the command then forks its worker itself where its errors
+    are handled, and says why in one line if that fails too."""
+    try:
+        return begin()
+    except OSError:
+        return None
+
+
 def _prepare() -> None:
     """In the worker, once: its first calls need NVML, the adapter and the host scan."""
     with contextlib.suppress(ImportError):  # no nvidia-ml-py: the run says so, as ever

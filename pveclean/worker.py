@@ -134,8 +134,18 @@ class Worker:
 
     def _start(self) -> None:
         req_r, req_w = os.pipe2(os.O_CLOEXEC)
-        resp_r, resp_w = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
+        try:
+            resp_r, resp_w = os.pipe2(os.O_CLOEXEC)
+        except OSError:
+            os.close(req_r)
+            os.close(req_w)
+            raise
+        try:
+            pid = os.fork()
+        except OSError:  # out of processes or memory: no fd is left behind
+            for fd in (req_r, req_w, resp_r, resp_w):
+                os.close(fd)
+            raise
         if pid == 0:  # the child: never returns
             code = 0
             try:

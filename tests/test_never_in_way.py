@@ -143,3 +143,42 @@ def test_failing_chained_script_is_a_refusal(lab: Lab, vmid: int) -> None:
         in res.stdout
     assert lab.pct("status", str(vmid)).stdout == "status: stopped\n"
     os.unlink(script)
+
+
+@pytest.mark.parametrize("argv,code", [
+    (["ct", "129", "--dry-run"], None),  # whatever guarded() gives an internal error
+    (["hook", "129", "pre-stop"], 0),
+    (["hook", "129", "post-stop"], 0),
+])
+def test_a_fork_that_fails_is_one_line_and_no_leaked_fd(tmp_path: Path, argv: list[str],
+                                                         code: int | None) -> None:
+    """__main__ forks the run's worker before any command's error handling (prelude.py): out of
+    processes, that is still one line, never a traceback, a hook still exits 0, and the
+    worker's pipes are closed again."""
+    import sys
+
+    cfg = tmp_path / "pveclean.yaml"
+    cfg.write_text(f"pve_config_dir: {tmp_path}\nsyslog: false\nreport_dir: {tmp_path}\n")
+    cfg.chmod(0o644)
+    code_text = (
+        "import os\n"
+        "def nofork(): raise BlockingIOError(11, 'Resource temporarily unavailable')\n"
+        "os.fork = nofork\n"
+        "from pveclean.__main__ import main\n"
+        "before = set(os.listdir('/proc/self/fd'))\n"
+        f"rc = main({argv!r})\n"
+        "leaked = set(os.listdir('/proc/self/fd')) - before\n"
+        "print('RESULT', rc, sorted(leaked))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code_text], capture_output=True, text=True,
+                       timeout=60, check=False, env={**os.environ, "PVECLEAN_CONFIG": str(cfg)})
+    out = r.stdout.splitlines()
+    result = out[-1].split(" ", 2)
+    said = [ln for ln in out[:-1] + r.stderr.splitlines() if ln.strip()]
+    assert "Traceback" not in r.stderr and r.returncode == 0, r
+    assert result[0] == "RESULT" and result[2] == "[]", r
+    if code is not None:
+        assert int(result[1]) == code
+    else:
+        assert int(result[1]) != 0
+    assert len(said) == 1 and "Resource temporarily unavailable" in said[0], said
