@@ -3,10 +3,11 @@ worker is forked first thing, and imports what its first calls need (nvidia-ml-p
 adapter, the scan) and gets NVML ready while the parent imports the run and reads the config.
 
 Importing nvidia-ml-py and initialising NVML are a fixed cost of every run on a running
-container (nvidia-ml-py alone takes longer to import than the rest of a dry run's modules;
-NVML's init takes seconds on a host without nvidia-persistenced) that needs nothing from the
-parent but the config's `nvml_library`. So __main__ forks the worker before it imports the
-run, the worker imports at once, and inits NVML as soon as the parent has read the config.
+container (the import alone about 40 ms in the lab, near what the parent spends on all of
+the run's modules; NVML's init takes seconds on a host without nvidia-persistenced) that
+needs nothing from the parent but the config's `nvml_library`. So __main__ forks the worker
+before it imports the run, the worker imports at once, and inits NVML as soon as the parent
+has read the config.
 This module imports nothing but the worker: it is imported before the fork.
 """
 

@@ -45,7 +45,7 @@ def _hooked_site() -> bool:
     Proxmox's python3 do not have, and which would flatter the start-up ratio)."""
     code = "import sys; print(any(m.startswith('__editable__') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=False).stdout
+                         timeout=60, check=False).stdout
     return out.strip() == "True"
 
 
