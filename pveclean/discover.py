@@ -15,7 +15,6 @@ from pathlib import Path
 
 from . import procfs, worker
 from .model import Discovery, GpuDevices, GpuMemory, Holder
-from .nvml import Nvml, NvmlUnavailable, nvml_allowance
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -239,84 +238,58 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope,
     return warnings, built
 
 
-def merge_nvml(
-    view: HostView, procs: dict[int, dict[int, int | None]], scope: Scope
-) -> list[dict[str, object]]:
-    """Attach NVML memory to the container's holders; return GPU users outside it."""
-    others: list[dict[str, object]] = []
+def merge_nvml(view: HostView, procs: dict[int, dict[int, int | None]],
+               read: Callable[[list[tuple[procfs.ProcStatus, str]], list[int]],
+                              tuple[list[Holder], list[tuple[int, str | None, str | None]]]]
+               ) -> list[dict[str, object]]:
+    """Attach NVML memory to the container's holders; return GPU users outside it. `read`
+    makes holders of the container's other NVML processes and names the GPU users outside it
+    (w_nvml_pids: /proc reads, in the scan's worker); asked only when there are any."""
+    found: list[tuple[procfs.ProcStatus, str]] = []
+    outside: list[int] = []
     for pid, per_gpu in sorted(procs.items()):
         h = view.holders.get(pid)
-        if h is None and pid in view.statuses:
-            st = view.statuses[pid]
-            if st.state == "Z" and not procfs.live_threads(pid):
-                continue  # an exited process: NVML lists it until the driver lets go
-            h = make_holder(st, view.tree.get(pid, "."), scope)
-            view.holders[pid] = h
         if h is not None:
             h.gpu_memory_mib.update(per_gpu)
             h.add_source("nvml")
+        elif pid in view.statuses:
+            found.append((view.statuses[pid], view.tree.get(pid, ".")))
+        else:
+            outside.append(pid)
+    if not found and not outside:
+        return []
+    built, named = read(found, outside)
+    for h in built:
+        h.gpu_memory_mib.update(procs[h.host_pid])
+        h.add_source("nvml")
+        view.holders[h.host_pid] = h
+    return [{"host_pid": pid, "name": name, "cgroup": cgroup,
+             "gpu_memory_mib": {int(k): v for k, v in procs[pid].items()}}
+            for pid, name, cgroup in named]
+
+
+# ---- reads made in the scan's worker (see worker.py); module-level so they pickle --------
+def w_scan(scope: Scope, skip: frozenset[int], stall: float) -> HostView:
+    return scan_host(scope, skip, stall)
+
+
+def w_nvml_pids(found: list[tuple[procfs.ProcStatus, str]], outside: list[int], scope: Scope
+                ) -> tuple[list[Holder], list[tuple[int, str | None, str | None]]]:
+    """merge_nvml's reads: holders of the container's processes NVML lists (a zombie is left
+    out: NVML lists an exited process until the driver lets go), and the name and cgroup of
+    each GPU user outside the container."""
+    built = []
+    for st, rel in found:
+        worker.note(("pid", st.pid), None)
+        if st.state == "Z" and not procfs.live_threads(st.pid):
             continue
+        built.append(make_holder(st, rel, scope))
+    named: list[tuple[int, str | None, str | None]] = []
+    for pid in outside:
+        worker.note(("pid", pid), None)
         st2 = procfs.read_status(pid)
-        others.append(
-            {
-                "host_pid": pid,
-                "name": st2.name if st2 else None,
-                "cgroup": procfs.pid_cgroup(pid),
-                "gpu_memory_mib": {int(k): v for k, v in per_gpu.items()},
-            }
-        )
-    return others
-
-
-# ---- reads made in the worker process (see worker.py); module-level so they pickle -------
-def _nvml() -> Nvml:
-    return Nvml.in_worker(worker.state())
-
-
-def w_host(scope: Scope, skip: frozenset[int], stall: float, with_nvml: bool,
-           nvml_timeout: float) -> tuple[HostView, list[dict[str, object]], str]:
-    view = scan_host(scope, skip, stall)
-    if not with_nvml:
-        return view, [], "disabled"
-    worker.note(("nvml", "process query"), nvml_allowance(nvml_timeout))
-    try:
-        procs = _nvml().processes(timeout=nvml_timeout)
-    except NvmlUnavailable as exc:
-        return view, [], f"unavailable: {exc}"
-    worker.note(("others", None), None)
-    return view, merge_nvml(view, procs, scope), "ok"
-
-
-def w_memory(nvml_timeout: float) -> tuple[list[GpuMemory] | None, str | None]:
-    worker.note(("nvml", "memory query"), nvml_allowance(nvml_timeout))
-    try:
-        return _nvml().memory(timeout=nvml_timeout), None
-    except NvmlUnavailable as exc:
-        return None, str(exc)
-
-
-def w_processes(nvml_timeout: float) -> tuple[dict[int, dict[int, int | None]] | None, str | None]:
-    worker.note(("nvml", "process query"), nvml_allowance(nvml_timeout))
-    try:
-        return _nvml().processes(timeout=nvml_timeout), None
-    except NvmlUnavailable as exc:
-        return None, str(exc)
-
-
-def w_rescan(scope: Scope, skip: frozenset[int], stall: float, known: set[int],
-             with_nvml: bool, nvml_timeout: float) -> tuple[HostView, set[int]]:
-    """The container's holders now, and the NVML processes that are ours."""
-    view = scan_host(scope, skip, stall)
-    nvml_pids: set[int] = set()
-    if with_nvml and not _nvml().error:
-        worker.note(("nvml", "process query"), nvml_allowance(nvml_timeout))
-        try:
-            procs = _nvml().processes(timeout=nvml_timeout)
-            # A PID of ours that NVML still lists has not released its memory yet.
-            nvml_pids = {p for p in procs if p in view.statuses or p in known}
-        except NvmlUnavailable:
-            pass
-    return view, nvml_pids
+        named.append((pid, st2.name if st2 else None, procfs.pid_cgroup(pid)))
+    return built, named
 
 
 def w_make_holders(found: list[tuple[procfs.ProcStatus, str]], scope: Scope) -> list[Holder]:
@@ -338,23 +311,42 @@ def w_parents(ppids: list[int]) -> dict[int, str]:
 
 
 class Reads:
-    """The parent's side: every read above, in a worker, bounded by the run's deadline.
-    A PID whose reads stall is skipped (and named in `problems`); a scan that does not finish
-    by the deadline ends as `None`."""
+    """The parent's side of every read, bounded by the run's deadline, in two workers that
+    work at once: NVML's (forked first thing, see prelude.py) and the scan's (/proc and
+    cgroup reads; forked from the parent on its first call, when the scan is imported). The
+    host scan runs while NVML lists its processes. A PID whose reads stall is skipped (and
+    named in `problems`); a scan that does not finish by the deadline ends as `None`."""
 
-    def __init__(self, wk: worker.Worker, deadline: Deadline, stall: float,
+    def __init__(self, nvml_worker: worker.Worker, deadline: Deadline, stall: float,
                  nvml_on: bool, nvml_timeout: float) -> None:
-        self.worker, self.deadline, self.stall = wk, deadline, stall
+        self.nvml_worker = nvml_worker
+        self.worker = worker.Worker()  # the scan's; forked on its first call
+        self.deadline, self.stall = deadline, stall
         self.nvml_on, self.nvml_timeout = nvml_on, nvml_timeout
         self.skip: set[int] = set()
         self.problems: list[str] = []
         self.nvml_error: str | None = None if nvml_on else "disabled"
+        self.before: list[GpuMemory] | None = None  # GPU memory when discovery began
+
+    def close(self) -> None:
+        self.worker.close()  # NVML's belongs to the caller
+
+    def __enter__(self) -> Reads:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    @property
+    def killed(self) -> list[str]:
+        """Why each worker killed in this run was killed."""
+        return self.nvml_worker.killed + self.worker.killed
 
     def _nvml_t(self) -> float:
         return self.deadline.cap(self.nvml_timeout)
 
     def stalled_pid(self, exc: worker.WorkerError) -> bool:
-        """A stall on one PID: skip it from now on. Else (NVML, the deadline): False."""
+        """A stall on one PID: skip it from now on. Else (the deadline): False."""
         n = exc.note
         if exc.stalled and isinstance(n, tuple) and n[0] == "pid":
             pid = int(n[1])
@@ -366,76 +358,112 @@ class Reads:
             return True
         return False
 
-    def _nvml_hung(self, exc: worker.WorkerError) -> bool:
-        n = exc.note
-        if isinstance(n, tuple) and n[0] == "nvml" and not self.deadline.expired():
-            self.nvml_error = f"NVML {n[1]} did not answer (the reader was killed)"
-            return True
-        return False
-
-    def host(self, scope: Scope, end: float
-             ) -> tuple[HostView | None, list[dict[str, object]], str]:
-        """(host view with NVML merged, other GPU users, NVML status)."""
+    def _scan(self, scope: Scope, end: float, what: str) -> HostView | str:
+        """The host view, or why there is none (a problem is recorded)."""
         while True:
-            left = end - time.monotonic()
             try:
-                view, others, status = self.worker.call(
-                    w_host, scope, frozenset(self.skip), self.stall,
-                    self.nvml_error is None, self._nvml_t(), timeout=left, what="host scan")
-                if status.startswith("unavailable: "):
-                    self.nvml_error = status.removeprefix("unavailable: ")
-                elif self.nvml_on and self.nvml_error is not None:
-                    status = f"unavailable: {self.nvml_error}"
-                return view, others, status
+                view: HostView = self.worker.call(w_scan, scope, frozenset(self.skip),
+                                                  self.stall, timeout=end - time.monotonic(),
+                                                  what=what)
+                return view
             except worker.WorkerError as exc:
-                if self.stalled_pid(exc) or self._nvml_hung(exc):
+                if self.stalled_pid(exc):
                     continue
-                self.problems.append(f"host scan did not finish within "
+                self.problems.append(f"{what} did not finish within "
                                      f"{self.deadline.elapsed():.1f} s of the run: "
                                      f"{doing(exc.note)}")
-                return None, [], (f"unavailable: {self.nvml_error}" if self.nvml_error
-                                  else "not asked: the host scan did not finish")
+                return "did not finish"
             except worker.RemoteError as exc:  # a bug, not a hang: said, never a traceback
-                self.problems.append(f"host scan failed: {exc}")
-                return None, [], "not asked: the host scan failed"
+                self.problems.append(f"{what} failed: {exc}")
+                return "failed"
 
-    def rescan(self, scope: Scope, known: set[int], end: float
-               ) -> tuple[HostView, set[int]] | None:
-        while True:
-            try:
-                return self.worker.call(
-                    w_rescan, scope, frozenset(self.skip), self.stall, known,
-                    self.nvml_error is None, self._nvml_t(),
-                    timeout=end - time.monotonic(), what="verification scan")
-            except worker.WorkerError as exc:
-                if self.stalled_pid(exc) or self._nvml_hung(exc):
-                    continue
-                self.problems.append(f"verification scan did not finish before the deadline: "
-                                     f"{doing(exc.note)}")
-                return None
-            except worker.RemoteError as exc:
-                self.problems.append(f"verification scan failed: {exc}")
-                return None
-
-    def memory(self, end: float) -> list[GpuMemory] | None:
-        return self._nvml(w_memory, end, "NVML memory", "NVML memory query")
-
-    def processes(self, end: float) -> dict[int, dict[int, int | None]] | None:
-        return self._nvml(w_processes, end, "NVML processes", "NVML process query")
-
-    def _nvml(self, fn: Callable[..., Any], end: float, what: str, query: str) -> Any:
-        """One NVML query in the worker; once NVML failed or hung, none is asked again."""
+    def _nvml_send(self, fn: Callable[..., Any], end: float, what: str) -> bool:
+        """Ask NVML's worker and go on; False when NVML is off or failed before."""
         if self.nvml_error is not None:
+            return False
+        try:
+            self.nvml_worker.send(fn, self._nvml_t(), timeout=end - time.monotonic(),
+                                  what=what)
+        except worker.WorkerError as exc:
+            self.nvml_error = f"{what} did not answer: {exc}"
+            return False
+        return True
+
+    def _nvml_receive(self, end: float, what: str) -> Any:
+        """The answer of _nvml_send; None when NVML failed or hung (it is asked no more)."""
+        if self.nvml_error is not None:  # failed since it was asked: not waited for
+            self.nvml_worker.forget()
             return None
         try:
-            value, err = self.worker.call(fn, self._nvml_t(), timeout=end - time.monotonic(),
-                                          what=what)
+            value, err = self.nvml_worker.receive(max(end - time.monotonic(), 0.05), what)
         except (worker.WorkerError, worker.RemoteError) as exc:
-            self.nvml_error = f"{query} did not answer: {exc}"
+            self.nvml_error = f"{what} did not answer: {exc}"
             return None
         if err:
             self.nvml_error = err
         return value
+
+    def _nvml(self, fn: Callable[..., Any], end: float, what: str) -> Any:
+        """One NVML query; once NVML failed or hung, none is asked again."""
+        return self._nvml_receive(end, what) if self._nvml_send(fn, end, what) else None
+
+    def host(self, scope: Scope, end: float
+             ) -> tuple[HostView | None, list[dict[str, object]], str]:
+        """(host view with NVML merged, other GPU users, NVML status). NVML's memory and
+        process lists are asked first and read after the scan; the memory is kept in
+        `before`."""
+        from .nvml import gpu_memory, w_memory, w_processes
+
+        memory_asked = self._nvml_send(w_memory, end, "NVML memory query")
+        asked = self._nvml_send(w_processes, end, "NVML process query")
+        view = self._scan(scope, end, "host scan")
+        if memory_asked:
+            rows = self._nvml_receive(end, "NVML memory query")
+            self.before = None if rows is None else gpu_memory(rows)
+        if isinstance(view, str):
+            self.nvml_worker.forget()  # not needed now; the run asks it nothing more
+            return None, [], (f"unavailable: {self.nvml_error}" if self.nvml_error
+                              else f"not asked: the host scan {view}")
+        procs = self._nvml_receive(end, "NVML process query") if asked else None
+        if procs is None:
+            return view, [], ("disabled" if not self.nvml_on
+                              else f"unavailable: {self.nvml_error}")
+
+        def read(found: list[tuple[procfs.ProcStatus, str]], outside: list[int]
+                 ) -> tuple[list[Holder], list[tuple[int, str | None, str | None]]]:
+            got = self.call(w_nvml_pids, found, outside, scope, end=end,
+                            what="reading NVML's processes")
+            return got if isinstance(got, tuple) else ([], [])
+
+        return view, merge_nvml(view, procs, read), "ok"
+
+    def rescan(self, scope: Scope, known: set[int], end: float
+               ) -> tuple[HostView, set[int]] | None:
+        """The container's holders now, and the NVML processes that are ours."""
+        from .nvml import w_processes
+
+        asked = self._nvml_send(w_processes, end, "NVML process query")
+        view = self._scan(scope, end, "verification scan")
+        if isinstance(view, str):
+            self.nvml_worker.forget()
+            return None
+        procs = self._nvml_receive(end, "NVML process query") if asked else None
+        # A PID of ours that NVML still lists has not released its memory yet.
+        nvml_pids = {p for p in procs or () if p in view.statuses or p in known}
+        return view, nvml_pids
+
+    def memory(self, end: float) -> list[GpuMemory] | None:
+        from .nvml import gpu_memory, w_memory
+
+        rows = self._nvml(w_memory, end, "NVML memory query")
+        return None if rows is None else gpu_memory(rows)
+
+    def processes(self, end: float) -> dict[int, dict[int, int | None]] | None:
+        from .nvml import w_processes
+
+        procs: dict[int, dict[int, int | None]] | None = self._nvml(
+            w_processes, end, "NVML process query")
+        return procs
 
     def call(self, fn: object, *args: object, end: float, what: str) -> object | None:
         """Any other read; None when it did not finish (the reason goes to `problems`)."""

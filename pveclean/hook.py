@@ -138,11 +138,11 @@ def post_stop(vmid: int, cfg: Config, early: Worker | None = None) -> int:
         used_by_ct = {int(g) for h in (pre or {}).get("holders", [])
                       for g in (h.get("gpu_memory_mib") or {})}
         leaks: list[dict[str, Any]] = []
-        reads = Reads(wk, deadline, stall_for(cfg), True,
-                      Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout)
         end = deadline.end - reserve_for(cfg)
-        memory = reads.memory(end)
-        procs = reads.processes(end) if memory is not None else None
+        with Reads(wk, deadline, stall_for(cfg), True,
+                   Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout) as reads:
+            memory = reads.memory(end)
+            procs = reads.processes(end) if memory is not None else None
         if memory is None or procs is None:
             rep.setdefault("warnings", []).append(
                 f"post-stop memory check skipped: {reads.nvml_error}")

@@ -2,6 +2,10 @@
 
 NVML calls into the driver; a wedged GPU can make them block. Each query runs in a daemon
 thread and is abandoned after its timeout, so the run's deadline always holds.
+
+A run asks NVML in its own worker (see worker.py and prelude.py), forked before the run's
+imports: this module and what its worker functions (w_*) import stay lean (no dataclasses,
+no pveclean.model), and their answers are plain tuples the parent turns into the model.
 """
 
 from __future__ import annotations
@@ -9,13 +13,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from .model import GpuMemory
+from . import worker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TypeVar
 
+    from .model import GpuMemory
+
     T = TypeVar("T")
+
+# index, uuid, name, total MiB, reserved MiB (None: NVML cannot tell), used MiB, minor
+MemoryRow = tuple[int, str, str, int, "int | None", int, "int | None"]
 
 MIB = 1024 * 1024
 
@@ -139,8 +148,11 @@ class Nvml:
             raise NvmlUnavailable(f"NVML {what} failed: {_describe(exc)}") from None
 
     def memory(self, timeout: float | None = None) -> list[GpuMemory]:
-        def q(nv: Any) -> list[GpuMemory]:
-            out = []
+        return gpu_memory(self.memory_rows(timeout))
+
+    def memory_rows(self, timeout: float | None = None) -> list[MemoryRow]:
+        def q(nv: Any) -> list[MemoryRow]:
+            out: list[MemoryRow] = []
             for index, h in self._handles:
                 reserved: int | None = None
                 try:
@@ -154,17 +166,15 @@ class Nvml:
                     minor: int | None = int(nv.nvmlDeviceGetMinorNumber(h))
                 except nv.NVMLError:
                     minor = None
-                out.append(
-                    GpuMemory(
-                        index=index,
-                        uuid=uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                        name=name.decode() if isinstance(name, bytes) else str(name),
-                        total_mib=int(info.total) // MIB,
-                        reserved_mib=reserved,
-                        used_mib=int(info.used) // MIB,
-                        minor=minor,
-                    )
-                )
+                out.append((
+                    index,
+                    uuid.decode() if isinstance(uuid, bytes) else str(uuid),
+                    name.decode() if isinstance(name, bytes) else str(name),
+                    int(info.total) // MIB,  # total
+                    reserved,
+                    int(info.used) // MIB,  # used
+                    minor,
+                ))
             return out
 
         return self._query("memory query", q, timeout)
@@ -207,3 +217,38 @@ class Nvml:
             return found
 
         return self._query("process query", q, timeout)
+
+
+def gpu_memory(rows: list[MemoryRow]) -> list[GpuMemory]:
+    from .model import GpuMemory
+
+    return [GpuMemory(*row) for row in rows]
+
+
+# ---- the NVML worker's side (see prelude.py); module-level so that they pickle ------------
+def w_warm(settings: dict[str, object], init: bool) -> None:
+    """The worker's settings, and NVML's init ahead of the run's first query (which then
+    only asks)."""
+    state = worker.state()
+    state.update(settings)
+    if not init:
+        return
+    nv = Nvml.in_worker(state)
+    worker.note(("nvml", "init"), nvml_allowance(nv.timeout))
+    nv.warm()
+
+
+def w_memory(timeout: float) -> tuple[list[MemoryRow] | None, str | None]:
+    worker.note(("nvml", "memory query"), nvml_allowance(timeout))
+    try:
+        return Nvml.in_worker(worker.state()).memory_rows(timeout=timeout), None
+    except NvmlUnavailable as exc:
+        return None, str(exc)
+
+
+def w_processes(timeout: float) -> tuple[dict[int, dict[int, int | None]] | None, str | None]:
+    worker.note(("nvml", "process query"), nvml_allowance(timeout))
+    try:
+        return Nvml.in_worker(worker.state()).processes(timeout=timeout), None
+    except NvmlUnavailable as exc:
+        return None, str(exc)

@@ -1,6 +1,6 @@
 """The start of a run, overlapped (`ct`, and the pre-stop and post-stop hooks): the run's
-worker is forked first thing, and imports what its first calls need (nvidia-ml-py, the NVML
-adapter, the scan) and gets NVML ready while the parent imports the run and reads the config.
+NVML worker is forked first thing, and imports nvidia-ml-py and the NVML adapter and gets
+NVML ready while the parent imports the run and reads the config.
 
 Importing nvidia-ml-py and initialising NVML are a fixed cost of every run on a running
 container (the import alone about 40 ms in the lab, near what the parent spends on all of
@@ -40,33 +40,23 @@ def begin_early() -> worker.Worker | None:
 
 
 def _prepare() -> None:
-    """In the worker, once: its first calls need NVML, the adapter and the host scan."""
+    """In the worker, once: its calls are NVML's (the host scan has a worker of its own,
+    forked later from the parent, see discover.Reads)."""
     with contextlib.suppress(ImportError):  # no nvidia-ml-py: the run says so, as ever
         import pynvml  # noqa: F401
-    from . import discover  # noqa: F401  (the adapter, procfs and the scan)
+    from . import nvml  # noqa: F401
 
 
 def warm(wk: worker.Worker, cfg: Config, vmid: int) -> None:
-    """Have the worker init NVML while the parent goes on (its first call reads past it)."""
-    from .nvml import Nvml
+    """Give the worker its settings, and have it init NVML while the parent goes on (its
+    first call reads past it) unless there is nothing left in the container (a run then asks
+    NVML nothing, see procfs.nothing_left)."""
+    from . import procfs
+    from .nvml import Nvml, w_warm
 
     settings = Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)
     wk.init.update(settings)  # a worker started again after a kill gets them too
-    wk.submit(w_warm_nvml, settings, cfg.cgroup_root, vmid, timeout=1.0, what="NVML init")
-
-
-def w_warm_nvml(settings: dict[str, object], cgroup_root: str | None, vmid: int) -> None:
-    """In the worker: NVML's init, unless there is nothing left in the container (the run
-    then asks NVML nothing, see procfs.nothing_left)."""
-    from . import procfs
-    from .nvml import Nvml, nvml_allowance
-
-    state = worker.state()
-    state.update(settings)
-    root = cgroup_root or procfs.cgroup2_root()
-    if procfs.nothing_left(procfs.container_cgroup(root, vmid),
-                           procfs.monitor_running(root, vmid)):
-        return
-    nv = Nvml.in_worker(state)
-    worker.note(("nvml", "init"), nvml_allowance(nv.timeout))
-    nv.warm()
+    root = cfg.cgroup_root or procfs.cgroup2_root()
+    idle = procfs.nothing_left(procfs.container_cgroup(root, vmid),
+                               procfs.monitor_running(root, vmid))
+    wk.submit(w_warm, settings, not idle, timeout=1.0, what="NVML init")

@@ -344,75 +344,75 @@ def _clean(
     scope = make_scope(vmid, cfg, ctconf)
     end = deadline.end - reserve_for(cfg)
     idle = procfs.nothing_left(scope.cgroup_dir, scope.running)  # then no NVML at all
-    reads = Reads(wk, deadline, stall_for(cfg), not idle,
-                  Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout)
-    errors: list[str] = []
-    before = None if idle else reads.memory(end)
-    # A dry run starts no probe: it shows what a cleanup would act on now, and the probe's
-    # findings would come in after it (a `pct exec` takes 0.5 s on Proxmox to start).
-    no_probe = ("disabled in config" if not cfg.probe else
-                "container not running" if not scope.running else
-                "not run: a dry run shows what the host view and NVML find")
-    disc = discover(scope, reads, cfg.pct_command if cfg.probe and not dry_run else None,
-                    deadline, end, no_probe)
-    if idle:
-        disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
-    if progress:
-        progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
-    unit_stops = None
-    if stop_units:
-        from . import units
+    with Reads(wk, deadline, stall_for(cfg), not idle,
+               Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout) as reads:
+        errors: list[str] = []
+        # A dry run starts no probe: it shows what a cleanup would act on now, and the probe's
+        # findings would come in after it (a `pct exec` takes 0.5 s on Proxmox to start).
+        no_probe = ("disabled in config" if not cfg.probe else
+                    "container not running" if not scope.running else
+                    "not run: a dry run shows what the host view and NVML find")
+        disc = discover(scope, reads, cfg.pct_command if cfg.probe and not dry_run else None,
+                        deadline, end, no_probe)
+        before = reads.before  # asked with the host scan
+        if idle:
+            disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
+        if progress:
+            progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
+        unit_stops = None
+        if stop_units:
+            from . import units
 
-        unit_stops = units.before_stop(vmid, cfg, scope, disc, deadline, dry_run, progress)
-    rounds = 0
-    verify_s: float | None = None
-    last_exit: float | None = None
-    if dry_run:
-        holders = disc.holders
-        for h in holders:
-            h.outcome = "protected" if h.protected else "would-stop"
-        verdict = "dry-run"
-    elif not disc.holders:
-        holders = []
-        verdict = "nothing-to-do"
-    else:
-        for h in disc.holders:
-            if h.protected:
-                h.outcome = "protected"
-        g = cfg.grace_seconds if grace is None else grace
-        holders, verified, rounds, last_exit = stop_and_verify(disc, scope, cfg, g, reads,
-                                                               deadline, progress)
-        if last_exit is not None:
-            # how long verification took after the last holder was gone (pidfd readable)
-            verify_s = round(time.monotonic() - last_exit, 3)
-        survivors = [h for h in holders if h.outcome in ("survived", "protected")]
-        verdict = "clean" if verified and not survivors else "residual"
-    if disc.probe is not None:
-        late = ("not waited for: the host view and NVML found nothing to clean"
-                if not holders else
-                f"late: not finished when the run ended ({deadline.elapsed():.2f} s); "
-                "its findings were not used")
-        _drop_probe(disc, late)
-    after = reads.memory(end) if not (dry_run or idle or not disc.scanned) else before
-    problems = list(dict.fromkeys(reads.problems))
-    errors += problems
-    if problems and verdict in ("clean", "nothing-to-do"):
-        verdict = "residual"  # part of the tree could not be read: nothing to vouch for
-    if reads.nvml_error and not idle and disc.sources.get("nvml") == "ok":
-        errors.append(reads.nvml_error)
-    rep = build_report(vmid, phase, started, deadline, dry_run, verdict, holders, disc,
-                       before, after, rounds, ctconf, errors, cfg)
-    rep["summary"]["verified_after_last_exit_s"] = verify_s
-    if wk.killed:
-        rep["summary"]["readers_killed"] = len(wk.killed)
-    if unit_stops is not None or holders:  # else there is nothing to say of units
-        from . import units
+            unit_stops = units.before_stop(vmid, cfg, scope, disc, deadline, dry_run, progress)
+        rounds = 0
+        verify_s: float | None = None
+        last_exit: float | None = None
+        if dry_run:
+            holders = disc.holders
+            for h in holders:
+                h.outcome = "protected" if h.protected else "would-stop"
+            verdict = "dry-run"
+        elif not disc.holders:
+            holders = []
+            verdict = "nothing-to-do"
+        else:
+            for h in disc.holders:
+                if h.protected:
+                    h.outcome = "protected"
+            g = cfg.grace_seconds if grace is None else grace
+            holders, verified, rounds, last_exit = stop_and_verify(disc, scope, cfg, g, reads,
+                                                                   deadline, progress)
+            if last_exit is not None:
+                # how long verification took after the last holder was gone (pidfd readable)
+                verify_s = round(time.monotonic() - last_exit, 3)
+            survivors = [h for h in holders if h.outcome in ("survived", "protected")]
+            verdict = "clean" if verified and not survivors else "residual"
+        if disc.probe is not None:
+            late = ("not waited for: the host view and NVML found nothing to clean"
+                    if not holders else
+                    f"late: not finished when the run ended ({deadline.elapsed():.2f} s); "
+                    "its findings were not used")
+            _drop_probe(disc, late)
+        after = reads.memory(end) if not (dry_run or idle or not disc.scanned) else before
+        problems = list(dict.fromkeys(reads.problems))
+        errors += problems
+        if problems and verdict in ("clean", "nothing-to-do"):
+            verdict = "residual"  # part of the tree could not be read: nothing to vouch for
+        if reads.nvml_error and not idle and disc.sources.get("nvml") == "ok":
+            errors.append(reads.nvml_error)
+        rep = build_report(vmid, phase, started, deadline, dry_run, verdict, holders, disc,
+                           before, after, rounds, ctconf, errors, cfg)
+        rep["summary"]["verified_after_last_exit_s"] = verify_s
+        if reads.killed:
+            rep["summary"]["readers_killed"] = len(reads.killed)
+        if unit_stops is not None or holders:  # else there is nothing to say of units
+            from . import units
 
-        if phase == "manual" and last_exit is not None:
-            # a stopping container's units stop with it: hooks do not wait for restarts
-            units.await_restarts(holders, scope.cgroup_dir.parent.parent,
-                                 min(last_exit + RESTART_WATCH, end))
-        units.annotate(rep, scope, unit_stops)
+            if phase == "manual" and last_exit is not None:
+                # a stopping container's units stop with it: hooks do not wait for restarts
+                units.await_restarts(holders, scope.cgroup_dir.parent.parent,
+                                     min(last_exit + RESTART_WATCH, end))
+            units.annotate(rep, scope, unit_stops)
     return finish(rep, cfg, write_report, deadline)
 
 

@@ -126,7 +126,7 @@ class Worker:
     def __init__(self, prelude: Callable[[], object] | None = None, **init: Any) -> None:
         self.init = init  # copied into the child's state()
         self.prelude = prelude
-        self._unread = 0  # answers to submit()s the next call reads past
+        self._pending: list[bool] = []  # per request sent, oldest first: is its answer wanted
         self.pid: int | None = None
         self._req = self._resp = -1
         self.started = 0  # how many children were forked (1 unless one was killed)
@@ -191,7 +191,29 @@ class Worker:
         when fn raised there. Answers to earlier submit()s are read past within the same
         bounds: their notes count as this call's."""
         end = time.monotonic() + max(timeout, 0.0)
-        self.submit(fn, *args, timeout=timeout, what=what)
+        self.send(fn, *args, timeout=timeout, what=what)
+        return self.receive(end - time.monotonic(), what, on_note)
+
+    def send(self, fn: Callable[..., Any], *args: Any, timeout: float, what: str) -> None:
+        """The first half of call(): send fn(*args) and go on; receive() waits for its
+        answer (so that two workers can work at once)."""
+        self._request(fn, args, timeout, what, wanted=True)
+
+    def submit(self, fn: Callable[..., Any], *args: Any, timeout: float, what: str) -> None:
+        """Send fn(*args) and go on: work whose answer nobody waits for (NVML's init), done
+        while the parent does something else. The next receive reads past its answer."""
+        self._request(fn, args, timeout, what, wanted=False)
+
+    def forget(self) -> None:
+        """Nobody will receive the answers sent for so far: the next receive reads past them."""
+        self._pending = [False] * len(self._pending)
+
+    def receive(self, timeout: float, what: str,
+                on_note: Callable[[Any], None] | None = None) -> Any:
+        """The answer to the oldest send() not yet received (see call())."""
+        end = time.monotonic() + max(timeout, 0.0)
+        if True not in self._pending:
+            raise RuntimeError(f"{what}: receive() without a send()")  # a bug of the caller
         last_note: Any = None
         try:
             step_end = end
@@ -204,8 +226,7 @@ class Worker:
                     now = time.monotonic()
                     step_end = end if allowance is None else min(end, now + allowance)
                     continue
-                self._unread -= 1
-                if self._unread:
+                if not self._pending.pop(0):
                     continue  # a submit()'s answer: nobody waits for it
                 if kind == ERROR:
                     raise RemoteError(f"{value[0]}: {value[1]}", value[0])
@@ -215,9 +236,8 @@ class Worker:
             exc.note = exc.note if exc.note is not None else last_note
             raise
 
-    def submit(self, fn: Callable[..., Any], *args: Any, timeout: float, what: str) -> None:
-        """Send fn(*args) and go on: work whose answer nobody waits for (NVML's init), done
-        while the parent does something else. The next call reads past its answer."""
+    def _request(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float,
+                 what: str, wanted: bool) -> None:
         if self.pid is None:
             self._start()
         body = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
@@ -226,7 +246,7 @@ class Worker:
         except WorkerError as exc:
             self.kill(str(exc))
             raise
-        self._unread += 1
+        self._pending.append(wanted)
 
     def _write(self, data: bytes, end: float, what: str) -> None:
         view = memoryview(data)
@@ -278,7 +298,7 @@ class Worker:
         if why != "done":
             self.killed.append(why)
         self.pid = None
-        self._unread = 0
+        self._pending = []
         for fd in (self._req, self._resp):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -142,6 +142,36 @@ def test_a_submitted_answer_is_read_past_and_its_stall_bounds_the_next_call() ->
         assert w.call(_add, 1, 2, timeout=5, what="after") == 3  # a fresh worker, no debt
 
 
+def _nap_and_add(a: int, b: int) -> int:
+    time.sleep(0.3)
+    return a + b
+
+
+def test_two_workers_work_at_once_and_answers_come_in_order() -> None:
+    """send() and receive(): the run's NVML worker lists GPU processes while the scan's
+    worker walks /proc (discover.Reads). Each answer goes to the send it belongs to."""
+    with Worker() as a, Worker() as b:
+        assert a.call(_add, 0, 0, timeout=5, what="fork") == b.call(_add, 0, 0, timeout=5,
+                                                                     what="fork") == 0
+        t0 = time.monotonic()
+        a.send(_nap_and_add, 1, 1, timeout=5, what="a1")
+        a.send(_add, 2, 2, timeout=5, what="a2")
+        b.send(_nap_and_add, 3, 3, timeout=5, what="b")
+        assert b.receive(5, "b") == 6
+        assert (a.receive(5, "a1"), a.receive(5, "a2")) == (2, 4)
+        assert time.monotonic() - t0 < 0.55  # both naps at once, not one after the other
+
+
+def test_a_forgotten_answer_is_read_past() -> None:
+    with Worker() as w:
+        w.send(_nap_and_add, 1, 1, timeout=5, what="not needed")
+        w.forget()
+        assert w.call(_add, 5, 5, timeout=5, what="add") == 10
+        with pytest.raises(RuntimeError, match="without a send"):
+            w.receive(1, "nothing")  # a bug of the caller: not a hang, nothing killed
+        assert w.started == 1 and not w.killed
+
+
 # ---- lab --------------------------------------------------------------------------------
 def test_ct_on_a_stopped_container_never_touches_nvml(lab: Lab, vmid: int) -> None:
     """The worker inits NVML ahead of the run (prelude.py), but not for a stopped container
