@@ -413,7 +413,7 @@ def _clean(
                 units.await_restarts(holders, scope.cgroup_dir.parent.parent,
                                      min(last_exit + RESTART_WATCH, end))
             units.annotate(rep, scope, unit_stops)
-    return finish(rep, cfg, write_report, deadline)
+        return finish(rep, cfg, write_report, deadline, reads.worker)
 
 
 REPORT_WAIT = 0.5  # s: writing the report may take at least this, even at the deadline
@@ -429,15 +429,16 @@ def _write_report(rep: dict[str, Any], cfg: Config) -> str:
 
 
 def finish(rep: dict[str, Any], cfg: Config, write_report: bool = True,
-           deadline: Deadline | None = None) -> RunResult:
-    """Redact, write and prune within what is left of the run (at least REPORT_WAIT); a report
+           deadline: Deadline | None = None, writer: Worker | None = None) -> RunResult:
+    """Redact, write and prune within what is left of the run (at least REPORT_WAIT), in
+    `writer` (the run's scan worker, idle by now: no fork) or a worker of its own; a report
     that cannot be written is kept in the result and said in syslog."""
     rep = report.Redactor(cfg.redact).value(rep)
     code = VERDICT_EXIT.get(str(rep["verdict"]), EXIT_OK)
     if not write_report:
         return RunResult(rep, None, code)
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
-    with Worker() as wk:
+    with writer or Worker() as wk:
         try:
             return RunResult(rep, Path(wk.call(_write_report, rep, cfg, timeout=wait,
                                                what="report")), code)
