@@ -318,9 +318,10 @@ class Reads:
     named in `problems`); a scan that does not finish by the deadline ends as `None`."""
 
     def __init__(self, nvml_worker: worker.Worker, deadline: Deadline, stall: float,
-                 nvml_on: bool, nvml_timeout: float) -> None:
+                 nvml_on: bool, nvml_timeout: float, scan: worker.Worker | None = None
+                 ) -> None:
         self.nvml_worker = nvml_worker
-        self.worker = worker.Worker()  # the scan's; forked on its first call
+        self.worker = scan or worker.Worker()  # the scan's; forked on its first call
         self.deadline, self.stall = deadline, stall
         self.nvml_on, self.nvml_timeout = nvml_on, nvml_timeout
         self.skip: set[int] = set()
@@ -329,7 +330,7 @@ class Reads:
         self.before: list[GpuMemory] | None = None  # GPU memory when discovery began
 
     def close(self) -> None:
-        self.worker.close()  # NVML's belongs to the caller
+        self.worker.close()  # NVML's belongs to the caller (the scan's may too: closed twice)
 
     def __enter__(self) -> Reads:
         return self

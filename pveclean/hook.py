@@ -17,7 +17,16 @@ from .config import PHASES, Config, ConfigError, load
 from .discover import Deadline, Reads
 from .model import EXIT_REFUSE, EXIT_USAGE, GpuMemory, PvecleanError
 from .nvml import Nvml
-from .run import RunResult, cgroup_root, clean, finish, new_worker, reserve_for, stall_for
+from .run import (
+    RunResult,
+    cgroup_root,
+    clean,
+    finish,
+    new_worker,
+    read_ct_config,
+    reserve_for,
+    stall_for,
+)
 from .text import safe
 from .worker import Worker
 
@@ -91,10 +100,12 @@ def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> dict[str
     return None
 
 
-def _container_minors(vmid: int, cfg: Config) -> set[int]:
-    """N of each /dev/nvidiaN the container's config passes through."""
+def _container_minors(vmid: int, cfg: Config, deadline: Deadline) -> set[int]:
+    """N of each /dev/nvidiaN the container's config passes through (read in a worker, as
+    run.read_ct_config reads it: /etc/pve is pmxcfs, a FUSE file system)."""
     try:
-        paths = pveconf.read_config(cfg.pve_config_dir, vmid).gpu_paths()
+        with Worker() as wk:
+            paths = read_ct_config(cfg, vmid, wk, deadline).gpu_paths()
     except PvecleanError:
         return set()
     return {int(m.group(1)) for p in paths if (m := re.fullmatch(r"/dev/nvidia(\d+)", p))}
@@ -147,7 +158,7 @@ def post_stop(vmid: int, cfg: Config, early: Worker | None = None) -> int:
             rep.setdefault("warnings", []).append(
                 f"post-stop memory check skipped: {reads.nvml_error}")
         else:
-            leaks = find_leaks(memory, procs, _container_minors(vmid, cfg), used_by_ct)
+            leaks = find_leaks(memory, procs, _container_minors(vmid, cfg, deadline), used_by_ct)
     rep["leaks"] = leaks
     if pre is not None:
         rep["pre_stop_report"] = {"start": pre.get("start"), "verdict": pre.get("verdict"),

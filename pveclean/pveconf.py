@@ -125,6 +125,14 @@ def read_config(config_dir: str, vmid: int) -> CtConfig:
     return parse_config(text, vmid)
 
 
+def w_read_config(config_dir: str, vmid: int) -> CtConfig | tuple[str, int]:
+    """read_config in a worker (see run.read_ct_config): the config, or (why, exit code)."""
+    try:
+        return read_config(config_dir, vmid)
+    except PvecleanError as exc:
+        return str(exc), exc.exit_code
+
+
 def elsewhere(config_dir: str, vmid: int) -> tuple[str, str] | None:
     """Where a VMID that has no container config here lives: ("vm", node or "") for a
     QEMU VM, ("ct", node) for a container on another node. Every node's configs are

@@ -25,6 +25,7 @@ from .discover import (
     w_parents,
 )
 from .model import (
+    EXIT_ACCESS,
     EXIT_OK,
     EXIT_REPORT,
     VERDICT_EXIT,
@@ -32,6 +33,7 @@ from .model import (
     GpuMemory,
     Holder,
     ProcIdentity,
+    PvecleanError,
 )
 from .nvml import Nvml
 from .worker import RemoteError, Worker, WorkerError
@@ -291,25 +293,46 @@ def clean(
     started = time.time()
     deadline = deadline or Deadline(cfg.deadline_seconds)
     raise_open_files_limit()
-    ctconf = pveconf.read_config(cfg.pve_config_dir, vmid)
+    scan = Worker()  # the run's reads of /proc and /etc/pve (discover.Reads)
     wk = worker or new_worker(cfg)
     try:
+        ctconf = read_ct_config(cfg, vmid, scan, deadline)
         if dry_run:
             return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
-                          deadline, started, stop_units)
+                          deadline, started, stop_units, scan)
         from .lock import Busy, container_lock  # here: a dry run takes no lock
 
         wait = min(cfg.lock_wait_seconds, max(0.0, deadline.remaining() - reserve_for(cfg)))
         try:
             with container_lock(cfg.state_dir, vmid, wait, f"{phase} run"):
                 return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report,
-                              wk, deadline, started, stop_units)
+                              wk, deadline, started, stop_units, scan)
         except Busy as exc:
             return finish(_busy_report(vmid, phase, started, dry_run, ctconf, exc), cfg,
-                          write_report, deadline)
+                          write_report, deadline, scan)
     finally:
+        scan.close()
         if worker is None:
             wk.close()
+
+
+def read_ct_config(cfg: Config, vmid: int, wk: Worker, deadline: Deadline) -> pveconf.CtConfig:
+    """The container's config, read in the worker: /etc/pve is pmxcfs, a FUSE file system,
+    and a pmxcfs that stopped answering must not hold a run past its deadline."""
+    left = max(deadline.remaining() - reserve_for(cfg), 0.05)
+    path = pveconf.config_path(cfg.pve_config_dir, vmid)
+    try:
+        got = wk.call(pveconf.w_read_config, cfg.pve_config_dir, vmid, timeout=left,
+                      what="reading the container's config")
+    except WorkerError:
+        raise PvecleanError(f"reading {path} did not finish within {left:.1f} s (pmxcfs not "
+                            "answering?); nothing done", EXIT_ACCESS) from None
+    except RemoteError as exc:
+        raise PvecleanError(f"cannot read {path}: {exc}", EXIT_ACCESS) from None
+    if isinstance(got, tuple):
+        raise PvecleanError(*got)
+    ctconf: pveconf.CtConfig = got
+    return ctconf
 
 
 def _busy_report(vmid: int, phase: str, started: float, dry_run: bool,
@@ -340,12 +363,13 @@ def _clean(
     deadline: Deadline,
     started: float,
     stop_units: bool = False,
+    scan: Worker | None = None,
 ) -> RunResult:
     scope = make_scope(vmid, cfg, ctconf)
     end = deadline.end - reserve_for(cfg)
     idle = procfs.nothing_left(scope.cgroup_dir, scope.running)  # then no NVML at all
     with Reads(wk, deadline, stall_for(cfg), not idle,
-               Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout) as reads:
+               Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout, scan) as reads:
         errors: list[str] = []
         # A dry run starts no probe: it shows what a cleanup would act on now, and the probe's
         # findings would come in after it (a `pct exec` takes 0.5 s on Proxmox to start).

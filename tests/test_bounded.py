@@ -304,6 +304,30 @@ def test_report_dir_on_a_hung_mount_cannot_hang_a_run(lab: Lab, vmid: int,
     assert not any(lab.alive(p) for p in w.host_pids(lab))
 
 
+def test_a_hung_pmxcfs_ends_a_run_within_the_deadline(lab: Lab, vmid: int,
+                                                      hangfs: HangFs) -> None:
+    """/etc/pve is pmxcfs, a FUSE file system: the container's config is read in the run's
+    worker, so a pmxcfs that stopped answering ends `ct` with one line and the pre-stop hook
+    with exit 0, within the deadline, nothing signalled."""
+    deadline = 2
+    lab.write_config(grace_seconds=0.5, deadline_seconds=deadline,
+                     pve_config_dir=str(hangfs.mountpoint / "lxc"))
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    lab.install_hook(vmid)
+    hangfs.hang()
+    for run in (lambda: lab.pveclean("ct", str(vmid)), lambda: hook(lab, vmid, "pre-stop")):
+        t0 = time.monotonic()
+        r = run()
+        took = time.monotonic() - t0
+        assert took < deadline + MARGIN + START_UP, took
+        assert "pmxcfs not answering" in r.stderr + r.stdout, r
+        assert len((r.stderr + r.stdout).splitlines()) == 1, r
+    assert r.returncode == 0  # the hook: never in the way of a stop
+    assert lab.pveclean("ct", str(vmid)).returncode == 3  # EXIT_ACCESS
+    assert all(lab.alive(p) for p in w.host_pids(lab))
+
+
 def test_hung_nvml_ends_a_cleanup_within_the_deadline(lab: Lab, vmid: int) -> None:
     assert lab.nvml is not None
     deadline = 3
