@@ -397,8 +397,12 @@ class Reads:
             return None
         try:
             value, err = self.nvml_worker.receive(max(end - time.monotonic(), 0.05), what)
-        except (worker.WorkerError, worker.RemoteError) as exc:
-            self.nvml_error = f"{what} did not answer: {exc}"
+        except worker.WorkerError as exc:  # "NVML ...: stalled", "...: did not finish in time"
+            why = str(exc).removeprefix(f"{what}: ")
+            self.nvml_error = f"{what} did not answer ({why}; its reader was killed)"
+            return None
+        except worker.RemoteError as exc:  # a bug, not a hang
+            self.nvml_error = f"{what} failed: {exc}"
             return None
         if err:
             self.nvml_error = err

@@ -109,6 +109,24 @@ def test_a_run_forks_its_worker_before_the_heavy_imports(tmp_path: Path, argv: l
     assert r.stdout.splitlines()[-1] == f"{code} True []", r
 
 
+def test_nvml_s_worker_answers_without_the_run_s_modules() -> None:
+    """prelude.py: NVML's worker, forked first, imports nvidia-ml-py and nvml.py only; its
+    answers are plain tuples, so it never imports dataclasses or the model (the scan has its
+    own worker). Its first answers come as soon as nvidia-ml-py is in."""
+    r = subprocess.run(
+        [sys.executable, "-c",
+         "from pveclean import nvml, prelude; w = prelude.begin(); "
+         "w.submit(nvml.w_warm, {'nvml_library': '/nonexistent/libnvidia-ml.so.1'}, True, "
+         "timeout=5, what='init'); "
+         "rows, err = w.call(nvml.w_memory, 1.0, timeout=10, what='memory'); "
+         "mods = w.call(eval, 'sorted(__import__(\"sys\").modules)', timeout=5, what='mods'); "
+         "print(rows, 'pynvml' in mods, sorted(m for m in mods if m in "
+         "('dataclasses', 'pveclean.model', 'pveclean.discover', 'pveclean.procfs', 'yaml'))); "
+         "w.close()"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert r.stdout.splitlines()[-1] == "None True []", r
+
+
 @settings(max_examples=2000, deadline=None)
 @given(st.floats(min_value=0, max_value=4102444799.999, allow_nan=False)
        | st.integers(0, 4102444799).map(lambda s: s + 0.0000005)
