@@ -11,7 +11,7 @@ import typer
 
 from . import __version__
 from .config import ConfigError, dump, load
-from .model import EXIT_OK, EXIT_USAGE, PvecleanError
+from .model import EXIT_ACCESS, EXIT_OK, EXIT_USAGE, PvecleanError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 clean, nothing to do or dry run; 1 GPU holders or their memory remain; "
@@ -241,34 +241,44 @@ def gpus(
     host processes (and their unit), VMs the GPU is passed to; memory per owner, and memory
     no process accounts for (a leak). Signals nothing.
 
-    Exit codes: 0 shown (Ctrl-C during --watch too); 2 usage or config error.
+    Exit codes: 0 shown (Ctrl-C during --watch too); 2 usage or config error; 3 the host
+    could not be read within deadline_seconds (a hung /etc/pve, a process wedged in the GPU
+    driver, NVML).
 
     Examples: pveclean gpus | pveclean gpus --json | pveclean gpus --watch 2
     """
     import time
 
-    from .gpus import collect, render
+    from .gpus import render, w_collect
     from .nvml import Nvml
+    from .worker import RemoteError, Worker, WorkerError
 
     cfg = load(config)
-    nvml = Nvml(cfg.nvml_library, timeout=min(5.0, cfg.deadline_seconds * 0.2))
     tty = sys.stdout.isatty()
     shown = 0
-    try:
-        while True:
-            data = collect(cfg, nvml, sysfs_pci)
-            text = json.dumps(data, indent=2, default=str) if as_json else render(data)
-            if watch and tty and not as_json:
-                text = "\x1b[H\x1b[2J" + text  # redraw in place
-            typer.echo(text)
-            shown += 1
-            if not watch or (count and shown >= count):
-                break
-            if not tty or as_json:
-                typer.echo("")
-            time.sleep(watch)
-    except KeyboardInterrupt:
-        pass
+    limit = cfg.deadline_seconds
+    with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
+        try:
+            while True:
+                data = wk.call(w_collect, cfg, sysfs_pci, timeout=limit, what="gpus")
+                text = json.dumps(data, indent=2, default=str) if as_json else render(data)
+                if watch and tty and not as_json:
+                    text = "\x1b[H\x1b[2J" + text  # redraw in place
+                typer.echo(text)
+                shown += 1
+                if not watch or (count and shown >= count):
+                    break
+                if not tty or as_json:
+                    typer.echo("")
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            pass
+        except WorkerError as exc:
+            raise PvecleanError(f"gpus: reading the host did not finish within {limit:.0f} s "
+                                f"({str(exc).removeprefix('gpus: ')}); nothing shown",
+                                EXIT_ACCESS) from None
+        except RemoteError as exc:
+            raise PvecleanError(f"gpus: {exc}", EXIT_ACCESS) from None
 
 
 @app.command()

@@ -316,8 +316,21 @@ def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[dict[s
 
 
 # ---- one look at the host -----------------------------------------------------------------
-def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES) -> dict[str, Any]:
-    """Every GPU, every holder, every owner, as one plain dict (what --json prints)."""
+def w_collect(cfg: Config, pci_root: Path) -> dict[str, Any]:
+    """collect() in a worker (`pveclean gpus`): what can hang there (a pmxcfs that stopped
+    answering, /proc/PID/maps of a process wedged in the GPU driver, NVML) hangs the worker,
+    which the command gives up on at its deadline, not the command. The NVML session lives
+    in the worker's state across --watch refreshes."""
+    from . import worker
+
+    return collect(cfg, Nvml.in_worker(worker.state()), pci_root,
+                   exclude={os.getpid(), os.getppid()})
+
+
+def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES,
+            exclude: set[int] | None = None) -> dict[str, Any]:
+    """Every GPU, every holder, every owner, as one plain dict (what --json prints).
+    `exclude`: pveclean's own processes (default: this one), left out of the host's."""
     t0 = time.monotonic()
     root = Path(cfg.cgroup_root or procfs.cgroup2_root())
     devices = procfs.gpu_devices(cfg.devices)
@@ -357,7 +370,7 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES) -> dic
         for h in view.holders.values():
             procs[h.host_pid] = _from_holder(h, vmid)
     try:
-        host, n_host = scan_host_processes(root, devices, {os.getpid()})
+        host, n_host = scan_host_processes(root, devices, exclude or {os.getpid()})
     except Exception as exc:
         host, n_host = [], 0
         warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); host "

@@ -328,6 +328,23 @@ def test_a_hung_pmxcfs_ends_a_run_within_the_deadline(lab: Lab, vmid: int,
     assert all(lab.alive(p) for p in w.host_pids(lab))
 
 
+def test_gpus_on_a_hung_pmxcfs_ends_within_the_deadline(lab: Lab, vmid: int,
+                                                        hangfs: HangFs) -> None:
+    """`pveclean gpus` reads every container's config and the host's processes in a worker:
+    what hangs there (here pmxcfs) ends the command at deadline_seconds, one line, exit 3."""
+    deadline = 2
+    lab.write_config(deadline_seconds=deadline, pve_config_dir=str(hangfs.mountpoint / "lxc"))
+    lab.create_ct(vmid, gpus=(0,))
+    hangfs.hang()
+    t0 = time.monotonic()
+    r = lab.pveclean("gpus")
+    took = time.monotonic() - t0
+    assert took < deadline + MARGIN + START_UP, took
+    assert r.returncode == 3 and r.stdout == "", r
+    assert r.stderr.startswith("pveclean: gpus: reading the host did not finish within 2 s")
+    assert len(r.stderr.splitlines()) == 1, r
+
+
 def test_hung_nvml_ends_a_cleanup_within_the_deadline(lab: Lab, vmid: int) -> None:
     assert lab.nvml is not None
     deadline = 3
