@@ -322,6 +322,7 @@ class Reads:
                  ) -> None:
         self.nvml_worker = nvml_worker
         self.worker = scan or worker.Worker()  # the scan's; forked on its first call
+        self._own_scan = scan is None
         self.deadline, self.stall = deadline, stall
         self.nvml_on, self.nvml_timeout = nvml_on, nvml_timeout
         self.skip: set[int] = set()
@@ -330,7 +331,10 @@ class Reads:
         self.before: list[GpuMemory] | None = None  # GPU memory when discovery began
 
     def close(self) -> None:
-        self.worker.close()  # NVML's belongs to the caller (the scan's may too: closed twice)
+        """Close the scan's worker if Reads forked it (the caller's workers are the caller's:
+        NVML's always, the scan's when it passed one)."""
+        if self._own_scan:
+            self.worker.close()
 
     def __enter__(self) -> Reads:
         return self

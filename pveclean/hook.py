@@ -23,7 +23,6 @@ from .run import (
     clean,
     finish,
     new_worker,
-    read_ct_config,
     reserve_for,
     stall_for,
 )
@@ -100,14 +99,9 @@ def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> dict[str
     return None
 
 
-def _container_minors(vmid: int, cfg: Config, deadline: Deadline) -> set[int]:
-    """N of each /dev/nvidiaN the container's config passes through (read in a worker, as
-    run.read_ct_config reads it: /etc/pve is pmxcfs, a FUSE file system)."""
-    try:
-        with Worker() as wk:
-            paths = read_ct_config(cfg, vmid, wk, deadline).gpu_paths()
-    except PvecleanError:
-        return set()
+def _container_minors(ctconf: pveconf.CtConfig | None) -> set[int]:
+    """N of each /dev/nvidiaN the container's config (as the run read it) passes through."""
+    paths = ctconf.gpu_paths() if ctconf is not None else []
     return {int(m.group(1)) for p in paths if (m := re.fullmatch(r"/dev/nvidia(\d+)", p))}
 
 
@@ -158,7 +152,7 @@ def post_stop(vmid: int, cfg: Config, early: Worker | None = None) -> int:
             rep.setdefault("warnings", []).append(
                 f"post-stop memory check skipped: {reads.nvml_error}")
         else:
-            leaks = find_leaks(memory, procs, _container_minors(vmid, cfg, deadline), used_by_ct)
+            leaks = find_leaks(memory, procs, _container_minors(res.ctconf), used_by_ct)
     rep["leaks"] = leaks
     if pre is not None:
         rep["pre_stop_report"] = {"start": pre.get("start"), "verdict": pre.get("verdict"),

@@ -55,6 +55,7 @@ class RunResult:
     path: Path | None
     exit_code: int
     report_error: str | None = None
+    ctconf: pveconf.CtConfig | None = None  # the container's config as the run read it
 
     @property
     def verdict(self) -> str:
@@ -298,18 +299,21 @@ def clean(
     try:
         ctconf = read_ct_config(cfg, vmid, scan, deadline)
         if dry_run:
-            return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
-                          deadline, started, stop_units, scan)
-        from .lock import Busy, container_lock  # here: a dry run takes no lock
+            res = _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
+                         deadline, started, stop_units, scan)
+        else:
+            from .lock import Busy, container_lock  # here: a dry run takes no lock
 
-        wait = min(cfg.lock_wait_seconds, max(0.0, deadline.remaining() - reserve_for(cfg)))
-        try:
-            with container_lock(cfg.state_dir, vmid, wait, f"{phase} run"):
-                return _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report,
-                              wk, deadline, started, stop_units, scan)
-        except Busy as exc:
-            return finish(_busy_report(vmid, phase, started, dry_run, ctconf, exc), cfg,
-                          write_report, deadline, scan)
+            wait = min(cfg.lock_wait_seconds, max(0.0, deadline.remaining() - reserve_for(cfg)))
+            try:
+                with container_lock(cfg.state_dir, vmid, wait, f"{phase} run"):
+                    res = _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress,
+                                 write_report, wk, deadline, started, stop_units, scan)
+            except Busy as exc:
+                res = finish(_busy_report(vmid, phase, started, dry_run, ctconf, exc), cfg,
+                             write_report, deadline, scan)
+        res.ctconf = ctconf
+        return res
     finally:
         scan.close()
         if worker is None:
@@ -362,8 +366,8 @@ def _clean(
     wk: Worker,
     deadline: Deadline,
     started: float,
-    stop_units: bool = False,
-    scan: Worker | None = None,
+    stop_units: bool,
+    scan: Worker,
 ) -> RunResult:
     scope = make_scope(vmid, cfg, ctconf)
     end = deadline.end - reserve_for(cfg)
@@ -462,7 +466,8 @@ def finish(rep: dict[str, Any], cfg: Config, write_report: bool = True,
     if not write_report:
         return RunResult(rep, None, code)
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
-    with writer or Worker() as wk:
+    # a writer is the caller's to close; a worker of its own is closed here
+    with contextlib.nullcontext(writer) if writer else Worker() as wk:
         try:
             return RunResult(rep, Path(wk.call(_write_report, rep, cfg, timeout=wait,
                                                what="report")), code)

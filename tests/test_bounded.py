@@ -147,19 +147,28 @@ def _nap_and_add(a: int, b: int) -> int:
     return a + b
 
 
-def test_two_workers_work_at_once_and_answers_come_in_order() -> None:
+def _meet(mine: str, theirs: str) -> bool:
+    """Leave a mark, then wait (at most 10 s) for the other worker's: True only when both
+    ran at once."""
+    Path(mine).touch()
+    end = time.monotonic() + 10
+    while not Path(theirs).exists():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_two_workers_work_at_once_and_answers_come_in_order(tmp_path: Path) -> None:
     """send() and receive(): the run's NVML worker lists GPU processes while the scan's
     worker walks /proc (discover.Reads). Each answer goes to the send it belongs to."""
+    a_mark, b_mark = str(tmp_path / "a"), str(tmp_path / "b")
     with Worker() as a, Worker() as b:
-        assert a.call(_add, 0, 0, timeout=5, what="fork") == b.call(_add, 0, 0, timeout=5,
-                                                                     what="fork") == 0
-        t0 = time.monotonic()
-        a.send(_nap_and_add, 1, 1, timeout=5, what="a1")
-        a.send(_add, 2, 2, timeout=5, what="a2")
-        b.send(_nap_and_add, 3, 3, timeout=5, what="b")
-        assert b.receive(5, "b") == 6
-        assert (a.receive(5, "a1"), a.receive(5, "a2")) == (2, 4)
-        assert time.monotonic() - t0 < 0.55  # both naps at once, not one after the other
+        a.send(_meet, a_mark, b_mark, timeout=15, what="a1")
+        a.send(_add, 2, 2, timeout=15, what="a2")
+        b.send(_meet, b_mark, a_mark, timeout=15, what="b")
+        assert b.receive(15, "b") is True  # each saw the other's mark: both at work at once
+        assert (a.receive(15, "a1"), a.receive(15, "a2")) == (True, 4)
 
 
 def test_a_forgotten_answer_is_read_past() -> None:

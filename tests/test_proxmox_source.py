@@ -250,7 +250,6 @@ def test_gpu_lines_proxmox_accepts(host: Lab, vmid: int, vmid2: int) -> None:
 
 
 def test_hook_parser_sees_every_gpu_of_the_container(tmp_path: Path) -> None:
-    from pveclean.discover import Deadline
     from pveclean.hook import _container_minors
 
     (tmp_path / "lxc").mkdir()
@@ -258,9 +257,8 @@ def test_hook_parser_sees_every_gpu_of_the_container(tmp_path: Path) -> None:
         "dev0: /dev/nvidia0,gid=44\ndev1: mode=0666,path=/dev/nvidia1\n"
         "lxc.cgroup2.devices.allow = c 195:* rwm\n"
         "lxc.mount.entry = /dev/nvidia2 dev/nvidia2 none bind,optional,create=file\n")
-    cfg = config.Config(pve_config_dir=str(tmp_path / "lxc"))
-    assert _container_minors(100, cfg, Deadline(5)) == {0, 1, 2}
     c = pveconf.read_config(str(tmp_path / "lxc"), 100)
+    assert _container_minors(c) == {0, 1, 2}
     assert ("lxc.cgroup2.devices.allow", "c 195:* rwm") in c.lines
     assert len(c.gpu_lines()) == 4
 
