@@ -33,6 +33,17 @@ TARGET_SLOW_PCT_S = 0.3  # issue 16: pre-stop with nothing to clean and a 0.5 s 
 TARGET_SLOW_PCT_RATIO = 1.5  # ... and at most 1.5x its time with a fast pct
 TARGET_DRY_VS_BARE = 3.5  # `pveclean ct VMID --dry-run`, no holders, vs `python3 -c pass`
 PHASES = ("pre-start", "post-start", "pre-stop")
+# What the dry run's start-up is made of, timed beside it: the Python modules its main process
+# imports (pveclean's and the standard library's, no work done), and of those the standard
+# library's alone (dataclasses for the core's records; pickle, select and signal for the
+# forked readers; pathlib; re for the config).
+FLOORS = {
+    "ct --dry-run's imports alone (no work)":
+        "import pveclean.__main__, pveclean.prelude, pveclean.ctcmd, pveclean.minyaml, "
+        "pveclean.run, pveclean.render, shlex",
+    "of which the standard library's": "import contextlib, dataclasses, fcntl, glob, pathlib, "
+        "pickle, re, resource, select, shlex, signal, struct, unicodedata",
+}
 
 
 def _mb(kib: int) -> float:
@@ -75,9 +86,12 @@ def bench_hooks(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
         timed(dry, lab.env())
         dry_times: list[float] = []
         bare_times: list[float] = []
+        floors: dict[str, list[float]] = {name: [] for name in FLOORS}
         for _ in range(cfg.hook_runs):
             dry_times.append(timed(dry, lab.env()).seconds)
             bare_times.append(timed(bare).seconds)
+            for name, code in FLOORS.items():
+                floors[name].append(timed([sys.executable, "-c", code], lab.env()).seconds)
         lab.set_pct_latency(0)
     finally:
         with shielded():
@@ -114,6 +128,10 @@ def bench_hooks(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
     rows.append(Row("Start-up", f"ct --dry-run, no holders, {lat}, vs python3 -c pass",
                     f"{ms(d)} vs {ms(b)}: {d / b:.1f}x{padded}", f"<= {TARGET_DRY_VS_BARE}x",
                     d <= TARGET_DRY_VS_BARE * b))
+    for name, times in floors.items():
+        f = median(times)
+        rows.append(Row("Start-up", f"{name} vs python3 -c pass",
+                        f"{ms(f)} vs {ms(b)}: {f / b:.1f}x", "-", None))
     raw_slow = [r.__dict__ for r in slow]
     table.notes.append(f"'{lat}': every pct call sleeps {cfg.pct_latency_s} s first, as "
                        "Proxmox's Perl pct compiles its modules on each call.")
