@@ -1,7 +1,7 @@
 """Entry point. `pveclean hook ...` and `pveclean unit ...` take a lean path (no typer, no
-proxmoxer): they run on every container start and stop. `pveclean ct ...` and `--version`
-skip typer too when their arguments are the common ones (typer's import is most of a
-dry run's time); anything else goes through the typer app."""
+proxmoxer): they run on every container start and stop. `pveclean ct ...`, `gpus`,
+`gpus --json` and `--version` skip typer too when their arguments are the common ones
+(typer's import is most of a dry run's time); anything else goes through the typer app."""
 
 from __future__ import annotations
 
@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if wk is not None:
                 wk.close()
+    if args in (["gpus"], ["gpus", "--json"]):  # the usual look at the GPUs, lean too
+        from .config import load
+        from .gpus import show
+
+        # Its worker is forked once gpus.py is imported: one forked before would have to
+        # import it (and nvidia-ml-py) after the request, which measured slower.
+        return guarded(lambda: show(load(None), as_json=len(args) == 2))
     from .cli import run_app
 
     return run_app(args)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +10,7 @@ import typer
 
 from . import __version__
 from .config import ConfigError, dump, load
-from .model import EXIT_ACCESS, EXIT_OK, EXIT_USAGE, PvecleanError
+from .model import EXIT_OK, EXIT_USAGE, PvecleanError
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 clean, nothing to do or dry run; 1 GPU holders or their memory remain; "
@@ -247,38 +246,9 @@ def gpus(
 
     Examples: pveclean gpus | pveclean gpus --json | pveclean gpus --watch 2
     """
-    import time
+    from .gpus import show
 
-    from .gpus import render, w_collect
-    from .nvml import Nvml
-    from .worker import RemoteError, Worker, WorkerError
-
-    cfg = load(config)
-    tty = sys.stdout.isatty()
-    shown = 0
-    limit = cfg.deadline_seconds
-    with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
-        try:
-            while True:
-                data = wk.call(w_collect, cfg, sysfs_pci, timeout=limit, what="gpus")
-                text = json.dumps(data, indent=2, default=str) if as_json else render(data)
-                if watch and tty and not as_json:
-                    text = "\x1b[H\x1b[2J" + text  # redraw in place
-                typer.echo(text)
-                shown += 1
-                if not watch or (count and shown >= count):
-                    break
-                if not tty or as_json:
-                    typer.echo("")
-                time.sleep(watch)
-        except KeyboardInterrupt:
-            pass
-        except WorkerError as exc:
-            raise PvecleanError(f"gpus: reading the host did not finish within {limit:.0f} s "
-                                f"({str(exc).removeprefix('gpus: ')}); nothing shown",
-                                EXIT_ACCESS) from None
-        except RemoteError as exc:
-            raise PvecleanError(f"gpus: {exc}", EXIT_ACCESS) from None
+    raise typer.Exit(show(load(config), as_json, watch, count, sysfs_pci))
 
 
 @app.command()

@@ -24,7 +24,7 @@ from pathlib import Path
 from . import procfs, pveconf, report
 from .config import Config
 from .discover import Scope, scan_host
-from .model import GpuDevices, GpuMemory, Holder, PvecleanError
+from .model import EXIT_ACCESS, EXIT_OK, GpuDevices, GpuMemory, Holder, PvecleanError
 from .nvml import Nvml, NvmlUnavailable
 from .text import safe
 from .units import unit_of
@@ -173,25 +173,82 @@ def full_name(comm: str, cmdline: str) -> str:
     return argv0 if len(comm) == 15 and argv0.startswith(comm) else comm
 
 
-def scan_host_processes(root: Path, devices: GpuDevices, exclude: set[int],
-                        workers: int | None = None) -> tuple[list[Proc], int]:
-    """The host's own GPU holders (fds and mappings of GPU nodes, matched on the device
-    number as scan_host does) and how many processes were looked at. The fd and maps reads
-    run in threads: they are system calls into /proc that release the GIL, so a host with
-    many cores and processes is read in parallel."""
-    needles = tuple({b"nvidia", *(os.path.basename(p).encode() for p in devices.rdevs.values())})
-    pids = [(p, cg) for p, cg in host_pids(root).items() if p not in exclude]
-    own_ns = _mntns("self")
-    cache: dict[str, int] = {}
-    n = workers or min(8, (os.cpu_count() or 1) // 2, max(1, len(pids) // 500))
-    if n <= 1:
-        return _scan_chunk(pids, devices, own_ns, needles, cache), len(pids)
-    from concurrent.futures import ThreadPoolExecutor
+READER_PROCESSES = 500  # host processes per forked reader beyond the first
+MAX_READERS = 8
+UNBOUNDED_READ = 30.0  # s: a reader's bound when the caller sets none (tests, in-process use)
 
-    chunks = [pids[i::n] for i in range(n)]
-    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="scan") as pool:
-        parts = pool.map(lambda c: _scan_chunk(c, devices, own_ns, needles, cache), chunks)
-        return [p for part in parts for p in part], len(pids)
+
+def _left(end: float | None) -> float:
+    return UNBOUNDED_READ if end is None else max(end - time.monotonic(), 0.0)
+
+
+class HostScan:
+    """The host's own GPU holders (fds and mappings of GPU nodes, matched on the device
+    number as scan_host does): how many processes were looked at, and what could not be.
+
+    Thousands of host processes are split between forked readers, one per core at most:
+    the reads are short system calls into /proc, and threads made them slower (each call
+    hands the GIL over: 2 threads took 1.5-2x and 4 threads 2.5x the time of one, on 2
+    cores), where two processes took half. The readers start at once and read while the
+    caller does the rest (the containers, NVML); result() reads the first share here, then
+    takes theirs. A reader that does not answer by `end` (monotonic; a /proc/PID/maps read
+    blocks on a process wedged in the GPU driver) is killed and its share named."""
+
+    def __init__(self, root: Path, devices: GpuDevices, exclude: set[int],
+                 end: float | None = None, readers: int | None = None) -> None:
+        from .worker import Worker
+
+        self.devices, self.end = devices, end
+        self.needles = tuple({b"nvidia",
+                              *(os.path.basename(p).encode() for p in devices.rdevs.values())})
+        pids = [(p, cg) for p, cg in host_pids(root).items() if p not in exclude]
+        self.count = len(pids)
+        self.own_ns = _mntns("self")
+        n = readers or min(os.cpu_count() or 1, MAX_READERS,
+                           max(1, len(pids) // READER_PROCESSES))
+        self.shares = [pids[i::n] for i in range(n)]
+        self.helpers: list[Worker] = []
+        try:
+            for share in self.shares[1:]:
+                wk = Worker()
+                self.helpers.append(wk)
+                wk.send(_scan_chunk, share, devices, self.own_ns, self.needles, {},
+                        timeout=_left(end), what="reading host processes")
+        except BaseException:
+            self.close()
+            raise
+
+    def result(self) -> tuple[list[Proc], int, list[str]]:
+        from .worker import RemoteError, WorkerError
+
+        found = _scan_chunk(self.shares[0], self.devices, self.own_ns, self.needles, {})
+        problems: list[str] = []
+        for wk, share in zip(self.helpers, self.shares[1:], strict=True):
+            try:
+                found += wk.receive(_left(self.end), "reading host processes")
+            except (WorkerError, RemoteError) as exc:
+                problems.append(f"{len(share)} of the host's processes were not looked at "
+                                f"({exc}); their holders are shown only as NVML lists them")
+        self.close()
+        return found, self.count, problems
+
+    def close(self) -> None:
+        for wk in self.helpers:
+            wk.close()
+
+    def __enter__(self) -> HostScan:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def scan_host_processes(root: Path, devices: GpuDevices, exclude: set[int],
+                        end: float | None = None, readers: int | None = None
+                        ) -> tuple[list[Proc], int, list[str]]:
+    """HostScan(...).result(): the host's holders, processes looked at, what was not."""
+    with HostScan(root, devices, exclude, end, readers) as scan:
+        return scan.result()
 
 
 def _from_holder(h: Holder, vmid: int) -> Proc:
@@ -315,8 +372,56 @@ def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[dict[s
     return out
 
 
+# ---- the command ---------------------------------------------------------------------------
+READERS_SHARE = 0.8  # of the deadline: the host's forked readers are given up on by then
+
+
+def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: int = 0,
+         pci_root: Path = PCI_DEVICES) -> int:
+    """`pveclean gpus`: read the host in a worker bounded by deadline_seconds, print, and
+    with `watch` do it again every `watch` seconds (`count` times; 0: until Ctrl-C).
+    Exit code 0, or PvecleanError (exit 3) when the host could not be read in time."""
+    import sys
+
+    from .worker import RemoteError, Worker, WorkerError
+
+    tty = sys.stdout.isatty()
+    shown = 0
+    limit = cfg.deadline_seconds
+    with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as reader:
+        try:
+            while True:
+                # its forked readers are given up on first, so that the rest is still shown
+                end = time.monotonic() + limit * READERS_SHARE
+                data = reader.call(w_collect, cfg, pci_root, end, timeout=limit, what="gpus")
+                if as_json:
+                    import json
+
+                    text = json.dumps(data, indent=2, default=str)
+                else:
+                    text = render(data)
+                if watch and tty and not as_json:
+                    text = "\x1b[H\x1b[2J" + text  # redraw in place
+                print(text, flush=True)
+                shown += 1
+                if not watch or (count and shown >= count):
+                    break
+                if not tty or as_json:
+                    print(flush=True)
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            pass
+        except WorkerError as exc:
+            raise PvecleanError(f"gpus: reading the host did not finish within {limit:.0f} s "
+                                f"({str(exc).removeprefix('gpus: ')}); nothing shown",
+                                EXIT_ACCESS) from None
+        except RemoteError as exc:
+            raise PvecleanError(f"gpus: {exc}", EXIT_ACCESS) from None
+    return EXIT_OK
+
+
 # ---- one look at the host -----------------------------------------------------------------
-def w_collect(cfg: Config, pci_root: Path) -> dict[str, Any]:
+def w_collect(cfg: Config, pci_root: Path, end: float | None = None) -> dict[str, Any]:
     """collect() in a worker (`pveclean gpus`): what can hang there (a pmxcfs that stopped
     answering, /proc/PID/maps of a process wedged in the GPU driver, NVML) hangs the worker,
     which the command gives up on at its deadline, not the command. The NVML session lives
@@ -324,22 +429,39 @@ def w_collect(cfg: Config, pci_root: Path) -> dict[str, Any]:
     from . import worker
 
     return collect(cfg, Nvml.in_worker(worker.state()), pci_root,
-                   exclude={os.getpid(), os.getppid()})
+                   exclude={os.getpid(), os.getppid()}, end=end)
 
 
 def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES,
-            exclude: set[int] | None = None) -> dict[str, Any]:
+            exclude: set[int] | None = None, end: float | None = None) -> dict[str, Any]:
     """Every GPU, every holder, every owner, as one plain dict (what --json prints).
-    `exclude`: pveclean's own processes (default: this one), left out of the host's."""
+    `exclude`: pveclean's own processes (default: this one), left out of the host's; `end`
+    (monotonic): when the host's forked readers are given up on."""
     t0 = time.monotonic()
     root = Path(cfg.cgroup_root or procfs.cgroup2_root())
     devices = procfs.gpu_devices(cfg.devices)
+    warnings: list[str] = []
+    host_scan: HostScan | None = None
+    try:
+        # the host's readers go first: they read while the containers and NVML are asked
+        host_scan = HostScan(root, devices, exclude or {os.getpid()}, end)
+    except Exception as exc:
+        warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); host "
+                        "holders are shown only as NVML lists them")
+    try:
+        return _collect(cfg, nvml, pci_root, root, devices, host_scan, warnings, t0)
+    finally:
+        if host_scan is not None:
+            host_scan.close()
+
+
+def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices: GpuDevices,
+             host_scan: HostScan | None, warnings: list[str], t0: float) -> dict[str, Any]:
     majors = procfs.nvidia_majors()
     pve = Path(cfg.pve_config_dir).parent
     procs: dict[int, Proc] = {}
     hostnames: dict[int, str] = {}
     scanned, skipped = [], []
-    warnings: list[str] = []
     try:
         ct_dirs = sorted(e.name for e in os.scandir(root / "lxc") if e.is_dir())
     except OSError:
@@ -369,30 +491,35 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES,
             continue
         for h in view.holders.values():
             procs[h.host_pid] = _from_holder(h, vmid)
-    try:
-        host, n_host = scan_host_processes(root, devices, exclude or {os.getpid()})
-    except Exception as exc:
-        host, n_host = [], 0
-        warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); host "
-                        "holders are shown only as NVML lists them")
-    procs.update((p.host_pid, p) for p in host)
     nvml_state = "ok"
     gpus: list[GpuMemory] = []
+    used: dict[int, dict[int, int | None]] = {}
     buses: dict[int, str] = {}
     if nvml is None:
         nvml_state = "disabled"
     else:
         try:
             gpus = nvml.memory()
-            for pid, per_gpu in nvml.processes().items():
-                p = procs.get(pid) or _attribute(pid)
-                p.memory.update(per_gpu)
-                procs[pid] = p
+            used = nvml.processes()
             buses = nvml.pci_bus_ids()
         except NvmlUnavailable as exc:
             nvml_state = f"unavailable: {exc}"
             warnings.append(f"NVML unavailable ({exc}): holders from device nodes only, "
                             "no memory")
+    host: list[Proc] = []
+    n_host = 0
+    if host_scan is not None:
+        try:
+            host, n_host, unread = host_scan.result()
+            warnings += unread
+        except Exception as exc:
+            warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); "
+                            "host holders are shown only as NVML lists them")
+    procs.update((p.host_pid, p) for p in host)
+    for pid, per_gpu in used.items():
+        p = procs.get(pid) or _attribute(pid)
+        p.memory.update(per_gpu)
+        procs[pid] = p
     for p in procs.values():
         p.minors = _minors(p, devices)
     qemu_dir = pve / "qemu-server"

@@ -15,12 +15,22 @@ from typing import Any
 
 import pytest
 
-from pveclean import gpus, pveconf
+from pveclean import gpus, procfs, pveconf
 from tests.lab.lxclab import Lab, LabUnavailable, cgroup2_root
 from tests.lab.scenarios import NCCL_MIB, OTHER_MIB, TP_MIB, VLLM_MIB, seeds
 
 HOST_MIB = 300
 LEAK_MIB = 1000
+_REAL_SCAN = gpus._scan_chunk
+_TEST_PID = os.getpid()
+
+
+def _hung_in_readers(pids: Any, *rest: Any) -> Any:
+    """_scan_chunk, but a forked reader never answers (as one blocked reading the maps of a
+    process wedged in the GPU driver). Module-level: the reader gets it by reference."""
+    if os.getpid() != _TEST_PID:
+        time.sleep(60)
+    return _REAL_SCAN(pids, *rest)
 
 
 def _conf(text: str) -> pveconf.CtConfig:
@@ -267,3 +277,36 @@ def test_a_container_that_nests_its_cgroups_deep_cannot_break_the_view(lab: Lab,
         while d != lab.cgroup(vmid) / "ns":
             d.rmdir()
             d = d.parent
+
+
+def _host_holders(lab: Lab) -> tuple[set[int], Path, Any]:
+    a = lab.run_on_host("nvidia-persistenced", hold=[str(lab.nodes["nvidia0"])])
+    b = lab.run_on_host("dcgm-exporter", hold=[str(lab.nodes["nvidiactl"])])
+    devices = procfs.gpu_devices([str(p) for p in lab.nodes.values()])
+    return {*a.host_pids(lab), *b.host_pids(lab)}, Path(cgroup2_root()), devices
+
+
+def test_forked_host_readers_find_what_one_reader_finds(lab: Lab) -> None:
+    pids, root, devices = _host_holders(lab)
+    seen = {}
+    for n in (1, 3):
+        found, looked_at, problems = gpus.scan_host_processes(root, devices, set(), readers=n)
+        assert problems == [] and looked_at > len(pids)
+        seen[n] = {p.host_pid: sorted(p.devices) for p in found if p.host_pid in pids}
+    assert set(seen[1]) == pids
+    assert seen[3] == seen[1]
+
+
+def test_a_host_reader_that_hangs_is_given_up_on_and_its_share_named(
+        lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    pids, root, devices = _host_holders(lab)
+    monkeypatch.setattr(gpus, "_scan_chunk", _hung_in_readers)
+    t0 = time.monotonic()
+    found, looked_at, problems = gpus.scan_host_processes(root, devices, set(),
+                                                          end=t0 + 1.0, readers=2)
+    assert time.monotonic() - t0 < 3
+    # the reader's share is every second process; its holders are left to NVML's list
+    assert problems == [f"{looked_at // 2} of the host's processes were not looked at "
+                        "(reading host processes: did not finish in time); their holders "
+                        "are shown only as NVML lists them"]
+    assert {p.host_pid for p in found} <= pids

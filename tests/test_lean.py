@@ -1,8 +1,9 @@
-"""The lean ways in (issue 16): `ct` with its common flags and `--version` skip typer, and
-behave as the typer app does."""
+"""The lean ways in (issue 16): `ct` with its common flags, `gpus [--json]` and `--version`
+skip typer, and behave as the typer app does."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,6 +52,19 @@ def test_ct_and_version_never_import_typer() -> None:
     assert out[-1] == "2 0 False False", r
     assert out[0].startswith("pveclean "), r
     assert r.stderr.strip() == "pveclean: invalid VMID '12x': expected a number 100..999999999"
+
+
+def test_gpus_never_imports_typer(tmp_path: Path) -> None:
+    cfg = tmp_path / "pveclean.yaml"
+    cfg.write_text(f"pve_config_dir: {tmp_path}/pve/lxc\n"
+                   f"nvml_library: {tmp_path}/libnvidia-ml.so.1\n")
+    r = _run(f"import os, sys; os.environ['PVECLEAN_CONFIG'] = {str(cfg)!r}; "
+             "from pveclean.__main__ import main; rc = main(['gpus', '--json']); "
+             "print(rc, 'typer' in sys.modules, 'click' in sys.modules)")
+    out = r.stdout.splitlines()
+    assert out[-1] == "0 False False", r
+    data = json.loads("\n".join(out[:-1]))
+    assert data["pveclean_gpus"] == 1 and data["sources"]["nvml"].startswith("unavailable")
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
