@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 
+EXIT_PIPE = 141  # standard output closed early, as for a program that SIGPIPE ends
+
+
 def fail(message: str, code: int) -> int:
     sys.stderr.write(f"pveclean: {message}\n")
     return code
@@ -34,6 +37,10 @@ def guarded(fn: Callable[[], int]) -> int:
         return fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         return fail("interrupted", 130)
+    except BrokenPipeError:  # `pveclean gpus | head -1`: the reader is gone, nothing to say
+        with contextlib.suppress(OSError):  # and nothing more to flush into the dead pipe
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
     except Exception as exc:  # never a traceback
         return fail(f"internal error: {type(exc).__name__}: {exc}", EXIT_ACCESS)
 

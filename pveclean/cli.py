@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,8 @@ from .model import EXIT_OK, EXIT_USAGE, PvecleanError
 EXIT_CODES_HELP = (
     "Exit codes: 0 clean, nothing to do or dry run; 1 GPU holders or their memory remain; "
     "2 usage or config error; 3 container missing, or pct/cgroup access failed; "
-    "4 report could not be written; 5 another run holds the container's lock."
+    "4 report could not be written; 5 another run holds the container's lock; "
+    "141 standard output closed early (| head)."
 )
 
 app = typer.Typer(
@@ -335,13 +337,18 @@ def config_check(
 def run_app(args: list[str]) -> int:
     """Run the typer app; every expected failure becomes one line and an exit code (the
     mapping is the lean commands' own, `__main__.guarded`; click's are added here)."""
-    from .__main__ import fail, guarded
+    from .__main__ import EXIT_PIPE, fail, guarded
 
     def go() -> int:
         try:
             rv = app(args=args, prog_name="pveclean", standalone_mode=False)
         except typer.Exit as exc:
             return int(exc.exit_code)
+        except SystemExit:
+            # click answers a broken stdout pipe with exit 1, which means `residual` here
+            if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+                return EXIT_PIPE
+            raise
         except (ConfigError, PvecleanError, KeyboardInterrupt):
             raise
         except Exception as exc:  # click's usage errors (typer may vendor click)

@@ -67,6 +67,26 @@ def test_gpus_never_imports_typer(tmp_path: Path) -> None:
     assert data["pveclean_gpus"] == 1 and data["sources"]["nvml"].startswith("unavailable")
 
 
+@pytest.mark.parametrize("argv", [["gpus"], ["gpus", "--json"], ["config", "check"]])
+def test_output_closed_early_exits_141_and_says_nothing(tmp_path: Path,
+                                                        argv: list[str]) -> None:
+    """`pveclean gpus | head -1`: a reader gone before the output is written is neither an
+    internal error nor click's exit 1 (which is `residual` here)."""
+    cfg = tmp_path / "pveclean.yaml"
+    cfg.write_text(f"pve_config_dir: {tmp_path}/pve/lxc\n"
+                   f"nvml_library: {tmp_path}/libnvidia-ml.so.1\n")
+    r, w = os.pipe()
+    os.close(r)  # every write to w now fails with EPIPE
+    try:
+        p = subprocess.run([sys.executable, "-m", "pveclean", *argv], stdout=w,
+                           stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+                           env={**os.environ, "PVECLEAN_CONFIG": str(cfg)})
+    finally:
+        os.close(w)
+    lines = [ln for ln in p.stderr.splitlines() if not ln.startswith("config OK")]
+    assert (p.returncode, lines) == (141, []), p.stderr
+
+
 @pytest.mark.parametrize(("argv", "needle"), [
     (["ct", "129", "--grace", "nan"], "nan"),  # typer's usage error, one line
     (["ct", "--help"], "Stop every GPU holder"),
