@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,31 +106,34 @@ def _maps_mention(pid: int, needles: tuple[bytes, ...]) -> bool:
     return any(n in data for n in needles)
 
 
-def _fds(pid: int, devices: GpuDevices, same_ns: bool, cache: dict[str, int]
-         ) -> list[str] | None:
+def _fds(pid: int, devices: GpuDevices, same_ns: bool, cache: dict[str, int],
+         mounts: procfs.ScanCache) -> list[str] | None:
     """procfs.device_fds for a host process, with fewer system calls: paths are looked up
-    relative to the fd directory, and a /dev path of our own mount namespace is stat()ed once
-    for the whole scan (the device number behind a path is the same for every process that
-    sees the same /dev); in another mount namespace each fd is stat()ed. None: gone."""
+    relative to the fd directory, only a path under /dev or naming nvidia is looked at, and
+    one of our own mount namespace once for the whole scan (the device number behind a path
+    is the same for every process that sees the same /dev); in another mount namespace each
+    such fd is. Looked at as procfs does: never stat()ed on FUSE, NFS... None: gone."""
+    base = f"{procfs.PROC}/{pid}"
     try:
-        dfd = os.open(f"/proc/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY)
+        dfd = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return None
     held: list[str] = []
+    task_mounts: list[Any] = [None, False]
     try:
         for name in os.listdir(dfd):
             try:
                 target = os.readlink(name, dir_fd=dfd)
-                if not (target.startswith("/dev/") or "nvidia" in target):
-                    continue  # as procfs (a superset): only what may be a node is stat()ed
-                rdev = cache.get(target) if same_ns else None
-                if rdev is None:
-                    st = os.stat(name, dir_fd=dfd)
-                    rdev = st.st_rdev if stat.S_ISCHR(st.st_mode) else -1
-                    if same_ns:
-                        cache[target] = rdev
             except OSError:
                 continue
+            if not (target.startswith("/dev/") or "nvidia" in target):
+                continue  # as procfs (a superset): only what may be a node is looked at
+            rdev = cache.get(target) if same_ns else None
+            if rdev is None:
+                rdev = procfs.fd_char_rdev(base, name, mounts, task_mounts)
+                rdev = -1 if rdev is None else rdev
+                if same_ns:
+                    cache[target] = rdev
             if rdev >= 0 and devices.matches(rdev):
                 held.append(f"{target} ({os.major(rdev)}:{os.minor(rdev)})")
     except OSError:
@@ -151,11 +153,13 @@ def _mntns(pid: int | str) -> str | None:
 def _scan_chunk(pids: list[tuple[int, str]], devices: GpuDevices, own_ns: str | None,
                 needles: tuple[bytes, ...], cache: dict[str, int]) -> list[Proc]:
     out = []
+    mounts = procfs.ScanCache()
     for pid, cgroup in pids:
-        fds = _fds(pid, devices, own_ns is not None and _mntns(pid) == own_ns, cache)
+        fds = _fds(pid, devices, own_ns is not None and _mntns(pid) == own_ns, cache, mounts)
         if fds is None:
             continue
-        maps = procfs.device_maps(pid, devices) if _maps_mention(pid, needles) else []
+        maps = (procfs.device_maps(pid, devices, mounts) if _maps_mention(pid, needles)
+                else [])
         if not fds and not maps:
             continue
         st = procfs.read_status(pid)

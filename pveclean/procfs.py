@@ -403,13 +403,23 @@ class ScanCache:
 def _fd_holds(base: str, name: str, devices: GpuDevices, cache: ScanCache,
               mounts: list[Any]) -> str | None:
     """The GPU node fd `name` of the task at `base` holds, matched by device number only."""
-    link = f"{base}/fd/{name}"
     try:
-        target = os.readlink(link)  # never touches the file's own file system
+        target = os.readlink(f"{base}/fd/{name}")  # never touches the file's own file system
     except OSError:
         return None
     if not target.startswith("/"):
         return None  # socket:[..], pipe:[..], anon_inode:..
+    rdev = fd_char_rdev(base, name, cache, mounts)
+    if rdev is not None and devices.matches(rdev):
+        return f"{target} ({os.major(rdev)}:{os.minor(rdev)})"
+    return None
+
+
+def fd_char_rdev(base: str, name: str, cache: ScanCache, mounts: list[Any]) -> int | None:
+    """The device number behind fd `name` of the task at `base` if it is a character device
+    on a local file system; None otherwise. Never stat()s a file on FUSE, NFS, CIFS, 9p...
+    (it could hang): the fd's mount (fdinfo's mnt_id) is looked up first. `mounts`: the
+    task's [Mounts or None, refreshed once], shared by the calls for one task."""
     mnt_id = _fd_mnt_id(base, name)
     if mnt_id is None:
         return None
@@ -419,13 +429,10 @@ def _fd_holds(base: str, name: str, devices: GpuDevices, cache: ScanCache,
     if mnt_id not in known.by_id and not mounts[1]:  # once per process: a lazily
         known = mounts[0] = cache.mounts(base, fresh=True)  # unmounted one stays unknown
         mounts[1] = True
-    fstype = known.by_id.get(mnt_id)
-    if fstype not in LOCAL_FS:
-        return None  # FUSE, NFS, CIFS, 9p...: never stat()ed (it could hang)
-    st = stat_nosync(link)
-    if st is not None and stat.S_ISCHR(st[0]) and devices.matches(st[1]):
-        return f"{target} ({os.major(st[1])}:{os.minor(st[1])})"
-    return None
+    if known.by_id.get(mnt_id) not in LOCAL_FS:
+        return None
+    st = stat_nosync(f"{base}/fd/{name}")
+    return st[1] if st is not None and stat.S_ISCHR(st[0]) else None
 
 
 def device_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None

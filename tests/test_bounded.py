@@ -354,6 +354,26 @@ def test_gpus_on_a_hung_pmxcfs_ends_within_the_deadline(lab: Lab, vmid: int,
     assert len(r.stderr.splitlines()) == 1, r
 
 
+def test_gpus_never_stats_a_host_process_fd_on_a_hung_fuse(lab: Lab, hangfs: HangFs) -> None:
+    """A host process with an fd on a file system that stopped answering, at a path naming
+    nvidia (the host scan looks at those): the fd's mount is FUSE, so it is never stat()ed;
+    the view is shown, the process with its GPU fd, in well under the deadline."""
+    lab.write_config(deadline_seconds=4)
+    daemon = lab.run_on_host("nvidia-persistenced",
+                             hold=[str(lab.nodes["nvidia0"]), str(hangfs.file)])
+    (pid,) = [p for p in daemon.host_pids(lab) if holds(p, hangfs.file)]
+    hangfs.hang()
+    t0 = time.monotonic()
+    r = lab.pveclean("gpus", "--json")
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert took < 2 + START_UP, took
+    data = json.loads(r.stdout)
+    rows = [p for g in data["gpus"] for p in g["processes"]] + data["other_holders"]
+    row = next(p for p in rows if p["host_pid"] == pid)
+    assert row["owner"] == "host" and any("nvidia0" in d for d in row["devices"]), row
+
+
 def test_hung_nvml_ends_a_cleanup_within_the_deadline(lab: Lab, vmid: int) -> None:
     assert lab.nvml is not None
     deadline = 3
