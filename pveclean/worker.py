@@ -11,12 +11,16 @@ only reads, so a killed worker loses nothing but time.
 Protocol: the parent sends one pickled request (a module-level function and its arguments);
 the child answers with zero or more notes ("reading PID 4242", with how long that step may
 take) and then one result or error. A note that is not followed by another message within its
-allowance is a stall: the parent kills the worker and says what it was doing.
+allowance is a stall: the parent kills the worker and says what it was doing. A worker made
+with `marks` can say what it is on without a message (mark(): a page both share), for scans
+of thousands of processes; the parent looks at it while it waits, and a mark that does not
+change for the receive()'s `stall` is a stall too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pickle
 import select
@@ -33,6 +37,9 @@ MAX_ANSWER = 256 * 1024 * 1024  # bytes: 5,000 holders with 8 KiB command lines 
 _HEADER = struct.Struct("<QB")  # length of the body, kind
 NOTE, RESULT, ERROR = 1, 2, 3
 REAP_WAIT = 0.2  # s to wait for a killed worker to go; one stuck in D state is left behind
+READ_AHEAD = 1 << 16  # bytes of answers read at once
+PIPE_SIZE = 1 << 20  # the answers' pipe (F_SETPIPE_SZ; the default is 64 KiB): a worker's
+# notes wait there while the parent does something else, instead of blocking the worker
 
 
 class WorkerError(Exception):
@@ -55,6 +62,9 @@ class RemoteError(Exception):
 # ---- the child side ---------------------------------------------------------------------
 _out_fd = -1
 _state: dict[str, Any] = {}
+_marks: Any = None  # the worker's shared page for mark(), if its parent made one
+_mark_seq = 0
+MARK = struct.Struct("<QQ")  # how many marks so far, the last one
 
 
 def note(what: Any, allowance: float | None) -> None:
@@ -62,6 +72,16 @@ def note(what: Any, allowance: float | None) -> None:
     (None: no limit of its own, only the call's deadline)."""
     if _out_fd >= 0:
         _send(_out_fd, NOTE, (what, allowance))
+
+
+def mark(key: int) -> None:
+    """From a function running in the worker: say it works on `key` (a PID) now, without a
+    message: a shared page the parent reads only when the worker is slow (see Worker.marks).
+    For scans of thousands of processes, where a note for each cost more than the reads."""
+    global _mark_seq
+    if _marks is not None:
+        _mark_seq += 1
+        MARK.pack_into(_marks, 0, _mark_seq, key)
 
 
 def state() -> dict[str, Any]:
@@ -88,9 +108,9 @@ def _read_exact(fd: int, n: int) -> bytes | None:
 
 
 def _serve(req_fd: int, out_fd: int, init: dict[str, Any],
-           prelude: Callable[[], object] | None) -> None:
-    global _out_fd
-    _out_fd = out_fd
+           prelude: Callable[[], object] | None, marks: Any = None) -> None:
+    global _out_fd, _marks
+    _out_fd, _marks = out_fd, marks
     _state.update(init)
     if prelude is not None:
         with contextlib.suppress(Exception):  # what it failed at stays in the state
@@ -123,10 +143,19 @@ class Worker:
     start-up work (importing nvidia-ml-py, see prelude.py) that overlaps what the parent does
     until its first call. Its notes reach that call, which they bound as its own do."""
 
-    def __init__(self, prelude: Callable[[], object] | None = None, **init: Any) -> None:
+    def __init__(self, prelude: Callable[[], object] | None = None, marks: bool = False,
+                 **init: Any) -> None:
         self.init = init  # copied into the child's state()
         self.prelude = prelude
+        self._marks: Any = None  # with `marks`: a page shared with the child, see mark()
+        if marks:
+            import mmap
+
+            self._marks = mmap.mmap(-1, MARK.size)  # anonymous and shared across fork
+        self._stall: float | None = None  # of the receive() under way, for marks
+        self._mark_seen = (0, 0.0)  # the last count of marks seen to change, and when
         self._pending: list[bool] = []  # per request sent, oldest first: is its answer wanted
+        self._rbuf = bytearray()  # answers read ahead, not yet taken
         self.pid: int | None = None
         self._req = self._resp = -1
         self.started = 0  # how many children were forked (1 unless one was killed)
@@ -140,6 +169,8 @@ class Worker:
             os.close(req_r)
             os.close(req_w)
             raise
+        if self._marks is not None:
+            MARK.pack_into(self._marks, 0, 0, 0)  # a new child counts from 0
         try:
             pid = os.fork()
         except OSError:  # out of processes or memory: no fd is left behind
@@ -161,14 +192,17 @@ class Worker:
                 os.closerange(3, keep[0])
                 os.closerange(keep[0] + 1, keep[1])
                 os.closerange(keep[1] + 1, os.sysconf("SC_OPEN_MAX"))
-                _serve(req_r, resp_w, self.init, self.prelude)
+                _serve(req_r, resp_w, self.init, self.prelude, self._marks)
             except BaseException:
                 code = 1
             finally:
                 os._exit(code)
         os.close(req_r)
         os.close(resp_w)
+        with contextlib.suppress(OSError):  # above /proc/sys/fs/pipe-max-size: the default
+            fcntl.fcntl(resp_r, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         self.pid, self._req, self._resp = pid, req_w, resp_r
+        self._rbuf = bytearray()
         self.started += 1
         self.prelude = None  # a restarted worker starts bare
 
@@ -209,11 +243,17 @@ class Worker:
         self._pending = [False] * len(self._pending)
 
     def receive(self, timeout: float, what: str,
-                on_note: Callable[[Any], None] | None = None) -> Any:
-        """The answer to the oldest send() not yet received (see call())."""
+                on_note: Callable[[Any], None] | None = None, stall: float | None = None
+                ) -> Any:
+        """The answer to the oldest send() not yet received (see call()). `stall`: with
+        marks, how long the child may work on one mark() before it counts as stalled (the
+        mark is then the error's note, ("pid", key))."""
         end = time.monotonic() + max(timeout, 0.0)
         if True not in self._pending:
             raise RuntimeError(f"{what}: receive() without a send()")  # a bug of the caller
+        self._stall = stall if self._marks is not None else None
+        if self._stall is not None:
+            self._mark_seen = (MARK.unpack_from(self._marks)[0], time.monotonic())
         last_note: Any = None
         try:
             step_end = end
@@ -264,20 +304,44 @@ class Worker:
 
     def _read_exact(self, n: int, step_end: float, end: float, what: str,
                     last_note: Any) -> bytes:
-        buf = bytearray()
-        poller = select.poll()
-        poller.register(self._resp, select.POLLIN)
+        """n bytes of the answers, read ahead in large chunks: a scan of thousands of
+        processes sends a note for each, and two system calls per note were most of it."""
+        buf = self._rbuf
+        poller: select.poll | None = None
         while len(buf) < n:
+            if poller is None:
+                poller = select.poll()
+                poller.register(self._resp, select.POLLIN)
             left = step_end - time.monotonic()
-            if left <= 0 or not poller.poll(left * 1000):
+            wait = left if self._stall is None else min(left, self._stall / 2)
+            if left <= 0 or not poller.poll(wait * 1000):
+                if self._stall is not None:
+                    last_note = self._check_marks(left, what) or last_note
+                    if left > 0:
+                        continue
                 if step_end < end:
                     raise WorkerError(f"{what}: stalled", last_note, stalled=True)
                 raise WorkerError(f"{what}: did not finish in time", last_note)
-            chunk = os.read(self._resp, min(n - len(buf), 1 << 20))
+            chunk = os.read(self._resp, min(max(n - len(buf), READ_AHEAD), 1 << 20))
             if not chunk:
                 raise WorkerError(f"{what}: the worker died", last_note)
             buf += chunk
-        return bytes(buf)
+        out = bytes(buf[:n])
+        del buf[:n]  # bytearray drops its head in place
+        return out
+
+    def _check_marks(self, left: float, what: str) -> Any:
+        """While waiting: has the child moved on since the last look? Raises the stall when
+        it has stayed on one mark for `_stall`; returns what it is on (None: no mark yet)."""
+        assert self._stall is not None
+        seq, key = MARK.unpack_from(self._marks)
+        note = ("pid", key) if seq else None
+        now = time.monotonic()
+        if seq != self._mark_seen[0]:
+            self._mark_seen = (seq, now)
+        elif left > 0 and seq and now - self._mark_seen[1] >= self._stall:
+            raise WorkerError(f"{what}: stalled", note, stalled=True)
+        return note
 
     def _read_message(self, step_end: float, end: float, what: str,
                       last_note: Any) -> tuple[int, Any]:

@@ -83,6 +83,33 @@ def test_a_stall_names_what_the_worker_was_doing() -> None:
         assert time.monotonic() - t0 < 0.2 + 0.3
 
 
+def _marks_then_hangs() -> None:
+    for pid in (1, 2, 3):
+        worker.mark(pid)
+        time.sleep(0.05 if pid < 3 else 60)
+
+
+def _marks_quickly(n: int) -> int:
+    for pid in range(n):
+        worker.mark(pid)
+        time.sleep(0.01)
+    return n
+
+
+def test_marks_pin_a_stall_to_what_the_worker_was_on_without_a_message_each() -> None:
+    with Worker(marks=True) as w:
+        assert w.call(_marks_quickly, 60, timeout=10, what="scan") == 60  # 0.6 s, 60 marks
+        w.send(_marks_quickly, 60, timeout=10, what="scan")
+        assert w.receive(10, "scan", stall=0.2) == 60  # each mark well inside the stall
+        t0 = time.monotonic()
+        w.send(_marks_then_hangs, timeout=10, what="scan")
+        with pytest.raises(WorkerError) as err:
+            w.receive(10, "scan", stall=0.3)
+        assert err.value.stalled and err.value.note == ("pid", 3)
+        assert time.monotonic() - t0 < 1.5
+        assert w.call(_marks_quickly, 2, timeout=10, what="scan") == 2  # a fresh worker
+
+
 def test_an_answer_over_the_size_bound_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(worker, "MAX_ANSWER", 1000)
     with Worker() as w, pytest.raises(WorkerError, match="over the 1000 bound"):
