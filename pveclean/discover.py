@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from . import probe
+    from .config import Config
     from .pct import PctReader
 
 
@@ -114,6 +115,11 @@ class HostView:
     statuses: dict[int, procfs.ProcStatus]
     tree: dict[int, str]
     init_pid: int | None
+
+
+def stall_for(cfg: Config) -> float:
+    """How long the /proc reads of one process may take before it counts as hung."""
+    return max(0.2, min(1.0, cfg.deadline_seconds * 0.1))
 
 
 def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import procfs, pveconf, report
 from .config import Config
-from .discover import Scope, scan_host
+from .discover import Scope, doing, stall_for, w_scan
 from .model import EXIT_ACCESS, EXIT_OK, GpuDevices, GpuMemory, Holder, PvecleanError
 from .nvml import Nvml, NvmlUnavailable
 from .text import safe
@@ -30,6 +30,7 @@ from .units import unit_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 PCI_DEVICES = Path("/sys/bus/pci/devices")
@@ -150,11 +151,21 @@ def _mntns(pid: int | str) -> str | None:
         return None
 
 
-def _scan_chunk(pids: list[tuple[int, str]], devices: GpuDevices, own_ns: str | None,
-                needles: tuple[bytes, ...], cache: dict[str, int]) -> list[Proc]:
+def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices, own_ns: str | None,
+                 needles: tuple[bytes, ...], skip: frozenset[int], stall: float | None
+                 ) -> list[Proc]:
+    """In a reader: the GPU holders among `pids` (host PID, cgroup). Each PID is marked
+    before its /proc files are read, so a read that hangs is pinned to its PID (a mark, not a
+    note: there are thousands; the reader's receive() bounds each by `stall`)."""
+    from . import worker
+
     out = []
+    cache: dict[str, int] = {}
     mounts = procfs.ScanCache()
     for pid, cgroup in pids:
+        if pid in skip:
+            continue  # its reads hung in an earlier try
+        worker.mark(pid)
         fds = _fds(pid, devices, own_ns is not None and _mntns(pid) == own_ns, cache, mounts)
         if fds is None:
             continue
@@ -186,59 +197,113 @@ def _left(end: float | None) -> float:
     return UNBOUNDED_READ if end is None else max(end - time.monotonic(), 0.0)
 
 
+class Reader:
+    """A forked reader of /proc for `gpus`, as the scan worker of a run (discover.Reads):
+    a PID whose reads stall past `stall` (a process wedged in the GPU driver blocks a read
+    of its maps or cmdline; a hung FUSE or NFS mount) is skipped from then on and named, and
+    the read is asked again without it, until `end` (monotonic)."""
+
+    def __init__(self, end: float | None, stall: float, problems: list[str]) -> None:
+        from .worker import Worker
+
+        self.worker = Worker(marks=True)
+        self.end, self.stall, self.problems = end, stall, problems
+        self.skip: set[int] = set()
+        self._sent: tuple[Callable[..., Any], tuple[Any, ...], str] | None = None
+
+    def send(self, fn: Callable[..., Any], args: tuple[Any, ...], what: str) -> None:
+        """Ask fn(*args, skip, stall) and go on; receive() takes the answer."""
+        self._sent = (fn, args, what)
+        self.worker.send(fn, *args, frozenset(self.skip), self.stall, timeout=_left(self.end),
+                         what=what)
+
+    def receive(self) -> Any:
+        """The answer to send(), read again without each PID that stalled; None (and a
+        problem said) when it did not finish by `end` or failed."""
+        from .worker import RemoteError, WorkerError
+
+        if self._sent is None:
+            raise RuntimeError("Reader.receive() without a send()")  # a bug of the caller
+        fn, args, what = self._sent
+        while True:
+            try:
+                return self.worker.receive(_left(self.end), what, stall=self.stall)
+            except WorkerError as exc:
+                note = exc.note
+                if not (exc.stalled and isinstance(note, tuple) and note[0] == "pid"):
+                    self.problems.append(f"{exc} ({doing(note)})")  # deadline, or it died
+                    return None
+                self.skip.add(int(note[1]))
+                self.problems.append(
+                    f"PID {note[1]}: reading its /proc files did not finish within "
+                    f"{self.stall:.1f} s (a process stuck in a driver call, or a file on a hung "
+                    "FUSE/NFS mount); not looked at")
+            except RemoteError as exc:  # a bug, not a hang: said, never a traceback
+                self.problems.append(f"{what} failed: {exc}")
+                return None
+            try:
+                self.send(fn, args, what)
+            except WorkerError:
+                self.problems.append(f"{what} did not finish in time")
+                return None
+
+    def call(self, fn: Callable[..., Any], args: tuple[Any, ...], what: str) -> Any:
+        self.send(fn, args, what)
+        return self.receive()
+
+    def close(self) -> None:
+        self.worker.close()
+
+
 class HostScan:
     """The host's own GPU holders (fds and mappings of GPU nodes, matched on the device
     number as scan_host does): how many processes were looked at, and what could not be.
 
-    Thousands of host processes are split between forked readers, one per core at most:
-    the reads are short system calls into /proc, and threads made them slower (each call
-    hands the GIL over: 2 threads took 1.5-2x and 4 threads 2.5x the time of one, on 2
-    cores), where two processes took half. The readers start at once and read while the
-    caller does the rest (the containers, NVML); result() reads the first share here, then
-    takes theirs. A reader that does not answer by `end` (monotonic; a /proc/PID/maps read
-    blocks on a process wedged in the GPU driver) is killed and its share named."""
+    The host's processes are split between forked Readers, one per 500 and at most one per
+    core (and 8): the reads are short system calls into /proc, and threads made them slower
+    (each call hands the GIL over: 2 threads took 1.5-2x and 4 threads 2.5x the time of one,
+    on 2 cores), where two processes took half. The readers start at once and read while the
+    caller does the rest (the containers, NVML); result() takes their answers. A PID whose
+    reads hang is skipped and named; a reader that does not finish by `end` (monotonic) is
+    given up on and its share named."""
 
-    def __init__(self, root: Path, devices: GpuDevices, exclude: set[int],
+    def __init__(self, root: Path, devices: GpuDevices, exclude: set[int], stall: float,
                  end: float | None = None, readers: int | None = None) -> None:
-        from .worker import Worker
-
-        self.devices, self.end = devices, end
-        self.needles = tuple({b"nvidia",
-                              *(os.path.basename(p).encode() for p in devices.rdevs.values())})
+        needles = tuple({b"nvidia",
+                         *(os.path.basename(p).encode() for p in devices.rdevs.values())})
         pids = [(p, cg) for p, cg in host_pids(root).items() if p not in exclude]
         self.count = len(pids)
-        self.own_ns = _mntns("self")
+        own_ns = _mntns("self")
         n = readers or min(os.cpu_count() or 1, MAX_READERS,
                            max(1, len(pids) // READER_PROCESSES))
         self.shares = [pids[i::n] for i in range(n)]
-        self.helpers: list[Worker] = []
+        self.problems: list[str] = []
+        self.readers: list[Reader] = []
         try:
-            for share in self.shares[1:]:
-                wk = Worker()
-                self.helpers.append(wk)
-                wk.send(_scan_chunk, share, devices, self.own_ns, self.needles, {},
-                        timeout=_left(end), what="reading host processes")
+            for share in self.shares:
+                reader = Reader(end, stall, self.problems)
+                self.readers.append(reader)
+                reader.send(w_host_share, (share, devices, own_ns, needles),
+                            "reading the host's processes")
         except BaseException:
             self.close()
             raise
 
     def result(self) -> tuple[list[Proc], int, list[str]]:
-        from .worker import RemoteError, WorkerError
-
-        found = _scan_chunk(self.shares[0], self.devices, self.own_ns, self.needles, {})
-        problems: list[str] = []
-        for wk, share in zip(self.helpers, self.shares[1:], strict=True):
-            try:
-                found += wk.receive(_left(self.end), "reading host processes")
-            except (WorkerError, RemoteError) as exc:
-                problems.append(f"{len(share)} of the host's processes were not looked at "
-                                f"({exc}); their holders are shown only as NVML lists them")
+        found: list[Proc] = []
+        for reader, share in zip(self.readers, self.shares, strict=True):
+            got = reader.receive()
+            if got is None:
+                self.problems.append(f"{len(share)} of the host's processes were not looked "
+                                     "at; their holders are shown only as NVML lists them")
+            else:
+                found += got
         self.close()
-        return found, self.count, problems
+        return found, self.count, self.problems
 
     def close(self) -> None:
-        for wk in self.helpers:
-            wk.close()
+        for reader in self.readers:
+            reader.close()
 
     def __enter__(self) -> HostScan:
         return self
@@ -248,10 +313,10 @@ class HostScan:
 
 
 def scan_host_processes(root: Path, devices: GpuDevices, exclude: set[int],
-                        end: float | None = None, readers: int | None = None
-                        ) -> tuple[list[Proc], int, list[str]]:
+                        end: float | None = None, readers: int | None = None,
+                        stall: float = 1.0) -> tuple[list[Proc], int, list[str]]:
     """HostScan(...).result(): the host's holders, processes looked at, what was not."""
-    with HostScan(root, devices, exclude, end, readers) as scan:
+    with HostScan(root, devices, exclude, stall, end, readers) as scan:
         return scan.result()
 
 
@@ -448,19 +513,22 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES,
     host_scan: HostScan | None = None
     try:
         # the host's readers go first: they read while the containers and NVML are asked
-        host_scan = HostScan(root, devices, exclude or {os.getpid()}, end)
+        host_scan = HostScan(root, devices, exclude or {os.getpid()}, stall_for(cfg), end)
     except Exception as exc:
         warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); host "
                         "holders are shown only as NVML lists them")
+    ct_reader = Reader(end, stall_for(cfg), warnings)  # the containers', one after another
     try:
-        return _collect(cfg, nvml, pci_root, root, devices, host_scan, warnings, t0)
+        return _collect(cfg, nvml, pci_root, root, devices, host_scan, ct_reader, warnings, t0)
     finally:
+        ct_reader.close()
         if host_scan is not None:
             host_scan.close()
 
 
 def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices: GpuDevices,
-             host_scan: HostScan | None, warnings: list[str], t0: float) -> dict[str, Any]:
+             host_scan: HostScan | None, ct_reader: Reader, warnings: list[str], t0: float
+             ) -> dict[str, Any]:
     majors = procfs.nvidia_majors()
     pve = Path(cfg.pve_config_dir).parent
     procs: dict[int, Proc] = {}
@@ -486,12 +554,10 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
         scanned.append(vmid)
         scope = Scope(vmid, root / "lxc" / name, devices, frozenset(),
                       running=procfs.monitor_running(str(root), vmid))
-        try:
-            view = scan_host(scope)
-        except Exception as exc:  # a tree the container made unreadable (e.g. nested deep)
-            warnings.append(f"CT {vmid}: its cgroup tree could not be read "
-                            f"({type(exc).__name__}); its holders are shown only as NVML "
-                            "lists them")
+        view = ct_reader.call(w_scan, (scope,), f"reading CT {vmid}")
+        if view is None:  # a tree the container made unreadable, or a read past the deadline
+            warnings.append(f"CT {vmid}: its cgroup tree could not be read; its holders are "
+                            "shown only as NVML lists them")
             continue
         for h in view.holders.values():
             procs[h.host_pid] = _from_holder(h, vmid)

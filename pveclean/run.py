@@ -21,6 +21,7 @@ from .discover import (
     doing,
     finish_probe,
     merge_probe,
+    stall_for,
     w_make_holders,
     w_parents,
 )
@@ -77,11 +78,6 @@ def make_scope(vmid: int, cfg: Config, ctconf: pveconf.CtConfig) -> Scope:
 def reserve_for(cfg: Config) -> float:
     """Time kept back at the end of the run for the report (and its last NVML query)."""
     return min(0.5, cfg.deadline_seconds * 0.1)
-
-
-def stall_for(cfg: Config) -> float:
-    """How long the /proc reads of one process may take before it counts as hung."""
-    return max(0.2, min(1.0, cfg.deadline_seconds * 0.1))
 
 
 def new_worker(cfg: Config) -> Worker:

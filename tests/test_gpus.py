@@ -21,16 +21,41 @@ from tests.lab.scenarios import NCCL_MIB, OTHER_MIB, TP_MIB, VLLM_MIB, seeds
 
 HOST_MIB = 300
 LEAK_MIB = 1000
-_REAL_SCAN = gpus._scan_chunk
-_TEST_PID = os.getpid()
+_REAL_SHARE = gpus.w_host_share
+_REAL_SCAN = gpus.w_scan
+_WEDGED: set[int] = set()  # PIDs whose /proc reads hang in the tests' readers
 
 
-def _hung_in_readers(pids: Any, *rest: Any) -> Any:
-    """_scan_chunk, but a forked reader never answers (as one blocked reading the maps of a
-    process wedged in the GPU driver). Module-level: the reader gets it by reference."""
-    if os.getpid() != _TEST_PID:
-        time.sleep(60)
-    return _REAL_SCAN(pids, *rest)
+def _wedge(pids: Any, skip: frozenset[int], stall: float | None, by_note: bool) -> None:
+    from pveclean import worker
+
+    for pid in pids:
+        if pid in _WEDGED and pid not in skip:
+            if by_note:  # as the real reads announce it (w_scan notes, w_host_share marks)
+                worker.note(("pid", pid), stall)
+            else:
+                worker.mark(pid)
+            time.sleep(60)
+
+
+def _wedged_share(pids: Any, devices: Any, own_ns: Any, needles: Any, skip: frozenset[int],
+                  stall: float | None) -> Any:
+    """w_host_share where reading a PID in _WEDGED hangs (a process wedged in the GPU driver:
+    a read of its maps blocks). Module-level: a reader gets it by reference."""
+    _wedge([p for p, _cg in pids], skip, stall, by_note=False)
+    return _REAL_SHARE(pids, devices, own_ns, needles, skip, stall)
+
+
+def _wedged_scan(scope: Any, skip: frozenset[int], stall: float | None) -> Any:
+    """discover.w_scan, wedged as _wedged_share."""
+    from pveclean import procfs as pf
+
+    _wedge(list(pf.tree_pids(scope.cgroup_dir)), skip, stall, by_note=True)
+    return _REAL_SCAN(scope, skip, stall)
+
+
+def _never_answers(*_args: Any) -> Any:
+    time.sleep(60)  # no note: the reader is given up on at the end, not as a stall
 
 
 def _conf(text: str) -> pveconf.CtConfig:
@@ -297,16 +322,57 @@ def test_forked_host_readers_find_what_one_reader_finds(lab: Lab) -> None:
     assert seen[3] == seen[1]
 
 
-def test_a_host_reader_that_hangs_is_given_up_on_and_its_share_named(
+def test_a_wedged_host_process_is_skipped_and_named_the_rest_shown(
         lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     pids, root, devices = _host_holders(lab)
-    monkeypatch.setattr(gpus, "_scan_chunk", _hung_in_readers)
+    wedged, fine = sorted(pids)
+    monkeypatch.setattr(gpus, "w_host_share", _wedged_share)
+    monkeypatch.setattr(sys.modules[__name__], "_WEDGED", {wedged})
+    t0 = time.monotonic()
+    found, _n, problems = gpus.scan_host_processes(root, devices, set(), end=t0 + 8,
+                                                   readers=2, stall=0.3)
+    assert time.monotonic() - t0 < 4
+    assert problems == [f"PID {wedged}: reading its /proc files did not finish within 0.3 s "
+                        "(a process stuck in a driver call, or a file on a hung FUSE/NFS "
+                        "mount); not looked at"]
+    assert {p.host_pid for p in found} & pids == {fine}
+
+
+def test_a_host_reader_that_never_answers_is_given_up_on_and_its_share_named(
+        lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    _pids, root, devices = _host_holders(lab)
+    monkeypatch.setattr(gpus, "w_host_share", _never_answers)
     t0 = time.monotonic()
     found, looked_at, problems = gpus.scan_host_processes(root, devices, set(),
                                                           end=t0 + 1.0, readers=2)
     assert time.monotonic() - t0 < 3
-    # the reader's share is every second process; its holders are left to NVML's list
-    assert problems == [f"{looked_at // 2} of the host's processes were not looked at "
-                        "(reading host processes: did not finish in time); their holders "
-                        "are shown only as NVML lists them"]
-    assert {p.host_pid for p in found} <= pids
+    assert found == []
+    shares = [looked_at - looked_at // 2, looked_at // 2]  # every second process each
+    assert problems == [
+        "reading the host's processes: did not finish in time (it was starting)",
+        f"{shares[0]} of the host's processes were not looked at; their holders are shown "
+        "only as NVML lists them",
+        "reading the host's processes: did not finish in time (it was starting)",
+        f"{shares[1]} of the host's processes were not looked at; their holders are shown "
+        "only as NVML lists them"]
+
+
+def test_a_wedged_container_process_costs_the_view_only_that_process(
+        lab: Lab, vmid: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pveclean.config import load
+
+    lab.write_config(deadline_seconds=5)
+    lab.create_ct(vmid, gpus=(0,))
+    a = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    b = lab.run_in_ct(vmid, "vllm-worker", hold=["/dev/nvidia0"])
+    (wedged,), (fine,) = a.host_pids(lab), b.host_pids(lab)
+    monkeypatch.setattr(gpus, "w_scan", _wedged_scan)
+    monkeypatch.setattr(sys.modules[__name__], "_WEDGED", {wedged})
+    cfg = load(lab.env()["PVECLEAN_CONFIG"])
+    t0 = time.monotonic()
+    data = gpus.collect(cfg, None, end=t0 + 4)
+    assert time.monotonic() - t0 < 4
+    seen = {p["host_pid"] for p in data["other_holders"] if p.get("vmid") == vmid}
+    assert fine in seen and wedged not in seen, data["other_holders"]
+    assert any(w.startswith(f"PID {wedged}: reading its /proc files did not finish")
+               for w in data["warnings"]), data["warnings"]
