@@ -376,3 +376,20 @@ def test_a_wedged_container_process_costs_the_view_only_that_process(
     assert fine in seen and wedged not in seen, data["other_holders"]
     assert any(w.startswith(f"PID {wedged}: reading its /proc files did not finish")
                for w in data["warnings"]), data["warnings"]
+
+
+def test_a_hung_nvml_leaves_the_process_view(lab: Lab, vmid: int) -> None:
+    """A wedged GPU's NVML that never answers: the holders are shown from their device
+    nodes, NVML's part is said to be missing, within the deadline."""
+    assert lab.nvml is not None
+    lab.write_config(deadline_seconds=4)
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 100})
+    (pid,) = w.host_pids(lab)
+    lab.nvml.hang(60)
+    t0 = time.monotonic()
+    data = gpus_json(lab)
+    assert time.monotonic() - t0 < 4 + 1
+    assert data["gpus"] == [] and "did not answer" in data["sources"]["nvml"], data["sources"]
+    row = next(p for p in data["other_holders"] if p["host_pid"] == pid)
+    assert (row["owner"], row["vmid"]) == ("ct", vmid)
