@@ -164,15 +164,21 @@ def start_pre(vmid: int, cfg: Config) -> int:
         stamp.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp.write_text("")
         os.utime(stamp)
-    return EXIT_REFUSE if pre_start(vmid, cfg) == EXIT_REFUSE else 0
+    code = pre_start(vmid, cfg, via=via(vmid, "ExecStartPre"))
+    return EXIT_REFUSE if code == EXIT_REFUSE else 0
 
 
 def stop_post(vmid: int, cfg: Config) -> int:
     from .hook import post_stop
 
     if not _hook_checked_this_stop(cfg, vmid):
-        post_stop(vmid, cfg)
+        post_stop(vmid, cfg, via=via(vmid, "ExecStopPost"))
     return 0
+
+
+def via(vmid: int, line: str) -> str:
+    """What a drop-in report says ran it: its phase names the hookscript's it stands in for."""
+    return f"systemd drop-in (pve-container@{vmid}.service {line}=)"
 
 
 def from_argv(argv: list[str]) -> int:

@@ -127,16 +127,26 @@ def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
     return leaks
 
 
-def post_stop(vmid: int, cfg: Config, early: Worker | None = None) -> int:
+def _via(rep: dict[str, Any], via: str | None) -> dict[str, Any]:
+    """The report, saying after its phase what ran it when that is not the hookscript."""
+    if via is None:
+        return rep
+    head: dict[str, Any] = {k: rep[k] for k in ("pveclean", "vmid", "phase") if k in rep}
+    return {**head, "via": via, **rep}
+
+
+def post_stop(vmid: int, cfg: Config, early: Worker | None = None,
+              via: str | None = None) -> int:
     """The container's processes are gone: is the GPU memory they had released?
-    NVML is asked in the run's worker, within the run's deadline (see worker.py)."""
+    NVML is asked in the run's worker, within the run's deadline (see worker.py). `via`:
+    what ran it, in its report, when not the hookscript (the systemd drop-in)."""
     deadline = Deadline(cfg.deadline_seconds)
     if early is not None:
         prelude.warm(early, cfg, vmid)  # its settings; no init for a stopped container
     with early or new_worker(cfg) as wk:
         res = clean(vmid, cfg, phase="post-stop", write_report=False, worker=wk,
                     deadline=deadline)
-        rep = res.report
+        rep = _via(res.report, via)
         if rep["verdict"] == "busy":
             return _busy(vmid, "post-stop", res)
         pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
@@ -175,11 +185,12 @@ def _busy(vmid: int, phase: str, res: RunResult) -> int:
     return 0
 
 
-def pre_start(vmid: int, cfg: Config, early: Worker | None = None) -> int:
+def pre_start(vmid: int, cfg: Config, early: Worker | None = None,
+              via: str | None = None) -> int:
     """`early` is always None: a start forks no worker ahead (it asks NVML nothing unless
-    something is left, see prelude.NVML_PHASES)."""
+    something is left, see prelude.NVML_PHASES). `via`: as post_stop's."""
     res = clean(vmid, cfg, phase="pre-start", write_report=False)
-    rep = res.report
+    rep = _via(res.report, via)
     if rep["verdict"] == "busy":
         res = finish(rep, cfg)
         return _busy(vmid, "pre-start", res)  # not knowing is no reason to refuse

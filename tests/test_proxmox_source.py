@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pveclean import chain, config, pveapi, pveconf
 from pveclean.model import PvecleanError
@@ -426,8 +427,13 @@ def test_systemd_dropin_cleans_up_on_a_reboot_inside_the_guest(host: Lab, vmid: 
     assert f"unit -c {host.config_path} {vmid} stop-post -> 0" in log
     assert any(f"unit -c {host.config_path} {vmid} start-pre;" in ln and ln.endswith("-> 0")
                for ln in log.splitlines()), log
-    reps = sorted(p.name for p in host.report_dir.glob(f"{vmid}-*.yaml"))
+    reps = sorted(host.report_dir.glob(f"{vmid}-*.yaml"))
     assert reps, "the drop-in's cleanup wrote no report"
+    # its reports say what ran them: their phases are the hookscript's it stands in for
+    via = {yaml.safe_load(p.read_text()).get("via") for p in reps}
+    assert via <= {f"systemd drop-in (pve-container@{vmid}.service ExecStartPre=)",
+                   f"systemd drop-in (pve-container@{vmid}.service ExecStopPost=)"}, via
+    assert None not in via
     assert host.pct("status", str(vmid)).stdout == "status: running\n"
 
     res = pveclean(host, "uninstall", str(vmid))
