@@ -230,9 +230,12 @@ def stop_units(vmid: int, holders: list[Any], init_pid: int | None, cgroup_root:
 
 
 def hints(vmid: int, holders: list[dict[str, Any]], cgroup_root: Path, dry_run: bool,
-          stopped: set[str]) -> list[str]:
+          stopped: set[str], manual: bool = False) -> list[str]:
     """For units whose holders respawned, or that still run after the cleanup: the exact
-    command that stops them (units already stopped by --stop-units are left out)."""
+    command that stops them (units already stopped by --stop-units are left out). After a
+    manual cleanup also for services whose holders were stopped and are not back yet: one
+    with a RestartSec= longer than the run waited (RESTART_WATCH) brings them back later,
+    and systemd's state of it cannot be read from the host without a `pct exec`."""
     out: list[str] = []
     for unit, info in sorted(_collect(holders, None).items()):
         if info.refused or unit in stopped:
@@ -247,6 +250,10 @@ def hints(vmid: int, holders: list[dict[str, Any]], cgroup_root: Path, dry_run: 
             why = "runs GPU holders"
         elif left:
             why = f"is still active ({left} process(es) in its cgroup)"
+        elif manual and unit.endswith(".service") and any(
+                h.get("outcome") in ("terminated", "killed") for h in members):
+            why = ("ran the GPU holders stopped now, and starts them again later if it has "
+                   "Restart=")
         else:
             continue
         out.append(f"{unit} in CT {vmid} {why}; stop it with: {shell_command(vmid, [unit])}"
@@ -276,6 +283,6 @@ def annotate(rep: dict[str, Any], scope: Scope, unit_stops: dict[str, Any] | Non
         stopped = {u["unit"] for u in unit_stops["units"] if u.get("action") == "stopped"}
         rep["summary"]["units_stopped"] = sorted(stopped)
     found = hints(int(rep["vmid"]), rep.get("holders", []), scope.cgroup_dir.parent.parent,
-                  bool(rep.get("dry_run")), stopped)
+                  bool(rep.get("dry_run")), stopped, manual=rep.get("phase") == "manual")
     if found:
         rep["hints"] = found

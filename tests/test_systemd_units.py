@@ -173,6 +173,14 @@ def test_hints_name_the_unit_and_the_exact_command(tmp_path: Path) -> None:
         "b.service in CT 129 restarted its GPU holders; stop it with: "
         "pct exec 129 -- systemctl stop b.service (or: pveclean ct 129 --stop-units)"]
     assert units.hints(129, hs, root, False, {"a.service", "b.service"}) == []
+    # after a manual cleanup, a service whose holders were stopped and are not back (yet)
+    c = [{"host_pid": 4, "unit": "c.service", "cgroup": "/lxc/129/ns/system.slice/c.service",
+          "outcome": "terminated"}]
+    assert units.hints(129, c, root, False, set()) == []  # a hook: the container stops
+    assert units.hints(129, c, root, False, set(), manual=True) == [
+        "c.service in CT 129 ran the GPU holders stopped now, and starts them again later if "
+        "it has Restart=; stop it with: pct exec 129 -- systemctl stop c.service (or: "
+        "pveclean ct 129 --stop-units)"]
 
 
 # ---- in real containers ------------------------------------------------------------------
@@ -236,6 +244,22 @@ def test_a_unit_that_restarts_after_systemd_s_default_delay_is_named(lab: Lab,
     hint = f"{unit} in CT {vmid} is still active (1 process(es) in its cgroup); stop it with: " \
            f"pct exec {vmid} -- systemctl stop {unit}"
     assert any(h.startswith(hint) for h in rep.get("hints", [])), rep.get("hints")
+
+
+def test_a_unit_that_restarts_after_the_run_is_named_too(lab: Lab, vmid: int) -> None:
+    """RestartSec=3: the holders come back after the run has ended; the report names the
+    unit all the same."""
+    lab.create_ct(vmid, gpus=(0,))
+    labsd.install_systemd(lab, vmid)
+    unit = "sglang.service"
+    labsd.add_unit(lab, vmid, unit, "python3", hold=["/dev/nvidia0"], restart_sec=3)
+    code, rep = run_json(lab, vmid)
+    assert code == 0 and rep["verdict"] == "clean", rep
+    assert labsd.starts(lab, vmid, unit) == 1  # not back yet
+    assert rep["hints"] == [
+        f"{unit} in CT {vmid} ran the GPU holders stopped now, and starts them again later if "
+        f"it has Restart=; stop it with: pct exec {vmid} -- systemctl stop {unit} (or: "
+        f"pveclean ct {vmid} --stop-units)"]
 
 
 def test_stop_units_without_systemd_goes_on_with_the_cleanup(lab: Lab, vmid: int) -> None:
