@@ -107,13 +107,21 @@ def _maps_mention(pid: int, needles: tuple[bytes, ...]) -> bool:
     return any(n in data for n in needles)
 
 
-def _fds(pid: int, devices: GpuDevices, same_ns: bool, cache: dict[str, int],
+def _needles(devices: GpuDevices) -> tuple[bytes, ...]:
+    """What _maps_mention looks for: b"nvidia" and the GPU nodes' names, without a name that
+    contains another (nvidia0 and nvidiactl add nothing to nvidia: one search, not eight)."""
+    names = {b"nvidia", *(os.path.basename(p).encode() for p in devices.rdevs.values())}
+    return tuple(sorted(n for n in names if n and not any(o != n and o in n for o in names)))
+
+
+def _fds(pid: int, devices: GpuDevices, same_ns: bool, cache: dict[str, str | None],
          mounts: procfs.ScanCache) -> list[str] | None:
     """procfs.device_fds for a host process, with fewer system calls: paths are looked up
     relative to the fd directory, only a path under /dev or naming nvidia is looked at, and
-    one of our own mount namespace once for the whole scan (the device number behind a path
-    is the same for every process that sees the same /dev); in another mount namespace each
-    such fd is. Looked at as procfs does: never stat()ed on FUSE, NFS... None: gone."""
+    one of our own mount namespace once for the whole scan (what a path leads to is the same
+    for every process that sees the same /dev: `cache` keeps path -> held or None); in
+    another mount namespace each such fd is. Looked at as procfs does: never stat()ed on
+    FUSE, NFS... None: gone."""
     base = f"{procfs.PROC}/{pid}"
     try:
         dfd = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY)
@@ -129,14 +137,16 @@ def _fds(pid: int, devices: GpuDevices, same_ns: bool, cache: dict[str, int],
                 continue
             if not (target.startswith("/dev/") or "nvidia" in target):
                 continue  # as procfs (a superset): only what may be a node is looked at
-            rdev = cache.get(target) if same_ns else None
-            if rdev is None:
+            if same_ns and target in cache:
+                hit = cache[target]
+            else:
                 rdev = procfs.fd_char_rdev(base, name, mounts, task_mounts)
-                rdev = -1 if rdev is None else rdev
+                hit = (f"{target} ({os.major(rdev)}:{os.minor(rdev)})"
+                       if rdev is not None and devices.matches(rdev) else None)
                 if same_ns:
-                    cache[target] = rdev
-            if rdev >= 0 and devices.matches(rdev):
-                held.append(f"{target} ({os.major(rdev)}:{os.minor(rdev)})")
+                    cache[target] = hit
+            if hit is not None:
+                held.append(hit)
     except OSError:
         return None
     finally:
@@ -160,7 +170,7 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices, own_ns: str |
     from . import worker
 
     out = []
-    cache: dict[str, int] = {}
+    cache: dict[str, str | None] = {}
     mounts = procfs.ScanCache()
     for pid, cgroup in pids:
         if pid in skip:
@@ -269,8 +279,7 @@ class HostScan:
 
     def __init__(self, root: Path, devices: GpuDevices, exclude: set[int], stall: float,
                  end: float | None = None, readers: int | None = None) -> None:
-        needles = tuple({b"nvidia",
-                         *(os.path.basename(p).encode() for p in devices.rdevs.values())})
+        needles = _needles(devices)
         pids = [(p, cg) for p, cg in host_pids(root).items() if p not in exclude]
         self.count = len(pids)
         own_ns = _mntns("self")
