@@ -316,6 +316,18 @@ def w_parents(ppids: list[int]) -> dict[int, str]:
     return out
 
 
+def stalled_on(exc: worker.WorkerError) -> int | None:
+    """The PID a worker's stall is pinned to (its last note or mark), or None: the deadline
+    passed, or the worker died."""
+    n = exc.note
+    return int(n[1]) if exc.stalled and isinstance(n, tuple) and n[0] == "pid" else None
+
+
+def stall_problem(pid: int, stall: float, consequence: str) -> str:
+    return (f"PID {pid}: reading its /proc files did not finish within {stall:.1f} s (a file "
+            f"on a hung FUSE/NFS mount, or a process stuck in a driver call); {consequence}")
+
+
 class Reads:
     """The parent's side of every read, bounded by the run's deadline, in two workers that
     work at once: NVML's (forked first thing, see prelude.py) and the scan's (/proc and
@@ -358,16 +370,12 @@ class Reads:
 
     def stalled_pid(self, exc: worker.WorkerError) -> bool:
         """A stall on one PID: skip it from now on. Else (the deadline): False."""
-        n = exc.note
-        if exc.stalled and isinstance(n, tuple) and n[0] == "pid":
-            pid = int(n[1])
-            self.skip.add(pid)
-            self.problems.append(
-                f"PID {pid}: reading its /proc files did not finish within {self.stall:.1f} s "
-                "(a file on a hung FUSE/NFS mount, or a process stuck in a driver call); not "
-                "scanned, not signalled")
-            return True
-        return False
+        pid = stalled_on(exc)
+        if pid is None:
+            return False
+        self.skip.add(pid)
+        self.problems.append(stall_problem(pid, self.stall, "not scanned, not signalled"))
+        return True
 
     def _scan(self, scope: Scope, end: float, what: str) -> HostView | str:
         """The host view, or why there is none (a problem is recorded)."""

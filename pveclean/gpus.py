@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import procfs, pveconf, report
 from .config import Config
-from .discover import Scope, doing, stall_for, w_scan
+from .discover import Scope, doing, stall_for, stall_problem, stalled_on, w_scan
 from .model import EXIT_ACCESS, EXIT_OK, GpuDevices, GpuMemory, Holder, PvecleanError
 from .nvml import Nvml, NvmlUnavailable
 from .text import safe
@@ -239,15 +239,12 @@ class Reader:
             try:
                 return self.worker.receive(_left(self.end), what, stall=self.stall)
             except WorkerError as exc:
-                note = exc.note
-                if not (exc.stalled and isinstance(note, tuple) and note[0] == "pid"):
-                    self.problems.append(f"{exc} ({doing(note)})")  # deadline, or it died
+                pid = stalled_on(exc)
+                if pid is None:
+                    self.problems.append(f"{exc} ({doing(exc.note)})")  # deadline, or it died
                     return None
-                self.skip.add(int(note[1]))
-                self.problems.append(
-                    f"PID {note[1]}: reading its /proc files did not finish within "
-                    f"{self.stall:.1f} s (a process stuck in a driver call, or a file on a hung "
-                    "FUSE/NFS mount); not looked at")
+                self.skip.add(pid)
+                self.problems.append(stall_problem(pid, self.stall, "not looked at"))
             except RemoteError as exc:  # a bug, not a hang: said, never a traceback
                 self.problems.append(f"{what} failed: {exc}")
                 return None
@@ -466,12 +463,12 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
     tty = sys.stdout.isatty()
     shown = 0
     limit = cfg.deadline_seconds
-    with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as reader:
+    with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
         try:
             while True:
                 # its forked readers are given up on first, so that the rest is still shown
                 end = time.monotonic() + limit * READERS_SHARE
-                data = reader.call(w_collect, cfg, pci_root, end, timeout=limit, what="gpus")
+                data = wk.call(w_collect, cfg, pci_root, end, timeout=limit, what="gpus")
                 if as_json:
                     import json
 

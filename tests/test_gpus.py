@@ -333,8 +333,8 @@ def test_a_wedged_host_process_is_skipped_and_named_the_rest_shown(
                                                    readers=2, stall=0.3)
     assert time.monotonic() - t0 < 4
     assert problems == [f"PID {wedged}: reading its /proc files did not finish within 0.3 s "
-                        "(a process stuck in a driver call, or a file on a hung FUSE/NFS "
-                        "mount); not looked at"]
+                        "(a file on a hung FUSE/NFS mount, or a process stuck in a driver "
+                        "call); not looked at"]
     assert {p.host_pid for p in found} & pids == {fine}
 
 
