@@ -35,9 +35,11 @@ lab-deps:
 	  fi; \
 	fi
 
+# ruff, mypy, and the layers' import rules (tests/unit/test_layers.py)
 lint: venv
 	$(BIN)/ruff check pveclean tests packaging
 	$(BIN)/mypy
+	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_layers.py
 
 test: lab-deps venv lint
 	$(BIN)/pytest $(PYTEST_ARGS)

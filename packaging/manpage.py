@@ -107,7 +107,7 @@ def render(date: str) -> str:
     import typer.main
 
     from pveclean import __version__
-    from pveclean.cli import app
+    from pveclean.commands.cli import app
 
     cmd = typer.main.get_command(app)
     ctx = click.Context(cmd, info_name="pveclean")

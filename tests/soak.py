@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pveclean.install import stamp
+from pveclean.proxmox.hookscript import stamp
 from tests.lab.lxclab import REPO, Lab, cgroup2_root
 
 KINDS = ("sigterm-ignoring", "respawning", "frozen", "deep", "mapping-only")

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pveclean import worker
-from pveclean.worker import RemoteError, Worker, WorkerError
+from pveclean.host import worker
+from pveclean.host.worker import RemoteError, Worker, WorkerError
 from tests.lab.hangfs import HangFs
 from tests.lab.lxclab import Lab
 from tests.test_hook import hook, reports
@@ -261,7 +261,7 @@ def test_dry_run_stuck_mid_run_never_blocks_a_cleanup(lab: Lab, vmid: int) -> No
 
 
 def test_status_and_dry_runs_take_no_lock(lab: Lab, vmid: int) -> None:
-    from pveclean.lock import container_lock
+    from pveclean.host.lock import container_lock
 
     lab.write_config(lock_wait_seconds=0.2)
     lab.create_ct(vmid, gpus=(0,))

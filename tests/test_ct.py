@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from pveclean.pct import run_pct
-from pveclean.probe import parse_probe, probe_argv
+from pveclean.proxmox.pct import run_pct
+from pveclean.proxmox.probe import parse_probe, probe_argv
 from tests.lab.lxclab import MINIMAL_APPLETS, Lab
 from tests.lab.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
 

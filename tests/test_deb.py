@@ -75,8 +75,8 @@ def test_one_architecture_independent_package_named_by_the_changelog(deb: Path) 
 def test_layout(deb: Path) -> None:
     files = listing(deb)
     for f in ("/usr/sbin/pveclean", "/etc/pveclean/pveclean.yaml",
-              "/usr/share/pveclean/hookscripts/pveclean-hook", f"{LIB}/pveclean/hook.py",
-              f"{LIB}/pveclean/cli.py", "/usr/share/man/man8/pveclean.8.gz",
+              "/usr/share/pveclean/hookscripts/pveclean-hook", f"{LIB}/pveclean/commands/hook.py",
+              f"{LIB}/pveclean/commands/cli.py", "/usr/share/man/man8/pveclean.8.gz",
               "/usr/share/bash-completion/completions/pveclean",
               "/usr/share/doc/pveclean/copyright", "/usr/share/doc/pveclean/changelog.gz",
               *(f"{LIB}/{v}" for v in VENDORED)):
@@ -99,9 +99,9 @@ def test_layout(deb: Path) -> None:
 
 def test_install_finds_the_packaged_hookscript() -> None:
     """pveclean install copies the template from where the package puts it."""
-    from pveclean import install
+    from pveclean.proxmox import hookscript
 
-    assert Path("/usr/share/pveclean/hookscripts/pveclean-hook") in install.TEMPLATES
+    assert Path("/usr/share/pveclean/hookscripts/pveclean-hook") in hookscript.TEMPLATES
 
 
 def test_maintainer_scripts_leave_proxmox_alone(tree: Path) -> None:
@@ -162,7 +162,7 @@ def commands() -> dict[str, list[str]]:
     import click
     import typer.main
 
-    from pveclean.cli import app
+    from pveclean.commands.cli import app
 
     def walk(cmd: click.Command, ctx: click.Context,
              path: list[str]) -> Iterator[tuple[str, list[str]]]:
@@ -239,7 +239,7 @@ def test_install_into_scratch_root(deb: Path, tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-I", "-B", "-v", str(exe), "--help"],
                        capture_output=True, text=True, check=False, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    for mod in ("pveclean/cli.py", "typer/__init__.py", "click/__init__.py"):
+    for mod in ("pveclean/commands/cli.py", "typer/__init__.py", "click/__init__.py"):
         sources = re.findall(rf"(/[^\s']*/{mod})\b", r.stderr)
         assert sources and all(p.startswith(f"{root}/usr/lib/pveclean/") for p in sources), mod
     # the hook path must not need typer: it runs from the package's lib only

@@ -15,19 +15,21 @@ from typing import Any
 
 import pytest
 
-from pveclean import gpus, procfs, pveconf
+from pveclean.commands import gpus, render
+from pveclean.host import devnodes, hostscan, procscan
+from pveclean.proxmox import passthrough, pveconf
 from tests.lab.lxclab import Lab, LabUnavailable, cgroup2_root
 from tests.lab.scenarios import NCCL_MIB, OTHER_MIB, TP_MIB, VLLM_MIB, seeds
 
 HOST_MIB = 300
 LEAK_MIB = 1000
-_REAL_SHARE = gpus.w_host_share
-_REAL_SCAN = gpus.w_scan
+_REAL_SHARE = hostscan.w_host_share
+_REAL_SCAN = procscan.w_scan
 _WEDGED: set[int] = set()  # PIDs whose /proc reads hang in the tests' readers
 
 
 def _wedge(pids: Any, skip: frozenset[int], stall: float | None, by_note: bool) -> None:
-    from pveclean import worker
+    from pveclean.host import worker
 
     for pid in pids:
         if pid in _WEDGED and pid not in skip:
@@ -48,9 +50,9 @@ def _wedged_share(pids: Any, devices: Any, own_ns: Any, needles: Any, skip: froz
 
 def _wedged_scan(scope: Any, skip: frozenset[int], stall: float | None) -> Any:
     """discover.w_scan, wedged as _wedged_share."""
-    from pveclean import procfs as pf
+    from pveclean.host import cgroupfs
 
-    _wedge(list(pf.tree_pids(scope.cgroup_dir)), skip, stall, by_note=True)
+    _wedge(list(cgroupfs.tree_pids(scope.cgroup_dir)), skip, stall, by_note=True)
     return _REAL_SCAN(scope, skip, stall)
 
 
@@ -72,7 +74,7 @@ def _conf(text: str) -> pveconf.CtConfig:
     ("hostname: web\nmemory: 512\n", False),
 ])
 def test_which_containers_need_a_scan(text: str, may: bool) -> None:
-    assert gpus.may_use_gpus(_conf(text), frozenset()) is may
+    assert pveconf.may_use_gpus(_conf(text), frozenset()) is may
 
 
 def _pci(root: Path, addr: str, cls: str, driver: str | None, vendor: str = "0x10de") -> None:
@@ -111,7 +113,7 @@ def fake_host_pci(tmp: Path, pve: Path) -> Path:
 def test_gpus_bound_to_vfio_are_shown_as_passed_to_their_vm(tmp_path: Path) -> None:
     pve = tmp_path / "etc/pve"
     sysfs = fake_host_pci(tmp_path, pve)
-    got = gpus.vfio_gpus(sysfs, pve / "qemu-server", pve / "mapping/pci.cfg")
+    got = passthrough.vfio_gpus(sysfs, pve / "qemu-server", pve / "mapping/pci.cfg")
     assert got == [
         {"pci_bus_id": "0000:41:00.0", "device": "10de:2330", "driver": "vfio-pci",
          "vms": [{"vmid": 200, "name": "trainer"}]},
@@ -122,10 +124,10 @@ def test_gpus_bound_to_vfio_are_shown_as_passed_to_their_vm(tmp_path: Path) -> N
 
 
 def test_hostpci_ids() -> None:
-    assert gpus._pci_ids("01:00") == [("0000:01:00.", True)]
-    assert gpus._pci_ids("0000:01:00.0;0000:02:00.1") == [("0000:01:00.0", False),
+    assert passthrough._pci_ids("01:00") == [("0000:01:00.", True)]
+    assert passthrough._pci_ids("0000:01:00.0;0000:02:00.1") == [("0000:01:00.0", False),
                                                          ("0000:02:00.1", False)]
-    assert gpus._pci_ids("garbage;;") == []
+    assert passthrough._pci_ids("garbage;;") == []
 
 
 def test_render_escapes_what_containers_control() -> None:
@@ -142,7 +144,7 @@ def test_render_escapes_what_containers_control() -> None:
         "scan": {"containers_scanned": [129], "containers_skipped_no_gpu": [],
                  "host_processes": 1, "seconds": 0.01}, "sources": {"nvml": "ok"},
         "warnings": []}
-    text = gpus.render(data)
+    text = render.render_gpus(data)
     assert not any(c in text for c in "\x1b\x07\r")
     assert "evil\\x1b[2J" in text and "h\\x1b[31m" in text
 
@@ -279,7 +281,7 @@ def test_host_pids_leave_out_only_proxmox_containers(tmp_path: Path) -> None:
                        "lxc.monitor/129": "40\n"}.items():
         (tmp_path / rel).mkdir(parents=True, exist_ok=True)
         (tmp_path / rel / "cgroup.procs").write_text(procs)
-    assert gpus.host_pids(tmp_path) == {1: "/", 2: "/", 10: "/system.slice/a.service",
+    assert hostscan.host_pids(tmp_path) == {1: "/", 2: "/", 10: "/system.slice/a.service",
                                         30: "/lxc/plain", 40: "/lxc.monitor/129"}
 
 
@@ -307,7 +309,7 @@ def test_a_container_that_nests_its_cgroups_deep_cannot_break_the_view(lab: Lab,
 def _host_holders(lab: Lab) -> tuple[set[int], Path, Any]:
     a = lab.run_on_host("nvidia-persistenced", hold=[str(lab.nodes["nvidia0"])])
     b = lab.run_on_host("dcgm-exporter", hold=[str(lab.nodes["nvidiactl"])])
-    devices = procfs.gpu_devices([str(p) for p in lab.nodes.values()])
+    devices = devnodes.gpu_devices([str(p) for p in lab.nodes.values()])
     return {*a.host_pids(lab), *b.host_pids(lab)}, Path(cgroup2_root()), devices
 
 
@@ -315,7 +317,7 @@ def test_forked_host_readers_find_what_one_reader_finds(lab: Lab) -> None:
     pids, root, devices = _host_holders(lab)
     seen = {}
     for n in (1, 3):
-        found, looked_at, problems = gpus.scan_host_processes(root, devices, set(), readers=n)
+        found, looked_at, problems = hostscan.scan_host_processes(root, devices, set(), readers=n)
         assert problems == [] and looked_at > len(pids)
         seen[n] = {p.host_pid: sorted(p.devices) for p in found if p.host_pid in pids}
     assert set(seen[1]) == pids
@@ -326,10 +328,10 @@ def test_a_wedged_host_process_is_skipped_and_named_the_rest_shown(
         lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     pids, root, devices = _host_holders(lab)
     wedged, fine = sorted(pids)
-    monkeypatch.setattr(gpus, "w_host_share", _wedged_share)
+    monkeypatch.setattr(hostscan, "w_host_share", _wedged_share)
     monkeypatch.setattr(sys.modules[__name__], "_WEDGED", {wedged})
     t0 = time.monotonic()
-    found, _n, problems = gpus.scan_host_processes(root, devices, set(), end=t0 + 8,
+    found, _n, problems = hostscan.scan_host_processes(root, devices, set(), end=t0 + 8,
                                                    readers=2, stall=0.3)
     assert time.monotonic() - t0 < 4
     assert problems == [f"PID {wedged}: reading its /proc files did not finish within 0.3 s "
@@ -341,9 +343,9 @@ def test_a_wedged_host_process_is_skipped_and_named_the_rest_shown(
 def test_a_host_reader_that_never_answers_is_given_up_on_and_its_share_named(
         lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     _pids, root, devices = _host_holders(lab)
-    monkeypatch.setattr(gpus, "w_host_share", _never_answers)
+    monkeypatch.setattr(hostscan, "w_host_share", _never_answers)
     t0 = time.monotonic()
-    found, looked_at, problems = gpus.scan_host_processes(root, devices, set(),
+    found, looked_at, problems = hostscan.scan_host_processes(root, devices, set(),
                                                           end=t0 + 1.0, readers=2)
     assert time.monotonic() - t0 < 3
     assert found == []
@@ -359,7 +361,7 @@ def test_a_host_reader_that_never_answers_is_given_up_on_and_its_share_named(
 
 def test_a_wedged_container_process_costs_the_view_only_that_process(
         lab: Lab, vmid: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pveclean.config import load
+    from pveclean.host.configfile import load
 
     lab.write_config(deadline_seconds=5)
     lab.create_ct(vmid, gpus=(0,))

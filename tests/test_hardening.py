@@ -13,10 +13,12 @@ import time
 import pytest
 import yaml
 
-from pveclean import stop
-from pveclean.config import Config
-from pveclean.discover import Scope, scan_host
-from pveclean.procfs import gpu_devices, read_status
+from pveclean.core.config import Config
+from pveclean.core.records import Scope
+from pveclean.host import pidfds
+from pveclean.host.devnodes import gpu_devices
+from pveclean.host.procfs import read_status
+from pveclean.host.procscan import scan_host
 from tests.lab.lxclab import Lab
 
 
@@ -56,7 +58,7 @@ def test_recycled_pid_is_never_signalled(lab: Lab, vmid: int) -> None:
     if intruder is None:
         pytest.skip("could not get the same PID back (busy host)")
     try:
-        fd, why = stop.prove(holder, vmid, scope.devices)
+        fd, why = pidfds.prove(holder, vmid, scope.devices)
         assert fd is None and "reused" in why
         assert intruder.poll() is None  # the new owner of the PID lives
     finally:
@@ -74,7 +76,7 @@ def test_process_leaving_the_tree_is_not_signalled(lab: Lab, vmid: int) -> None:
     elsewhere.mkdir()
     try:
         (elsewhere / "cgroup.procs").write_text(str(pid))
-        fd, why = stop.prove(holder, vmid, scope.devices)
+        fd, why = pidfds.prove(holder, vmid, scope.devices)
         assert fd is None and "cgroup tree" in why
         assert lab.alive(pid)
     finally:
@@ -94,7 +96,7 @@ def test_holder_that_dropped_its_gpu_is_not_signalled(lab: Lab, vmid: int) -> No
     scope = _scope(lab, vmid)
     holder = scan_host(scope).holders[pid]
     # the same process and start time, but it holds none of these devices any more
-    fd, why = stop.prove(holder, vmid, gpu_devices([]))
+    fd, why = pidfds.prove(holder, vmid, gpu_devices([]))
     assert fd is None and "no longer holds" in why
     assert lab.alive(pid)
 
@@ -103,7 +105,7 @@ def test_second_run_waits_then_reports_busy(lab: Lab, vmid: int, vmid2: int) -> 
     lab.write_config(lock_wait_seconds=0.5)
     lab.create_ct(vmid, gpus=(0,), start=False)
     lab.create_ct(vmid2, gpus=(0,), start=False)
-    from pveclean.lock import container_lock
+    from pveclean.host.lock import container_lock
 
     with container_lock(str(lab.root / "state"), vmid, 1, "test holder"):
         t0 = time.monotonic()
@@ -149,7 +151,7 @@ def test_config_not_owned_by_root_or_writable_is_refused(lab: Lab, vmid: int) ->
 def test_chained_hookscript_runs_as_proxmox_would(lab: Lab, vmid: int) -> None:
     """No owner or mode check (PVE::GuestHelpers::check_hookscript has none: NFS with
     root_squash, CIFS): a chained script that worked before install --chain still works."""
-    from pveclean import chain
+    from pveclean.proxmox import chain
 
     lab.create_ct(vmid, gpus=(0,), start=False)
     lab.install_hook(vmid)

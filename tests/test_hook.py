@@ -230,7 +230,7 @@ def test_pre_start_with_nothing_left_never_touches_nvml(lab: Lab, vmid: int) -> 
 
 
 def test_busy_container_lock_is_said_in_the_task_log(lab: Lab, vmid: int) -> None:
-    from pveclean.lock import container_lock
+    from pveclean.host.lock import container_lock
 
     lab.write_config(lock_wait_seconds=0.3)
     lab.create_ct(vmid, gpus=(0,))
@@ -245,8 +245,8 @@ def test_busy_container_lock_is_said_in_the_task_log(lab: Lab, vmid: int) -> Non
 
 
 def test_leaks_only_on_the_containers_gpus() -> None:
-    from pveclean.hook import find_leaks
-    from pveclean.model import GpuMemory
+    from pveclean.core.records import GpuMemory
+    from pveclean.core.report import find_leaks
 
     gpus = [GpuMemory(i, f"GPU-{i}", "H100", 81559, 512, used, minor=i)
             for i, used in enumerate([5000, 3000, 2000])]

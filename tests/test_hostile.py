@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pveclean import procfs
-from pveclean.config import load
-from pveclean.run import clean
+from pveclean.cleanup import clean
+from pveclean.host import cgroupfs, devnodes, procfs
+from pveclean.host.configfile import load
 from tests.lab.lxclab import Lab, Workload
 
 
@@ -96,29 +96,29 @@ def test_files_on_fuse_and_network_mounts_are_never_stated(lab: Lab, vmid: int) 
     w = start_in_ct(lab, vmid, "python3", ["--hold", "/opt/g"],
                     pre="touch /opt/g && mount --bind /dev/nvidia0 /opt/g && ")
     (pid,) = w.host_pids(lab)
-    devices = procfs.gpu_devices([str(lab.root / "dev/nvidia*")])
-    assert procfs.device_fds(pid, devices)
-    real = procfs.read_mounts
+    devices = devnodes.gpu_devices([str(lab.root / "dev/nvidia*")])
+    assert devnodes.device_fds(pid, devices)
+    real = devnodes.read_mounts
     try:  # the same fd, as if its mount were a FUSE file system: no stat, no match
-        procfs.read_mounts = lambda base: procfs.Mounts(  # type: ignore[assignment]
+        devnodes.read_mounts = lambda base: devnodes.Mounts(  # type: ignore[assignment]
             {k: "fuse.sshfs" for k in real(base).by_id}, {})
         stated: list[str] = []
-        orig_stat, orig_os_stat = procfs.stat_nosync, os.stat
+        orig_stat, orig_os_stat = devnodes.stat_nosync, os.stat
 
         def spy(path: Any, *a: Any, **kw: Any) -> Any:
             stated.append(str(path))
             return orig_os_stat(path, *a, **kw)
 
-        procfs.stat_nosync = spy  # type: ignore[assignment]
+        devnodes.stat_nosync = spy  # type: ignore[assignment]
         os.stat = spy  # type: ignore[assignment]
         try:
-            assert procfs.device_fds(pid, devices) == []
-            assert procfs.device_maps(pid, devices) == []
+            assert devnodes.device_fds(pid, devices) == []
+            assert devnodes.device_maps(pid, devices) == []
         finally:
-            procfs.stat_nosync, os.stat = orig_stat, orig_os_stat  # type: ignore[assignment]
+            devnodes.stat_nosync, os.stat = orig_stat, orig_os_stat  # type: ignore[assignment]
         assert not [p for p in stated if f"/proc/{pid}/" in p]
     finally:
-        procfs.read_mounts = real  # type: ignore[assignment]
+        devnodes.read_mounts = real  # type: ignore[assignment]
 
 
 def _deep_cgroup(lab: Lab, vmid: int, depth: int) -> Path:
@@ -179,7 +179,7 @@ def test_cgroup_walk_past_its_cap_is_residual_with_the_reason(
     leaf = _deep_cgroup(lab, vmid, 60)
     try:
         (leaf / "cgroup.procs").write_text(str(pid))
-        monkeypatch.setattr(procfs, "MAX_CGROUPS", 40)
+        monkeypatch.setattr(cgroupfs, "MAX_CGROUPS", 40)
         res = clean(vmid, load(lab.config_path), write_report=True)
         assert res.verdict == "residual"
         (h,) = res.report["holders"]
@@ -396,8 +396,8 @@ def test_config_in_a_directory_others_can_write_is_refused(lab: Lab, vmid: int) 
 
 
 def test_install_refuses_a_config_or_binary_others_can_change(tmp_path: Path) -> None:
-    from pveclean.install import trusted
-    from pveclean.model import PvecleanError
+    from pveclean.errors import PvecleanError
+    from pveclean.proxmox.hookscript import trusted
 
     shared = tmp_path / "shared"
     shared.mkdir()

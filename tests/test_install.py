@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pveclean.cli import run_app
-from pveclean.model import PvecleanError
+from pveclean.commands.cli import run_app
+from pveclean.errors import PvecleanError
 from tests.lab import pvesh
 from tests.lab.lxclab import Lab
 from tests.test_pveapi import Cluster
@@ -199,8 +199,9 @@ def test_cluster_locked_container_fails_cleanly(cluster: Cluster,
 
 
 def test_stamp_and_config_file(tmp_path: Path) -> None:
-    from pveclean import config
-    from pveclean.install import TEMPLATES, config_file, stamp
+    from pveclean.core import config
+    from pveclean.host import configfile
+    from pveclean.proxmox.hookscript import TEMPLATES, config_file, stamp
 
     text = TEMPLATES[0].read_text()
     out = stamp(text, "/opt/pveclean/bin/pveclean", "/srv/pc.yaml")
@@ -210,5 +211,5 @@ def test_stamp_and_config_file(tmp_path: Path) -> None:
     with pytest.raises(PvecleanError, match="cannot go into a shell script"):
         stamp(text, '/tmp/x"; rm -rf /; "', None)
     assert config_file(config.Config()) is None
-    assert config_file(config.parse("", str(config.DEFAULT_PATH))) is None
+    assert config_file(config.parse("", str(configfile.DEFAULT_PATH))) is None
     assert config_file(config.parse("", str(tmp_path / "c.yaml"))) == str(tmp_path / "c.yaml")

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pveclean.ctcmd import CtArgs, parse
-from pveclean.model import PvecleanError
+from pveclean.commands.ct import CtArgs, parse
+from pveclean.errors import PvecleanError
 
 
 def test_parse_takes_the_common_flags_in_any_order() -> None:
@@ -103,7 +103,8 @@ def test_what_the_lean_parser_leaves_goes_through_typer(argv: list[str], needle:
 def test_reports_are_written_without_pyyaml() -> None:
     """Importing PyYAML costs more than a hook with nothing to clean: reports go through
     minyaml, and PyYAML reads them back as they were (escaped for a terminal)."""
-    code = ("import sys; from pveclean import report; rep = {'vmid': 129, 'holders': [{"
+    code = ("import sys; from pveclean.host import reportfiles as report; "
+            "rep = {'vmid': 129, 'holders': [{"
             "'host_pid': i, 'name': 'python3\\x1b[2J\\u202e', 'cmdline': 'a --token=x\\nb',"
             " 'gpu_memory_mib': {0: 100, 1: None}} for i in range(50)]};"
             "text = report.to_yaml(rep); term = report.to_yaml(rep, terminal=True);"
@@ -128,13 +129,15 @@ def test_a_run_forks_its_worker_before_the_heavy_imports(tmp_path: Path, argv: l
     cfg = tmp_path / "pveclean.yaml"
     cfg.write_text(f"pve_config_dir: {tmp_path}\nsyslog: false\nreport_dir: {tmp_path}\n")
     cfg.chmod(0o644)
-    heavy = ("yaml", "pynvml", "typing", "ctypes", "datetime", "subprocess", "shutil",
-             "threading", "selectors", "pveclean.stop", "pveclean.lock", "pveclean.pct",
-             "pveclean.probe", "pveclean.units", "dataclasses", "pveclean.run",
-             "pveclean.config", "pveclean.discover", "pveclean.hook", "pveclean.ctcmd")
+    heavy = (
+        "yaml", "pynvml", "typing", "ctypes", "datetime", "subprocess", "shutil", "threading",
+        "selectors", "pveclean.host.pidfds", "pveclean.host.lock", "pveclean.proxmox.pct",
+        "pveclean.proxmox.probe", "pveclean.proxmox.guestunits", "dataclasses",
+        "pveclean.cleanup", "pveclean.core.config", "pveclean.core.discovery",
+        "pveclean.commands.hook", "pveclean.commands.ct",)
     r = subprocess.run(
         [sys.executable, "-c",
-         "import sys; from pveclean import worker; seen = []; start = worker.Worker._start; "
+         "import sys; from pveclean.host import worker; seen = []; start = worker.Worker._start; "
          "worker.Worker._start = lambda self: (seen.append(set(sys.modules)), start(self)); "
          f"from pveclean.__main__ import main; rc = main({argv!r}); "
          f"print(rc, len(seen) > 0, sorted(m for m in {heavy!r} if m in seen[0]))"],
@@ -149,13 +152,14 @@ def test_nvml_s_worker_answers_without_the_run_s_modules() -> None:
     own worker). Its first answers come as soon as nvidia-ml-py is in."""
     r = subprocess.run(
         [sys.executable, "-c",
-         "from pveclean import nvml, prelude; w = prelude.begin(); "
+         "from pveclean.host import nvml, prelude; w = prelude.begin(); "
          "w.submit(nvml.w_warm, {'nvml_library': '/nonexistent/libnvidia-ml.so.1'}, True, "
          "timeout=5, what='init'); "
          "rows, err = w.call(nvml.w_memory, 1.0, timeout=10, what='memory'); "
          "mods = w.call(eval, 'sorted(__import__(\"sys\").modules)', timeout=5, what='mods'); "
          "print(rows, 'pynvml' in mods, sorted(m for m in mods if m in "
-         "('dataclasses', 'pveclean.model', 'pveclean.discover', 'pveclean.procfs', 'yaml'))); "
+         "('dataclasses', 'pveclean.core.records', 'pveclean.core.discovery', "
+         "'pveclean.host.procfs', 'yaml'))); "
          "w.close()"],
         capture_output=True, text=True, timeout=60, check=False)
     assert r.stdout.splitlines()[-1] == "None True []", r
@@ -169,11 +173,11 @@ def test_report_times_are_what_datetime_writes(t: float) -> None:
     """report.py writes report names and times without importing datetime on every run."""
     import datetime as dt
 
-    from pveclean import report
+    from pveclean.host import reportfiles
 
     when = dt.datetime.fromtimestamp(t, dt.UTC)
-    assert report.utc_stamp(t) == when.strftime("%Y%m%dT%H%M%S.%fZ")
-    assert report.iso(t) == when.isoformat(timespec="milliseconds")
+    assert reportfiles.utc_stamp(t) == when.strftime("%Y%m%dT%H%M%S.%fZ")
+    assert reportfiles.iso(t) == when.isoformat(timespec="milliseconds")
 
 
 @pytest.mark.parametrize("argv,code,out,err", [
@@ -197,16 +201,16 @@ def test_prune_keeps_the_newest_reports_and_no_old_one(tmp_path: Path) -> None:
     """report.prune stats only as far as the first young report (oldest first)."""
     import time
 
-    from pveclean import report
+    from pveclean.host import reportfiles
 
     now = time.time()
-    names = [report.report_name(129, "manual", now - 86400 * (10 - i)) for i in range(10)]
+    names = [reportfiles.report_name(129, "manual", now - 86400 * (10 - i)) for i in range(10)]
     for i, name in enumerate(names):  # one a day, the oldest ten days old
         (tmp_path / name).write_text("vmid: 129\n")
         os.utime(tmp_path / name, (now - 86400 * (10 - i),) * 2)
-    (tmp_path / report.report_name(130, "manual", now - 86400 * 20)).write_text("vmid: 130\n")
-    assert report.prune(str(tmp_path), 129, keep=8, max_age_days=7.5) == 3  # 2 over, 1 old
-    assert [p.name for p in report.list_reports(str(tmp_path), 129)] == names[3:]
-    assert report.prune(str(tmp_path), 129, keep=2, max_age_days=30) == 5
-    assert [p.name for p in report.list_reports(str(tmp_path), 129)] == names[8:]
-    assert len(report.list_reports(str(tmp_path))) == 3  # CT 130's is not 129's to prune
+    (tmp_path / reportfiles.report_name(130, "manual", now - 86400 * 20)).write_text("vmid: 130\n")
+    assert reportfiles.prune(str(tmp_path), 129, keep=8, max_age_days=7.5) == 3  # 2 over, 1 old
+    assert [p.name for p in reportfiles.list_reports(str(tmp_path), 129)] == names[3:]
+    assert reportfiles.prune(str(tmp_path), 129, keep=2, max_age_days=30) == 5
+    assert [p.name for p in reportfiles.list_reports(str(tmp_path), 129)] == names[8:]
+    assert len(reportfiles.list_reports(str(tmp_path))) == 3  # CT 130's is not 129's to prune

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pveclean import minyaml
+from pveclean.core import minyaml
 
 LOADERS = [yaml.SafeLoader] + ([yaml.CSafeLoader] if hasattr(yaml, "CSafeLoader") else [])
 
@@ -180,11 +180,12 @@ def plain_configs(draw: st.DrawFn) -> str:
 
 
 def pyyaml_entries(text: str) -> Any:
-    from pveclean import config
+    from pveclean import errors
+    from pveclean.core import config
 
     try:
         entries = config._pyyaml_entries(text, "x")
-    except config.ConfigError as exc:
+    except errors.ConfigError as exc:
         return exc
     # parse() reads no value for a key it rejects: read them all, for the comparison
     node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -206,7 +207,7 @@ def test_the_config_reader_reads_what_pyyaml_reads_or_leaves_it_to_pyyaml(text: 
 def test_the_shipped_config_is_read_without_pyyaml() -> None:
     from pathlib import Path
 
-    from pveclean import config
+    from pveclean.core import config
 
     text = (Path(__file__).parent.parent / "config" / "pveclean.yaml").read_text()
     fast = minyaml.config_entries(text)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pveclean import chain
-from pveclean.config import parse
-from pveclean.hook import main as hook_main
-from pveclean.install import stamp
-from pveclean.model import EXIT_REFUSE, EXIT_USAGE
+from pveclean.commands.hook import main as hook_main
+from pveclean.core.config import parse
+from pveclean.errors import ExitCode
+from pveclean.proxmox import chain
+from pveclean.proxmox.hookscript import stamp
 from tests.lab.lxclab import REPO, Lab
 
 HOOK_ENV = {"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"}
@@ -57,9 +57,9 @@ def test_shim_turns_every_failure_into_one_warning(tmp_path: Path, body: str, sa
 
 
 def test_shim_fails_pre_start_only_on_the_refuse_code(tmp_path: Path) -> None:
-    script = shim_with(tmp_path, f"#!/bin/sh\necho refusing\nexit {EXIT_REFUSE}\n")
+    script = shim_with(tmp_path, f"#!/bin/sh\necho refusing\nexit {ExitCode.REFUSE}\n")
     res = run_shim(script, "129", "pre-start")
-    assert res.returncode == EXIT_REFUSE and res.stdout == "refusing\n"
+    assert res.returncode == ExitCode.REFUSE and res.stdout == "refusing\n"
     for phase in ("pre-stop", "post-stop", "post-start"):
         assert run_shim(script, "129", phase).returncode == 0
 
@@ -76,14 +76,14 @@ def test_an_exported_config_does_not_reach_an_unstamped_hook(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("vmid", ["1²9", "١٢٩", "１２９", "12 9", ""])
 def test_hook_vmid_is_ascii_digits_only(vmid: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert hook_main([vmid, "pre-start"]) == EXIT_USAGE
+    assert hook_main([vmid, "pre-start"]) == ExitCode.USAGE
     out = capsys.readouterr().out
     assert out.startswith("pveclean: invalid VMID") and out.count("\n") == 1
 
 
 def test_hook_main_never_raises(monkeypatch: pytest.MonkeyPatch,
                                 capsys: pytest.CaptureFixture[str]) -> None:
-    import pveclean.hook as hook
+    import pveclean.commands.hook as hook
 
     def boom(*_a: object) -> object:
         raise MemoryError("no memory")

@@ -9,11 +9,10 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pveclean import config
-from pveclean.discover import finish_probe
-from pveclean.pct import MAX_STDOUT, run_pct, start_pct
-from pveclean.probe import MAX_PATHS, MAX_PIDS, PROBE_SCRIPT, parse_probe
-from pveclean.report import MAX_VALUE, Redactor
+from pveclean.core import config
+from pveclean.core.report import MAX_VALUE, Redactor
+from pveclean.proxmox.pct import MAX_STDOUT, run_pct, start_pct
+from pveclean.proxmox.probe import MAX_PATHS, MAX_PIDS, PROBE_SCRIPT, finish_probe, parse_probe
 
 LINE = st.one_of(
     st.builds(lambda k, p, path: f"{k} {p} {path}", st.sampled_from(["fd", "map"]),

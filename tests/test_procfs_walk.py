@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pveclean import procfs
+from pveclean.host import cgroupfs
 
 
 def rm_deep(top: Path) -> None:
@@ -62,20 +62,20 @@ def _nest(root: Path, depth: int, name: str = "d") -> Path:
 
 def test_walk_is_iterative(tmp_path: Path) -> None:
     _nest(tmp_path, 1500)  # os.walk recursion failed past ~1000
-    tree = procfs.tree_pids(tmp_path)
+    tree = cgroupfs.tree_pids(tmp_path)
     assert tree.truncated is None and tree[4242] == "/".join(["d"] * 1500)
 
 
 def test_walk_past_its_cap_says_why(tmp_path: Path) -> None:
     _nest(tmp_path, 30)
-    tree = procfs.tree_pids(tmp_path, limit=10)
+    tree = cgroupfs.tree_pids(tmp_path, limit=10)
     assert tree.truncated and "more than 10 cgroups" in tree.truncated
     assert 4242 not in tree and bool(tree)  # not empty-looking: part of it was not seen
 
 
 def test_path_too_long_is_a_reason_not_an_error(tmp_path: Path) -> None:
     _nest(tmp_path, 40, "x" * 200)  # 8 KB: past PATH_MAX
-    tree = procfs.tree_pids(tmp_path)
+    tree = cgroupfs.tree_pids(tmp_path)
     assert tree.truncated and "too long" in tree.truncated and len(tree.truncated) < 400
 
 
@@ -89,5 +89,5 @@ def test_remove_empty_cgroups_is_iterative(tmp_path: Path) -> None:
         os.close(fd)
         fd = new
     os.close(fd)
-    removed = procfs.remove_empty_cgroups(top)
+    removed = cgroupfs.remove_empty_cgroups(top)
     assert len(removed) == 1201 and not top.exists()

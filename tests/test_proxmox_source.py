@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pveclean import chain, config, pveapi, pveconf
-from pveclean.model import PvecleanError
+from pveclean.core import config
+from pveclean.errors import PvecleanError
+from pveclean.host import configfile
+from pveclean.proxmox import chain, pveapi, pveconf
 from tests.lab.lxclab import Lab
 from tests.test_install import conf, other_hook, pveclean
 from tests.test_install import host as host  # the fixture
@@ -150,7 +152,7 @@ def test_api_config_merges_pending_unless_current(host: Lab, vmid: int) -> None:
     assert current["hookscript"] == "local:snippets/old" and current["memory"] == 512
     assert current["arch"] == "amd64"
     # pveclean reads the config in force
-    cfg = config.load(host.config_path)
+    cfg = configfile.load(host.config_path)
     api = pveapi.connect(cfg)
     env_path = os.environ["PATH"]
     os.environ["PATH"] = f"{host.root / 'bin'}:{env_path}"
@@ -251,7 +253,7 @@ def test_gpu_lines_proxmox_accepts(host: Lab, vmid: int, vmid2: int) -> None:
 
 
 def test_hook_parser_sees_every_gpu_of_the_container(tmp_path: Path) -> None:
-    from pveclean.hook import _container_minors
+    from pveclean.commands.hook import _container_minors
 
     (tmp_path / "lxc").mkdir()
     (tmp_path / "lxc/100.conf").write_text(
@@ -297,7 +299,7 @@ def test_no_missing_warning_when_the_storage_lacks_snippets(host: Lab, vmid: int
 def test_https_this_node_is_the_local_machine(cluster: Cluster,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pveapi, "nodename", lambda: "pve2")
-    api = pveapi.connect(config.load(cluster.config))
+    api = pveapi.connect(configfile.load(cluster.config))
     assert api.local_node() == "pve2"  # not pve1, the node api.host is
 
 
@@ -461,7 +463,8 @@ def test_without_the_dropin_a_reboot_inside_the_guest_fails_silently(lab: Lab,
 def test_unit_phases_never_fail_the_unit_but_by_a_refusal(tmp_path: Path,
                                                          capfd: pytest.CaptureFixture[str],
                                                          ) -> None:
-    from pveclean import dropin
+    from pveclean.commands import unit
+    from pveclean.proxmox import dropin
 
     (tmp_path / "lxc").mkdir()
     cfgfile = tmp_path / "pveclean.yaml"
@@ -473,7 +476,7 @@ def test_unit_phases_never_fail_the_unit_but_by_a_refusal(tmp_path: Path,
                  ["-c", str(cfgfile), "100", "bogus"],
                  ["-c", str(cfgfile), "abc", "start-pre"],
                  ["-c", str(tmp_path / "missing.yaml"), "100", "start-pre"]):
-        assert dropin.from_argv(argv) == 0, argv
+        assert unit.from_argv(argv) == 0, argv
     out = capfd.readouterr()
     assert "Traceback" not in out.out + out.err
     assert len(out.out.splitlines()) == 5
@@ -495,7 +498,7 @@ def test_dropin_start_pre_fails_the_unit_only_on_a_refusal(
         tmp_path: Path, script: str | None, expect_rc: int, warned: bool) -> None:
     """The ExecStartPre= line as systemd runs it ($$ is a literal $), with a pveclean that is
     missing, broken, killed, fine or refusing."""
-    from pveclean import dropin
+    from pveclean.proxmox import dropin
 
     exe = tmp_path / "pveclean"
     if script is not None:

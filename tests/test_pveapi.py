@@ -11,9 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from pveclean import config, pveapi
-from pveclean.cli import run_app
-from pveclean.model import EXIT_ACCESS, EXIT_USAGE, PvecleanError
+from pveclean import errors
+from pveclean.commands.cli import run_app
+from pveclean.core import config
+from pveclean.errors import ExitCode, PvecleanError
+from pveclean.host import configfile
+from pveclean.proxmox import pveapi
 
 GPU_LXC = [["lxc.cgroup2.devices.allow", "c 195:* rwm"],
            ["lxc.mount.entry", "/dev/nvidia0 dev/nvidia0 none bind,optional,create=file"]]
@@ -63,7 +66,7 @@ def cluster(fakepve: Any, fakepve_cafile: str, tmp_path: Path,
 
 
 def api_of(cluster: Cluster) -> pveapi.Api:
-    return pveapi.connect(config.load(cluster.config))
+    return pveapi.connect(configfile.load(cluster.config))
 
 
 def test_lists_nodes_and_containers(cluster: Cluster) -> None:
@@ -99,10 +102,10 @@ def test_api_token_is_refused_with_a_clear_error(cluster: Cluster,
     cfg = write_config(cluster.tmp, backend="https", host="127.0.0.1:1",
                        user="root@pam!pveclean", password_file=str(cluster.tmp / "password"))
     with pytest.raises(PvecleanError) as exc:
-        pveapi.connect(config.load(cfg))
-    assert exc.value.exit_code == EXIT_USAGE
+        pveapi.connect(configfile.load(cfg))
+    assert exc.value.exit_code == ExitCode.USAGE
     assert "is an API token: Proxmox lets only root@pam set or delete hookscripts" in str(exc.value)
-    assert run_app(["install", "101", "-c", str(cfg)]) == EXIT_USAGE
+    assert run_app(["install", "101", "-c", str(cfg)]) == ExitCode.USAGE
     err = capsys.readouterr().err
     assert err.startswith("pveclean: api.user 'root@pam!pveclean' is an API token")
     assert err.count("\n") == 1
@@ -115,8 +118,8 @@ def test_proxmox_refuses_other_users_the_hookscript(cluster: Cluster) -> None:
     (cluster.tmp / "ops").write_text("opspw\n")
     cfg = write_config(cluster.tmp, backend="https", host=pve.url.removeprefix("https://"),
                        user="ops@pve", password_file=str(cluster.tmp / "ops"),
-                       verify_ssl=config.load(cluster.config).api["verify_ssl"])
-    api = pveapi.connect(config.load(cfg))
+                       verify_ssl=configfile.load(cluster.config).api["verify_ssl"])
+    api = pveapi.connect(configfile.load(cfg))
     assert [c.vmid for c in api.containers()] == [101, 102, 201]  # reading is allowed
     with pytest.raises(PvecleanError) as exc:
         api.set_hookscript("pve1", 101, "local:snippets/pveclean-hook")
@@ -131,7 +134,7 @@ def test_locked_container(cluster: Cluster) -> None:
     with pytest.raises(PvecleanError) as exc:
         api.set_hookscript("pve1", 101, "local:snippets/x")
     assert str(exc.value) == "PUT /nodes/pve1/lxc/101/config: CT is locked (backup)"
-    assert exc.value.exit_code == EXIT_ACCESS
+    assert exc.value.exit_code == ExitCode.ACCESS
     assert [c.lock for c in api.containers() if c.vmid == 101] == ["backup"]
     cluster.pve.ct(101).lock = None
     asyncio.run(cluster.pve.hold_config_lock(102, None))
@@ -163,13 +166,13 @@ def test_login_and_certificate_errors(cluster: Cluster) -> None:
     ):
         cfg = write_config(cluster.tmp, backend="https", host=host, **api)
         with pytest.raises(PvecleanError, match=re.escape(needle)):
-            pveapi.connect(config.load(cfg))
+            pveapi.connect(configfile.load(cfg))
 
 
 def test_api_config_is_validated() -> None:
-    with pytest.raises(config.ConfigError, match="line 1: 'api' must be a mapping"):
+    with pytest.raises(errors.ConfigError, match="line 1: 'api' must be a mapping"):
         config.parse("api: {backend: ssh}\n", "c.yaml")
-    with pytest.raises(config.ConfigError):
+    with pytest.raises(errors.ConfigError):
         config.parse("api: {verify_ssl: maybe}\n", "c.yaml")
     cfg = config.parse("api: {backend: https, host: pve1}\n", "c.yaml")
     assert cfg.api == {**config.DEFAULT_API, "backend": "https", "host": "pve1"}
@@ -177,6 +180,6 @@ def test_api_config_is_validated() -> None:
 
 def test_local_backend_without_pvesh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    api = pveapi.connect(config.load(write_config(tmp_path, backend="local")))
+    api = pveapi.connect(configfile.load(write_config(tmp_path, backend="local")))
     with pytest.raises(PvecleanError, match=r"pvesh not found: api\.backend local runs pvesh"):
         api.nodes()

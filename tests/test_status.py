@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pveclean import config, pveapi
-from pveclean.cli import run_app
-from pveclean.status import collect
+from pveclean.commands.cli import run_app
+from pveclean.commands.status import collect
+from pveclean.host import configfile
+from pveclean.proxmox import pveapi
 from tests.lab.lxclab import Lab
 from tests.lab.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
 from tests.test_install import host as host
@@ -68,7 +69,7 @@ def test_cluster_status_kinds_and_missing_snippet_warnings(cluster: Cluster) -> 
     chained = cluster.tmp / "state/chain"
     chained.mkdir(parents=True)
     (chained / "101").write_text("local:snippets/old.sh\n/var/lib/vz/snippets/old.sh\n")
-    cfg = config.load(cluster.config)
+    cfg = configfile.load(cluster.config)
     data = collect(pveapi.connect(cfg), cfg, with_holders=False)
     ct = {e["vmid"]: e for e in data["containers"]}
     assert (ct[101]["hook"], ct[101]["chained"]) == ("chained", "local:snippets/old.sh")

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pveclean import units
-from pveclean.model import Holder
+from pveclean.core import units
+from pveclean.core.records import Holder
+from pveclean.proxmox import guestunits
 from tests.lab import units as labsd
 from tests.lab.lxclab import Lab
 
@@ -124,7 +125,7 @@ def test_stop_units_stops_only_stoppable_units_and_judges_from_the_host(tmp_path
           _holder(12, "/lxc/129/ns/init.scope"),
           _holder(13, "/lxc/129/ns/system.slice/p.service", protected="protected name 'x'"),
           _holder(14, "/lxc/129/ns/.lxc")]
-    out = units.stop_units(129, hs, None, root, _fake_pct(tmp_path, "exit 0"), 5)
+    out = guestunits.stop_units(129, hs, None, root, _fake_pct(tmp_path, "exit 0"), 5)
     assert (tmp_path / "argv").read_text() == \
         "exec 129 -- systemctl stop -- a.service b.service\n"
     by = {u["unit"]: u for u in out["units"]}
@@ -138,7 +139,7 @@ def test_stop_units_stops_only_stoppable_units_and_judges_from_the_host(tmp_path
 def test_stop_units_is_bounded_and_says_so(tmp_path: Path) -> None:
     root = _cgroups(tmp_path, {"lxc/129/ns/system.slice/a.service": "77\n"})
     t0 = time.monotonic()
-    out = units.stop_units(129, [_holder(10, "/lxc/129/ns/system.slice/a.service")], None,
+    out = guestunits.stop_units(129, [_holder(10, "/lxc/129/ns/system.slice/a.service")], None,
                            root, _fake_pct(tmp_path, "exec sleep 30"), 0.5)
     assert time.monotonic() - t0 < 5
     assert out["units"][0]["action"] == "timed out"
@@ -148,13 +149,13 @@ def test_a_container_without_systemctl_gets_one_clear_line(tmp_path: Path) -> No
     root = _cgroups(tmp_path, {"lxc/129/ns/system.slice/a.service": "77\n"})
     pct = _fake_pct(tmp_path, "echo 'lxc-attach: 129: attach.c: Failed to exec \"systemctl\"' "
                               ">&2; exit 127")
-    out = units.stop_units(129, [_holder(10, "/lxc/129/ns/system.slice/a.service")], None,
+    out = guestunits.stop_units(129, [_holder(10, "/lxc/129/ns/system.slice/a.service")], None,
                            root, pct, 5)
     assert out["units"][0]["action"] == "failed" and "exit 127" in out["note"]
     assert "cleaning up as usual" in out["note"]
-    out = units.stop_units(129, [_holder(10, "/lxc/129/ns")], None, root, pct, 5)
+    out = guestunits.stop_units(129, [_holder(10, "/lxc/129/ns")], None, root, pct, 5)
     assert out["units"] == [] and "no GPU holder of CT 129 runs in a systemd unit" in out["note"]
-    out = units.stop_units(129, [], None, root, pct, 5)
+    out = guestunits.stop_units(129, [], None, root, pct, 5)
     assert out["units"] == [] and out["note"] == "CT 129 has no GPU holders: no unit to stop"
 
 
@@ -166,18 +167,18 @@ def test_hints_name_the_unit_and_the_exact_command(tmp_path: Path) -> None:
         {"host_pid": 2, "unit": "b.service", "cgroup": "/lxc/129/ns/system.slice/b.service",
          "respawned_by": "systemd (host PID 9)", "round": 1},
         {"host_pid": 3, "unit": "init.scope", "cgroup": "/lxc/129/ns/init.scope"}]
-    got = units.hints(129, hs, root, False, set())
+    got = guestunits.hints(129, hs, root, False, set())
     assert got == [
         "a.service in CT 129 is still active (1 process(es) in its cgroup); stop it with: "
         "pct exec 129 -- systemctl stop a.service (or: pveclean ct 129 --stop-units)",
         "b.service in CT 129 restarted its GPU holders; stop it with: "
         "pct exec 129 -- systemctl stop b.service (or: pveclean ct 129 --stop-units)"]
-    assert units.hints(129, hs, root, False, {"a.service", "b.service"}) == []
+    assert guestunits.hints(129, hs, root, False, {"a.service", "b.service"}) == []
     # after a manual cleanup, a service whose holders were stopped and are not back (yet)
     c = [{"host_pid": 4, "unit": "c.service", "cgroup": "/lxc/129/ns/system.slice/c.service",
           "outcome": "terminated"}]
-    assert units.hints(129, c, root, False, set()) == []  # a hook: the container stops
-    assert units.hints(129, c, root, False, set(), manual=True) == [
+    assert guestunits.hints(129, c, root, False, set()) == []  # a hook: the container stops
+    assert guestunits.hints(129, c, root, False, set(), manual=True) == [
         "c.service in CT 129 ran the GPU holders stopped now, and starts them again later if "
         "it has Restart=; stop it with: pct exec 129 -- systemctl stop c.service (or: "
         "pveclean ct 129 --stop-units)"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pveclean.notify import label
-from pveclean.render import holders_table
-from pveclean.text import safe, width
+from pveclean.commands.render import holders_table
+from pveclean.core.text import safe, width
+from pveclean.host.notify import label
 
 
 def test_control_and_bidi_characters_are_escaped() -> None:

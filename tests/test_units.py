@@ -12,9 +12,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pveclean import config, probe, procfs, pveconf
-from pveclean.model import PvecleanError
-from pveclean.report import Redactor
+from pveclean import errors
+from pveclean.core import config
+from pveclean.core.report import Redactor
+from pveclean.errors import PvecleanError
+from pveclean.host import cgroupfs, configfile, devnodes, procfs
+from pveclean.proxmox import probe, pveconf
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,7 +54,7 @@ def test_every_key_in_the_shipped_config_is_commented() -> None:
     ("grace_seconds: 1\ngrace_seconds: 2\n", "line 2: key 'grace_seconds' given twice"),
 ])
 def test_config_errors_name_key_and_line(text: str, needle: str) -> None:
-    with pytest.raises(config.ConfigError) as exc:
+    with pytest.raises(errors.ConfigError) as exc:
         config.parse(text, "cfg.yaml")
     assert needle in str(exc.value) and str(exc.value).startswith("cfg.yaml")
     assert "\n" not in str(exc.value)
@@ -64,13 +67,13 @@ def test_config_search_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     for p in (a, b):
         p.chmod(0o644)
     monkeypatch.setenv("PVECLEAN_CONFIG", str(b))
-    assert config.load(a).grace_seconds == 1.0
-    assert config.load().grace_seconds == 2.0
+    assert configfile.load(a).grace_seconds == 1.0
+    assert configfile.load().grace_seconds == 2.0
     monkeypatch.delenv("PVECLEAN_CONFIG")
-    monkeypatch.setattr(config, "DEFAULT_PATH", tmp_path / "missing.yaml")
-    assert config.load() == config.Config()
-    with pytest.raises(config.ConfigError, match="does not exist"):
-        config.load(tmp_path / "nope.yaml")
+    monkeypatch.setattr(configfile, "DEFAULT_PATH", tmp_path / "missing.yaml")
+    assert configfile.load() == config.Config()
+    with pytest.raises(errors.ConfigError, match="does not exist"):
+        configfile.load(tmp_path / "nope.yaml")
 
 
 def test_config_check_command(tmp_path: Path) -> None:
@@ -94,7 +97,7 @@ def test_config_check_command(tmp_path: Path) -> None:
 def test_config_parser_never_crashes(text: str) -> None:
     try:
         config.parse(text, "fuzz")
-    except config.ConfigError as exc:
+    except errors.ConfigError as exc:
         assert str(exc).startswith("fuzz")
 
 
@@ -105,7 +108,7 @@ def test_config_parser_never_crashes(text: str) -> None:
 def test_config_values_of_any_type(values: dict[str, object]) -> None:
     try:
         cfg = config.parse(yaml.safe_dump(values), "fuzz")
-    except config.ConfigError:
+    except errors.ConfigError:
         return
     assert isinstance(cfg.grace_seconds, float) and isinstance(cfg.devices, list)
 
@@ -171,7 +174,7 @@ def test_nvidia_majors_from_proc_devices(tmp_path: Path) -> None:
     f = tmp_path / "devices"
     f.write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n195 nvidia\n"
                  "508 nvidia-uvm\n509 nvidia-caps\n10 misc\n\nBlock devices:\n 259 nvidia-x\n")
-    assert procfs.nvidia_majors(str(f)) == frozenset({195, 508, 509})
+    assert devnodes.nvidia_majors(str(f)) == frozenset({195, 508, 509})
 
 
 def test_container_config_gpu_lines() -> None:
@@ -223,18 +226,18 @@ def test_cgroup2_root_from_mounts(tmp_path: Path) -> None:
     m = tmp_path / "mounts"
     m.write_text("cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n"
                  "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
-    assert procfs.cgroup2_root(str(m)) == "/sys/fs/cgroup/unified"
+    assert cgroupfs.cgroup2_root(str(m)) == "/sys/fs/cgroup/unified"
     m.write_text("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
-    assert procfs.cgroup2_root(str(m)) == "/sys/fs/cgroup"
+    assert cgroupfs.cgroup2_root(str(m)) == "/sys/fs/cgroup"
     m.write_text("proc /proc proc rw 0 0\n")
     with pytest.raises(PvecleanError, match="no cgroup v2"):
-        procfs.cgroup2_root(str(m))
+        cgroupfs.cgroup2_root(str(m))
 
 
 def test_wheel_install_ships_the_hookscript(tmp_path: Path) -> None:
     """A non-editable install (the README's way onto a host) carries the hookscript where
     `pveclean install` looks for it: <prefix>/share/pveclean/hookscripts/."""
-    from pveclean import install
+    from pveclean.proxmox import hookscript
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -246,7 +249,7 @@ def test_wheel_install_ships_the_hookscript(tmp_path: Path) -> None:
     shipped = Path(prefix) / "share/pveclean/hookscripts/pveclean-hook"
     assert shipped.read_text() == (REPO / "hookscripts/pveclean-hook").read_text()
     assert shipped.stat().st_mode & 0o111
-    rel = [t.relative_to(sys.prefix) for t in install.TEMPLATES if t.is_relative_to(sys.prefix)]
+    rel = [t.relative_to(sys.prefix) for t in hookscript.TEMPLATES if t.is_relative_to(sys.prefix)]
     assert Path("share/pveclean/hookscripts/pveclean-hook") in rel
 
 
@@ -262,5 +265,5 @@ def test_grace_must_be_finite(value: str) -> None:
                                  "max_report_age_days"])
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", ".NaN"])
 def test_config_numbers_must_be_finite(key: str, value: str) -> None:
-    with pytest.raises(config.ConfigError, match=key):
+    with pytest.raises(errors.ConfigError, match=key):
         config.parse(f"{key}: {value}\n", "cfg.yaml")

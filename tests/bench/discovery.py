@@ -150,17 +150,17 @@ def scan_only(lab: Lab, vmid: int, runs: int) -> list[float] | None:
     run that depends on process counts, without interpreter start, probe, NVML or report.
     None when pveclean's internals no longer fit this call."""
     try:
-        from pveclean import config as pc
-        from pveclean import discover, pveconf
-        from pveclean import run as prun
+        from pveclean import cleanup
+        from pveclean.host import configfile, procscan
+        from pveclean.proxmox import pveconf
 
-        cfg = pc.load(lab.config_path)
-        scope = prun.make_scope(vmid, cfg, pveconf.read_config(cfg.pve_config_dir, vmid))
-        discover.scan_host(scope)
+        cfg = configfile.load(lab.config_path)
+        scope = cleanup.make_scope(vmid, cfg, pveconf.read_config(cfg.pve_config_dir, vmid))
+        procscan.scan_host(scope)
         out = []
         for _ in range(runs):
             t0 = time.perf_counter()
-            discover.scan_host(scope)
+            procscan.scan_host(scope)
             out.append(time.perf_counter() - t0)
         return out
     except Exception as exc:  # internals changed: report n/a rather than fail the bench

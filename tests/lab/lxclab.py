@@ -521,7 +521,7 @@ class Lab:
     def install_hook(self, vmid: int, name: str = "pveclean-hook") -> str:
         """Copy the hookscript into the lab's snippets with the lab's pveclean and config,
         as `pveclean install` does on a host, and register it with the pct stand-in."""
-        from pveclean.install import stamp
+        from pveclean.proxmox.hookscript import stamp
 
         exe = Path(sys.executable).parent / "pveclean"
         text = stamp((REPO / "hookscripts/pveclean-hook").read_text(), str(exe),

@@ -1,0 +1,212 @@
+"""`pveclean gpus`: every GPU of this host and who uses it, attributed to its owner.
+
+Owners: a container (VMID, hostname, the systemd unit inside it), the host (process and its
+systemd unit), or a VM that the GPU is passed to (bound to vfio-pci, named in a `hostpci`
+line). Memory comes from NVML per process and per GPU; what no process accounts for is
+shown as a leak.
+
+Fast on a busy host: a container whose config passes no GPU through cannot open a GPU node
+(its devices cgroup denies it), so its processes are not read at all. The containers that can
+are scanned as `pveclean ct` scans one (discover.scan_host); the host's own processes
+(everything outside the `lxc/` cgroup tree) the same way. NVML's PIDs are attributed by their
+cgroup, so a process with GPU memory is never missed, wherever it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from pveclean.commands.render import render_gpus
+from pveclean.core.config import Config
+from pveclean.core.discovery import stall_for
+from pveclean.core.gpumap import Proc, _from_holder, _gpu_entry, _gpu_indices, _minors, _order
+from pveclean.core.records import GpuDevices, GpuMemory, Scope
+from pveclean.errors import ExitCode, PvecleanError
+from pveclean.host import cgroupfs, devnodes, reportfiles
+from pveclean.host.hostscan import HostScan
+from pveclean.host.nvml import Nvml, NvmlUnavailable
+from pveclean.host.procscan import _attribute, w_scan
+from pveclean.host.reads import Reader
+from pveclean.proxmox import pveconf
+from pveclean.proxmox.passthrough import PCI_DEVICES, vfio_gpus
+from pveclean.proxmox.pveconf import may_use_gpus
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+# ---- the command ---------------------------------------------------------------------------
+READERS_SHARE = 0.8  # of the deadline: the host's forked readers are given up on by then
+
+
+def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: int = 0,
+         pci_root: Path = PCI_DEVICES) -> int:
+    """`pveclean gpus`: read the host in a worker bounded by deadline_seconds, print, and
+    with `watch` do it again every `watch` seconds (`count` times; 0: until Ctrl-C).
+    Exit code 0, or PvecleanError (exit 3) when the host could not be read in time."""
+    import sys
+
+    from pveclean.host.worker import RemoteError, Worker, WorkerError
+
+    tty = sys.stdout.isatty()
+    shown = 0
+    limit = cfg.deadline_seconds
+    with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
+        try:
+            while True:
+                # its forked readers are given up on first, so that the rest is still shown
+                end = time.monotonic() + limit * READERS_SHARE
+                data = wk.call(w_collect, cfg, pci_root, end, timeout=limit, what="gpus")
+                if as_json:
+                    import json
+
+                    text = json.dumps(data, indent=2, default=str)
+                else:
+                    text = render_gpus(data)
+                if watch and tty and not as_json:
+                    text = "\x1b[H\x1b[2J" + text  # redraw in place
+                print(text, flush=True)
+                shown += 1
+                if not watch or (count and shown >= count):
+                    break
+                if not tty or as_json:
+                    print(flush=True)
+                time.sleep(watch)
+        except KeyboardInterrupt:
+            pass
+        except WorkerError as exc:
+            raise PvecleanError(f"gpus: reading the host did not finish within {limit:.0f} s "
+                                f"({str(exc).removeprefix('gpus: ')}); nothing shown",
+                                ExitCode.ACCESS) from None
+        except RemoteError as exc:
+            raise PvecleanError(f"gpus: {exc}", ExitCode.ACCESS) from None
+    return ExitCode.OK
+
+
+# ---- one look at the host -----------------------------------------------------------------
+def w_collect(cfg: Config, pci_root: Path, end: float | None = None) -> dict[str, Any]:
+    """collect() in a worker (`pveclean gpus`): what can hang there (a pmxcfs that stopped
+    answering, /proc/PID/maps of a process wedged in the GPU driver, NVML) hangs the worker,
+    which the command gives up on at its deadline, not the command. The NVML session lives
+    in the worker's state across --watch refreshes."""
+    from pveclean.host import worker
+
+    return collect(cfg, Nvml.in_worker(worker.state()), pci_root,
+                   exclude={os.getpid(), os.getppid()}, end=end)
+
+
+def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES,
+            exclude: set[int] | None = None, end: float | None = None) -> dict[str, Any]:
+    """Every GPU, every holder, every owner, as one plain dict (what --json prints).
+    `exclude`: pveclean's own processes (default: this one), left out of the host's; `end`
+    (monotonic): when the host's forked readers are given up on."""
+    t0 = time.monotonic()
+    root = Path(cfg.cgroup_root or cgroupfs.cgroup2_root())
+    devices = devnodes.gpu_devices(cfg.devices)
+    warnings: list[str] = []
+    host_scan: HostScan | None = None
+    try:
+        # the host's readers go first: they read while the containers and NVML are asked
+        host_scan = HostScan(root, devices, exclude or {os.getpid()}, stall_for(cfg), end)
+    except Exception as exc:
+        warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); host "
+                        "holders are shown only as NVML lists them")
+    ct_reader = Reader(end, stall_for(cfg), warnings)  # the containers', one after another
+    try:
+        return _collect(cfg, nvml, pci_root, root, devices, host_scan, ct_reader, warnings, t0)
+    finally:
+        ct_reader.close()
+        if host_scan is not None:
+            host_scan.close()
+
+
+def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices: GpuDevices,
+             host_scan: HostScan | None, ct_reader: Reader, warnings: list[str], t0: float
+             ) -> dict[str, Any]:
+    majors = devnodes.nvidia_majors()
+    pve = Path(cfg.pve_config_dir).parent
+    procs: dict[int, Proc] = {}
+    hostnames: dict[int, str] = {}
+    scanned, skipped = [], []
+    try:
+        ct_dirs = sorted(e.name for e in os.scandir(root / "lxc") if e.is_dir())
+    except OSError:
+        ct_dirs = []
+    for name in ct_dirs:
+        if not name.isdigit():
+            continue
+        vmid = int(name)
+        try:
+            conf: pveconf.CtConfig | None = pveconf.read_config(cfg.pve_config_dir, vmid)
+        except PvecleanError:
+            conf = None  # a cgroup without a config here: cannot tell, so look
+        if conf is not None:
+            hostnames[vmid] = conf.get("hostname") or ""
+            if not may_use_gpus(conf, majors):
+                skipped.append(vmid)
+                continue
+        scanned.append(vmid)
+        scope = Scope(vmid, root / "lxc" / name, devices, frozenset(),
+                      running=cgroupfs.monitor_running(str(root), vmid))
+        view = ct_reader.call(w_scan, (scope,), f"reading CT {vmid}")
+        if view is None:  # a tree the container made unreadable, or a read past the deadline
+            warnings.append(f"CT {vmid}: its cgroup tree could not be read; its holders are "
+                            "shown only as NVML lists them")
+            continue
+        for h in view.holders.values():
+            procs[h.host_pid] = _from_holder(h, vmid)
+    nvml_state = "ok"
+    gpus: list[GpuMemory] = []
+    used: dict[int, dict[int, int | None]] = {}
+    buses: dict[int, str] = {}
+    if nvml is None:
+        nvml_state = "disabled"
+    else:
+        try:
+            gpus = nvml.memory()
+            used = nvml.processes()
+            buses = nvml.pci_bus_ids()
+        except NvmlUnavailable as exc:
+            nvml_state = f"unavailable: {exc}"
+            warnings.append(f"NVML unavailable ({exc}): holders from device nodes only, "
+                            "no memory")
+    host: list[Proc] = []
+    n_host = 0
+    if host_scan is not None:
+        try:
+            host, n_host, unread = host_scan.result()
+            warnings += unread
+        except Exception as exc:
+            warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); "
+                            "host holders are shown only as NVML lists them")
+    procs.update((p.host_pid, p) for p in host)
+    for pid, per_gpu in used.items():
+        p = procs.get(pid) or _attribute(pid)
+        p.memory.update(per_gpu)
+        procs[pid] = p
+    for p in procs.values():
+        p.minors = _minors(p, devices)
+    qemu_dir = pve / "qemu-server"
+    vfio = vfio_gpus(pci_root, qemu_dir, pve / "mapping" / "pci.cfg")
+    for p in procs.values():
+        if p.vmid is not None and p.vmid not in hostnames:
+            hostnames[p.vmid] = ""
+    data = {
+        "pveclean_gpus": 1,
+        "host": os.uname().nodename,
+        "time": reportfiles.iso(time.time()),
+        "gpus": [_gpu_entry(g, buses.get(g.index), procs.values()) for g in gpus],
+        "other_holders": [p.as_dict() for p in sorted(procs.values(), key=_order)
+                          if not _gpu_indices(p, gpus)],
+        "vfio": vfio,
+        "containers": {str(v): {"hostname": hostnames.get(v, "")} for v in sorted(hostnames)},
+        "scan": {"containers_scanned": scanned, "containers_skipped_no_gpu": skipped,
+                 "host_processes": n_host, "host_holders": len(host),
+                 "seconds": round(time.monotonic() - t0, 3)},
+        "sources": {"host": "ok", "nvml": nvml_state},
+        "warnings": warnings,
+    }
+    return data

@@ -1,0 +1,281 @@
+"""`pveclean hook VMID PHASE`: what the guest hookscript does in each Proxmox phase.
+
+Lean on purpose (no typer, no proxmoxer): it runs on every container start and stop.
+Proxmox gives hooks no timeout, so every phase is bounded by the config's deadline.
+Only pre-start can fail a task (a non-zero exit aborts the start), and only by a decision:
+ExitCode.REFUSE (see model.py); the others always exit 0.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+
+from pveclean.cleanup import cgroup_root, clean, finish, new_worker, reserve_for
+from pveclean.core.config import PHASES, Config
+from pveclean.core.discovery import stall_for
+from pveclean.core.records import Deadline
+from pveclean.core.report import RunResult, find_leaks
+from pveclean.core.text import safe
+from pveclean.errors import ConfigError, ExitCode, PvecleanError
+from pveclean.host import cgroupfs, prelude, reportfiles
+from pveclean.host.configfile import load
+from pveclean.host.nvml import Nvml
+from pveclean.host.reads import Reads
+from pveclean.host.worker import Worker
+from pveclean.proxmox import chain, pveconf
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _where(res: RunResult) -> str:
+    if res.path:
+        return f"report {res.path}"
+    return f"report NOT written: {res.report_error}"
+
+
+def pre_stop(vmid: int, cfg: Config, early: Worker | None = None) -> int:
+    if early is not None:
+        prelude.warm(early, cfg, vmid)
+    res = clean(vmid, cfg, phase="pre-stop", worker=early)
+    rep = res.report
+    if rep["verdict"] == "busy":
+        return _busy(vmid, "pre-stop", res)
+    s = rep["summary"]
+    dur = rep["duration_s"]
+    if rep["verdict"] == "nothing-to-do":
+        say(f"pveclean: CT {vmid} pre-stop: no GPU holders ({dur:.2f} s); {_where(res)}")
+    elif rep["verdict"] == "clean":
+        say(f"pveclean: CT {vmid} pre-stop: stopped {s['stopped']} GPU holders "
+            f"({s['freed_mib']} MiB freed) in {dur:.1f} s; {_where(res)}")
+    else:
+        left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
+        names = ", ".join(f"PID {h['host_pid']} {safe(h['name'], 16)} ({h['outcome']}, "
+                          f"state {safe(h['state'], 4)})" for h in left[:5])
+        why = f": {names}" if left else f" or cannot be ruled out: {_first_error(rep)}"
+        say(f"pveclean: WARNING: CT {vmid} pre-stop: {len(left)} GPU holder(s) REMAIN after "
+            f"{dur:.1f} s{why}; GPU memory may stay allocated; {_where(res)}")
+    _unsaved(res)
+    return 0
+
+
+def _first_error(rep: dict[str, Any]) -> str:
+    errors = rep.get("errors") or ["unknown"]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{safe(errors[0], 300)}{more}"
+
+
+def _unsaved(res: RunResult) -> None:
+    """A report that could not be written goes to stderr (the task log) in full; the syslog
+    line was sent by finish()."""
+    if res.report_error:
+        sys.stderr.write("--- pveclean report (not saved) ---\n" + reportfiles.to_yaml(res.report))
+        sys.stderr.flush()
+
+
+def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> dict[str, Any] | None:
+    for path in reversed(reportfiles.list_reports(cfg.report_dir, vmid)):
+        if f"-{phase}-" not in path.name:
+            continue
+        try:
+            if time.time() - path.stat().st_mtime > max_age:
+                return None
+            return reportfiles.load(path)
+        except (OSError, reportfiles.ReportError):
+            return None
+    return None
+
+
+def _container_minors(ctconf: pveconf.CtConfig | None) -> set[int]:
+    """N of each /dev/nvidiaN the container's config (as the run read it) passes through."""
+    paths = ctconf.gpu_paths() if ctconf is not None else []
+    return {int(m.group(1)) for p in paths if (m := re.fullmatch(r"/dev/nvidia(\d+)", p))}
+
+
+def _via(rep: dict[str, Any], via: str | None) -> dict[str, Any]:
+    """The report, saying after its phase what ran it when that is not the hookscript."""
+    if via is None:
+        return rep
+    head: dict[str, Any] = {k: rep[k] for k in ("pveclean", "vmid", "phase") if k in rep}
+    return {**head, "via": via, **rep}
+
+
+def post_stop(vmid: int, cfg: Config, early: Worker | None = None,
+              via: str | None = None) -> int:
+    """The container's processes are gone: is the GPU memory they had released?
+    NVML is asked in the run's worker, within the run's deadline (see worker.py). `via`:
+    what ran it, in its report, when not the hookscript (the systemd drop-in)."""
+    deadline = Deadline(cfg.deadline_seconds)
+    if early is not None:
+        prelude.warm(early, cfg, vmid)  # its settings; no init for a stopped container
+    with early or new_worker(cfg) as wk:
+        res = clean(vmid, cfg, phase="post-stop", write_report=False, worker=wk,
+                    deadline=deadline)
+        rep = _via(res.report, via)
+        if rep["verdict"] == "busy":
+            return _busy(vmid, "post-stop", res)
+        pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
+        used_by_ct = {int(g) for h in (pre or {}).get("holders", [])
+                      for g in (h.get("gpu_memory_mib") or {})}
+        leaks: list[dict[str, Any]] = []
+        end = deadline.end - reserve_for(cfg)
+        with Reads(wk, deadline, stall_for(cfg), True,
+                   Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout) as reads:
+            memory = reads.memory(end)
+            procs = reads.processes(end) if memory is not None else None
+        if memory is None or procs is None:
+            rep.setdefault("warnings", []).append(
+                f"post-stop memory check skipped: {reads.nvml_error}")
+        else:
+            leaks = find_leaks(memory, procs, _container_minors(res.ctconf), used_by_ct)
+    rep["leaks"] = leaks
+    if pre is not None:
+        rep["pre_stop_report"] = {"start": pre.get("start"), "verdict": pre.get("verdict"),
+                                  "freed_mib": (pre.get("summary") or {}).get("freed_mib")}
+    if leaks and rep["verdict"] in ("clean", "nothing-to-do"):
+        rep["verdict"] = "leaked"
+    res = finish(rep, cfg, deadline=deadline)
+    _unsaved(res)
+    if rep["verdict"] == "leaked":
+        desc = ", ".join(f"GPU {x['index']} {x['unaccounted_mib']} MiB" for x in leaks)
+        say(f"pveclean: CT {vmid} post-stop: leaked {desc}; see {res.path}")
+    elif rep["verdict"] == "residual":
+        say(f"pveclean: CT {vmid} post-stop: GPU holders remain; see {res.path}")
+    return 0
+
+
+def _busy(vmid: int, phase: str, res: RunResult) -> int:
+    errors = safe("; ".join(res.report["errors"]), 300)
+    say(f"pveclean: WARNING: CT {vmid} {phase}: skipped, {errors}; {_where(res)}")
+    return 0
+
+
+def pre_start(vmid: int, cfg: Config, early: Worker | None = None,
+              via: str | None = None) -> int:
+    """`early` is always None: a start forks no worker ahead (it asks NVML nothing unless
+    something is left, see prelude.NVML_PHASES). `via`: as post_stop's."""
+    res = clean(vmid, cfg, phase="pre-start", write_report=False)
+    rep = _via(res.report, via)
+    if rep["verdict"] == "busy":
+        res = finish(rep, cfg)
+        return _busy(vmid, "pre-start", res)  # not knowing is no reason to refuse
+    if not rep["container"]["running"]:
+        # Leftover cgroups of an earlier run make lxc-start fail; empty ones can go.
+        removed = cgroupfs.remove_empty_cgroups(cgroupfs.container_cgroup(cgroup_root(cfg), vmid))
+        if removed:
+            rep["removed_cgroups"] = removed
+    if rep["verdict"] == "nothing-to-do" and not rep.get("removed_cgroups"):
+        return 0
+    res = finish(rep, cfg)
+    _unsaved(res)
+    if rep["verdict"] == "nothing-to-do":
+        return 0
+    s = rep["summary"]
+    if rep["verdict"] == "clean":
+        say(f"pveclean: CT {vmid} pre-start: stopped {s['stopped']} leftover GPU holder(s) of "
+            f"an earlier run; {_where(res)}")
+        return 0
+    left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
+    names = ", ".join(f"PID {h['host_pid']} {safe(h['name'], 16)} (state {safe(h['state'], 4)})"
+                      for h in left[:5])
+    if not left:  # nothing seen that stays: not knowing is no reason to refuse
+        say(f"pveclean: WARNING: CT {vmid} pre-start: could not check every leftover process: "
+            f"{_first_error(rep)}; starting anyway; {_where(res)}")
+        return 0
+    if cfg.pre_start_policy == "refuse":
+        say(f"pveclean: CT {vmid} pre-start: refusing to start: {len(left)} process(es) of an "
+            f"earlier run still hold GPUs: {names}; {_where(res)}")
+        return ExitCode.REFUSE
+    say(f"pveclean: WARNING: CT {vmid} pre-start: {len(left)} leftover process(es) still hold "
+        f"GPUs: {names}; starting anyway (pre_start_policy: warn); {_where(res)}")
+    return 0
+
+
+HANDLERS = {"pre-stop": pre_stop, "post-stop": post_stop, "pre-start": pre_start}
+
+
+def main(argv: list[str], early: Worker | None = None) -> int:
+    """Never raises: every failure is one line in the task log. Only pre-start can return
+    ExitCode.REFUSE (a decision); the shim turns every other non-zero status into a warning.
+    `early`: the worker of a pre-stop or post-stop, forked by __main__ before this module
+    was imported (prelude.py); else forked here."""
+    phase = argv[1] if len(argv) == 2 else "?"
+    try:
+        return _main(argv, early)
+    except KeyboardInterrupt:
+        say(f"pveclean: hook {phase}: interrupted; nothing more done")
+    except SystemExit as exc:  # a library calling sys.exit(): never a refusal
+        say(f"pveclean: hook {phase}: stopped early (exit {exc.code}); nothing more done")
+    except BaseException as exc:  # MemoryError, a bug: one line, never a traceback
+        say(f"pveclean: hook {phase}: internal error: {type(exc).__name__}: {exc}")
+    return 0
+
+
+def _chained(vmid: int, phase: str, cfg: Config) -> int:
+    """The chained hookscript's exit code; a failure to run it is reported, not fatal."""
+    try:
+        return chain.run_chained(vmid, phase, cfg)
+    except Exception as exc:
+        say(f"pveclean: CT {vmid} {phase}: chained hookscript not run: "
+            f"{type(exc).__name__}: {exc}")
+        return 0
+
+
+def _main(argv: list[str], early: Worker | None) -> int:
+    if len(argv) != 2:
+        say("usage: pveclean hook VMID PHASE")
+        return ExitCode.USAGE
+    try:
+        vmid = pveconf.parse_vmid(argv[0])
+    except PvecleanError as exc:
+        say(f"pveclean: {exc}")
+        return ExitCode.USAGE
+    phase = argv[1]
+    if phase not in PHASES:
+        say(f"pveclean: CT {vmid}: unknown hook phase '{phase}'; nothing to do")
+        return 0
+    if early is not None or phase not in prelude.NVML_PHASES:
+        return _phase(vmid, phase, early)
+    # the worker imports nvidia-ml-py while the config is read (and the chained script runs)
+    with prelude.begin() as own:
+        return _phase(vmid, phase, own)
+
+
+def _phase(vmid: int, phase: str, early: Worker | None) -> int:
+    try:
+        cfg = load()
+    except ConfigError as exc:
+        # Without a usable config nothing is signalled; only a start could be harmed by
+        # failing, and a broken pveclean config must not keep containers from starting.
+        say(f"pveclean: CT {vmid} {phase}: config error, nothing done: {exc}")
+        return 0
+    # The chained script runs first, as it did before pveclean was installed; its own time is
+    # not pveclean's: the run's deadline starts when it returns. A chained script that fails in
+    # pre-start would have aborted the start under Proxmox: that stays a refusal.
+    chained = _chained(vmid, phase, cfg)
+    refused = phase == "pre-start" and chained != 0
+    if refused:
+        say(f"pveclean: CT {vmid} pre-start: refusing to start: the chained hookscript "
+            f"exited {chained}")
+    if not cfg.phase_enabled(phase) or phase not in HANDLERS:
+        return ExitCode.REFUSE if refused else 0
+    try:
+        code = HANDLERS[phase](vmid, cfg, early)
+    except PvecleanError as exc:
+        say(f"pveclean: CT {vmid} {phase}: {safe(exc, 300)}")
+        code = 0
+    except Exception as exc:  # a hook must never die with a traceback in the task log
+        say(f"pveclean: CT {vmid} {phase}: internal error: {type(exc).__name__}: "
+            f"{safe(exc, 300)}")
+        code = 0
+    if phase == "pre-start" and (refused or code == ExitCode.REFUSE):
+        return ExitCode.REFUSE
+    return 0

@@ -1,0 +1,463 @@
+"""`pveclean install` and `uninstall`: put the hookscript into a storage's snippets directory
+and register it on containers through the Proxmox API.
+
+Plan first, then apply: a plan with problems changes nothing. Another hookscript is never
+replaced silently: without --chain that is a problem; with --chain it is recorded
+(pveclean.chain) and the hook runs it in every phase. A chain record lives in state_dir of
+the node the container runs on, so chaining and uninstalling work on this node's containers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pveclean.core.config import Config
+from pveclean.errors import ExitCode, PvecleanError
+from pveclean.host import devnodes
+from pveclean.proxmox import chain, dropin, pveconf
+from pveclean.proxmox.hookscript import (
+    HOOK_NAME,
+    MARKER,
+    config_file,
+    hook_text,
+    is_pveclean,
+    pveclean_bin,
+)
+from pveclean.proxmox.pveapi import Api, Container
+
+TYPE_CHECKING = False
+
+
+
+
+@dataclass
+class Step:
+    vmid: int
+    node: str
+    action: str  # set, chain, unchanged, restore, delete, skip
+    before: str | None = None  # the hookscript now
+    after: str | None = None  # the hookscript it gets
+    chained: str | None = None  # the script the hook runs too (install --chain)
+    chained_path: str | None = None
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    command: str  # install or uninstall
+    storage: str | None = None
+    file: Path | None = None
+    file_action: str = "none"  # create, update, unchanged, keep, none
+    text: str = ""
+    enable_snippets: list[str] | None = None  # the storage's new content list
+    remove_files: list[Path] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    # systemd drop-ins (install --systemd): (vmid, path, create|update|unchanged|remove, text)
+    dropins: list[tuple[int, Path, str, str]] = field(default_factory=list)
+    problems: list[tuple[str, int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def problem(self, message: str, code: int = ExitCode.USAGE) -> None:
+        self.problems.append((message, code))
+
+    @property
+    def exit_code(self) -> int:
+        return max((c for _, c in self.problems), default=0)
+
+    @property
+    def changes(self) -> int:
+        return (sum(s.action in ("set", "chain", "restore", "delete") for s in self.steps)
+                + (self.file_action in ("create", "update")) + bool(self.remove_files)
+                + (self.enable_snippets is not None)
+                + sum(a != "unchanged" for _, _, a, _ in self.dropins))
+
+
+@dataclass
+class Outcome:
+    done: list[str] = field(default_factory=list)
+    errors: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return max((c for _, c in self.errors), default=0)
+
+
+# ---- install ----------------------------------------------------------------------------
+def _targets(api: Api, plan: Plan, vmids: list[int],
+             online: dict[str, bool]) -> list[tuple[Container, pveconf.CtConfig]]:
+    cts = {c.vmid: c for c in api.containers()}
+    out = []
+    for vmid in vmids:
+        c = cts.get(vmid)
+        if c is None:
+            plan.problem(f"CT {vmid} does not exist in this cluster", ExitCode.ACCESS)
+        elif not online.get(c.node, False):
+            plan.problem(f"CT {vmid}: its node {c.node} is offline", ExitCode.ACCESS)
+        else:
+            out.append((c, api.ct_config(c.node, vmid)))
+    return out
+
+
+def _all(api: Api, plan: Plan, online: dict[str, bool],
+         ) -> list[tuple[Container, pveconf.CtConfig]]:
+    out = []
+    for c in api.containers():
+        if c.template:
+            continue
+        if not online.get(c.node, False):
+            plan.notes.append(f"CT {c.vmid}: its node {c.node} is offline; not looked at")
+            continue
+        out.append((c, api.ct_config(c.node, c.vmid)))
+    return out
+
+
+def _file_action(plan: Plan, path: Path, text: str) -> str:
+    try:
+        old = path.read_text(encoding="utf-8", errors="replace")
+        st = path.stat()
+    except FileNotFoundError:
+        return "create"
+    except OSError as exc:
+        plan.problem(f"cannot read {path}: {exc.strerror}", ExitCode.ACCESS)
+        return "keep"
+    if MARKER not in old:
+        plan.problem(f"{path} exists and is not pveclean's hookscript; not overwriting it")
+        return "keep"
+    owner_ok = os.geteuid() != 0 or (st.st_uid, st.st_gid) == (0, 0)
+    return "unchanged" if old == text and st.st_mode & 0o777 == 0o755 and owner_ok else "update"
+
+
+def _snippet_path(api: Api, volid: str) -> Path | None:
+    storage, _, volname = volid.partition(":")
+    name = volname.removeprefix("snippets/")
+    if not storage or name == volname or not name or "/" in name:
+        return None
+    sdir = api.storage(storage).snippets_dir
+    return sdir / name if sdir else None
+
+
+def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage: str,
+                 chain_existing: bool, enable_snippets: bool, systemd: bool = False) -> Plan:
+    plan = Plan("install", storage=storage)
+    here, online = api.local_node(), api.nodes()
+    st = api.storage(storage)
+    if st.snippets_dir is None:
+        plan.problem(f"storage '{storage}' (type {st.type}) has no directory for snippets; "
+                     "choose a directory storage (dir, nfs, cifs, cephfs) with --storage")
+        return plan
+    volid = f"{storage}:snippets/{HOOK_NAME}"
+    plan.file = st.snippets_dir / HOOK_NAME
+    plan.text = hook_text(cfg)
+    plan.file_action = _file_action(plan, plan.file, plan.text)
+    if "snippets" not in st.content:
+        content = [c for c in st.content if c != "none"] + ["snippets"]
+        if enable_snippets:
+            plan.enable_snippets = content
+        else:
+            plan.problem(f"storage '{storage}' does not allow snippets; enable them with: "
+                         f"pvesm set {storage} --content {','.join(content)} "
+                         "(or rerun with --enable-snippets)")
+    majors = devnodes.nvidia_majors()
+    if all_gpu:
+        targets = []
+        for c, conf in _all(api, plan, online):
+            if not conf.gpu_lines(majors):
+                continue
+            if not st.shared and c.node != here:
+                plan.notes.append(f"CT {c.vmid} on node {c.node} skipped: storage '{storage}' is "
+                                  f"not shared; run pveclean install --all-gpu on {c.node}")
+                continue
+            targets.append((c, conf))
+        if not targets and not plan.notes:
+            plan.notes.append("no container has GPU passthrough in its config")
+    else:
+        targets = []
+        for c, conf in _targets(api, plan, vmids, online):
+            if not st.shared and c.node != here:
+                plan.problem(f"CT {c.vmid} is on node {c.node} and storage '{storage}' is not "
+                             f"shared: run pveclean install there, or use --storage with a "
+                             "shared storage")
+                continue
+            if not conf.gpu_lines(majors):
+                plan.notes.append(f"CT {c.vmid} has no GPU passthrough in its config; "
+                                  "registering anyway")
+            targets.append((c, conf))
+    for c, conf in targets:
+        _install_step(api, cfg, plan, c, conf, volid, chain_existing, here)
+        if systemd:
+            _dropin_step(cfg, plan, c, here)
+    return plan
+
+
+def _dropin_step(cfg: Config, plan: Plan, c: Container, here: str) -> None:
+    """The unit drop-in lives on the node the container runs on (systemd is per node)."""
+    if c.node != here:
+        plan.notes.append(f"CT {c.vmid} is on node {c.node}: its systemd drop-in goes on that "
+                          f"node; run pveclean install --systemd {c.vmid} there")
+        return
+    path = dropin.dropin_path(cfg, c.vmid)
+    text = dropin.dropin_text(c.vmid, pveclean_bin(), config_file(cfg))
+    try:
+        old = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        plan.dropins.append((c.vmid, path, "create", text))
+        return
+    except OSError as exc:
+        plan.problem(f"cannot read {path}: {exc.strerror}", ExitCode.ACCESS)
+        return
+    if dropin.MARKER not in old:
+        plan.problem(f"{path} exists and is not pveclean's drop-in; not overwriting it")
+        return
+    plan.dropins.append((c.vmid, path, "unchanged" if old == text else "update", text))
+
+
+def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf.CtConfig,
+                  volid: str, chain_existing: bool, here: str) -> None:
+    cur = conf.hookscript
+    step = Step(c.vmid, c.node, "set", before=cur, after=volid)
+    rec = chain.read_record(cfg, c.vmid) if c.node == here else None
+    if cur == volid:
+        step.action = "unchanged"
+        step.chained = rec[0] if rec else None
+        plan.steps.append(step)
+        return
+    if c.lock:
+        plan.problem(f"CT {c.vmid} is locked ({c.lock}); try again when that is over",
+                     ExitCode.ACCESS)
+        return
+    if cur is not None and not is_pveclean(cur):
+        if not chain_existing:
+            plan.problem(f"CT {c.vmid} already has hookscript {cur}; not replacing it: rerun "
+                         "with --chain to keep it (pveclean then runs it in every phase), or "
+                         f"remove it first (pct set {c.vmid} --delete hookscript)")
+            return
+        if c.node != here:
+            plan.problem(f"CT {c.vmid} is on node {c.node}: --chain records its hookscript "
+                         f"{cur} on the node it runs on; run pveclean install --chain there")
+            return
+        path = _snippet_path(api, cur)
+        if path is None or not path.is_file():
+            plan.problem(f"CT {c.vmid}: its hookscript {cur} is not a file on this node "
+                         f"({path or 'not a snippets volume'}); cannot chain it", ExitCode.ACCESS)
+            return
+        step.action, step.chained, step.chained_path = "chain", cur, str(path)
+    elif rec:
+        step.chained = rec[0]  # pveclean moved to another storage: the chain stays
+    plan.steps.append(step)
+
+
+def _hookscript_is(api: Api, node: str, vmid: int, volid: str) -> bool:
+    """Re-read the config in force: is the hookscript now `volid`? (False if unreadable.)"""
+    try:
+        return api.ct_config(node, vmid).hookscript == volid
+    except PvecleanError:
+        return False
+
+
+def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
+    out = Outcome()
+    if plan.problems:
+        raise PvecleanError("refusing to apply a plan with problems", ExitCode.USAGE)
+    if plan.enable_snippets is not None and plan.storage:
+        api.set_storage_content(plan.storage, plan.enable_snippets)
+        out.done.append(f"storage '{plan.storage}': content {','.join(plan.enable_snippets)}")
+    if plan.file is not None and plan.file_action in ("create", "update"):
+        dropin.write_file(plan.file, plan.text, 0o755)
+        out.done.append(f"wrote {plan.file}")
+    for s in plan.steps:
+        if s.action not in ("set", "chain"):
+            continue
+        assert s.after is not None
+        try:
+            if s.action == "chain":
+                assert s.chained and s.chained_path
+                chain.write_record(cfg, s.vmid, s.chained, s.chained_path)
+            elif s.before is None:
+                chain.remove_record(cfg, s.vmid)  # a stale record must not run
+            try:
+                api.set_hookscript(s.node, s.vmid, s.after)
+            except PvecleanError:
+                if not _hookscript_is(api, s.node, s.vmid, s.after):
+                    if s.action == "chain":
+                        chain.remove_record(cfg, s.vmid)
+                    raise
+                # The change went through though the call looked failed (e.g. pvesh's
+                # stderr while it waited for the config lock): keep the chain record.
+        except PvecleanError as exc:
+            out.errors.append((f"CT {s.vmid}: {exc}", exc.exit_code))
+            continue
+        except OSError as exc:
+            out.errors.append((f"CT {s.vmid}: cannot write the chain record: {exc.strerror}",
+                               ExitCode.ACCESS))
+            continue
+        out.done.append(f"CT {s.vmid}: hookscript {s.after}"
+                        + (f" (runs {s.chained} too)" if s.chained else ""))
+    _apply_dropins(cfg, plan, out)
+    return out
+
+
+def _apply_dropins(cfg: Config, plan: Plan, out: Outcome) -> None:
+    changed = False
+    for vmid, path, action, text in plan.dropins:
+        try:
+            if action in ("create", "update"):
+                dropin.write_file(path, text)
+                out.done.append(f"CT {vmid}: wrote {path}")
+            elif action == "remove":
+                dropin.remove_dropin(path)
+                out.done.append(f"CT {vmid}: removed {path}")
+            else:
+                continue
+            changed = True
+        except PvecleanError as exc:
+            out.errors.append((f"CT {vmid}: {exc}", exc.exit_code))
+    if changed and (warning := dropin.daemon_reload(cfg)):
+        out.errors.append((warning, ExitCode.ACCESS))
+
+
+# ---- uninstall --------------------------------------------------------------------------
+def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
+    plan = Plan("uninstall")
+    here, online = api.local_node(), api.nodes()
+    seen = _all(api, plan, online) if all_ else _targets(api, plan, vmids, online)
+    removed: set[str] = set()
+    still_used: set[str] = set()
+    dropin_vmids = set(dropin.installed(cfg)) if all_ else set()
+    for c, _conf in seen:
+        if c.node == here and dropin.is_ours(dropin.dropin_path(cfg, c.vmid)):
+            dropin_vmids.add(c.vmid)
+    for vmid in sorted(dropin_vmids):
+        plan.dropins.append((vmid, dropin.dropin_path(cfg, vmid), "remove", ""))
+    for c, conf in seen:
+        cur = conf.hookscript
+        if not is_pveclean(cur):
+            if not all_:
+                plan.steps.append(Step(c.vmid, c.node, "skip", before=cur,
+                                       note=f"hookscript is {cur or 'not set'}, not pveclean's"))
+            continue
+        if c.node != here:
+            if all_:
+                plan.notes.append(f"CT {c.vmid} on node {c.node} skipped: run pveclean "
+                                  "uninstall --all there")
+                still_used.add(str(cur))
+            else:
+                plan.problem(f"CT {c.vmid} is on node {c.node}: its chained hookscript (if any) "
+                             "is recorded there; run pveclean uninstall there")
+            continue
+        if c.lock:
+            plan.problem(f"CT {c.vmid} is locked ({c.lock}); try again when that is over",
+                         ExitCode.ACCESS)
+            continue
+        rec = chain.read_record(cfg, c.vmid)
+        if rec:
+            plan.steps.append(Step(c.vmid, c.node, "restore", before=cur, after=rec[0]))
+        else:
+            plan.steps.append(Step(c.vmid, c.node, "delete", before=cur))
+        removed.add(str(cur))
+    if all_ and not any(not up for up in online.values()):
+        for volid in sorted(removed - still_used):
+            path = _snippet_path(api, volid)
+            if path is not None and path.is_file():
+                plan.remove_files.append(path)
+    return plan
+
+
+def apply_uninstall(api: Api, cfg: Config, plan: Plan) -> Outcome:
+    out = Outcome()
+    if plan.problems:
+        raise PvecleanError("refusing to apply a plan with problems", ExitCode.USAGE)
+    for s in plan.steps:
+        try:
+            if s.action == "restore":
+                assert s.after is not None
+                api.set_hookscript(s.node, s.vmid, s.after)
+                out.done.append(f"CT {s.vmid}: hookscript {s.after} restored")
+            elif s.action == "delete":
+                api.delete_hookscript(s.node, s.vmid)
+                out.done.append(f"CT {s.vmid}: hookscript {s.before} removed")
+            else:
+                continue
+            chain.remove_record(cfg, s.vmid)
+        except PvecleanError as exc:
+            want = s.after if s.action == "restore" else None
+            try:  # did it go through anyway? the config in force says
+                done = api.ct_config(s.node, s.vmid).hookscript == want
+            except PvecleanError:
+                done = False
+            if not done:
+                out.errors.append((f"CT {s.vmid}: {exc}", exc.exit_code))
+                continue
+            out.done.append(f"CT {s.vmid}: hookscript {want or 'removed'}")
+            chain.remove_record(cfg, s.vmid)
+    _apply_dropins(cfg, plan, out)
+    if out.errors:
+        return out
+    for path in plan.remove_files:
+        try:
+            if MARKER in path.read_text(encoding="utf-8", errors="replace"):
+                path.unlink()
+                out.done.append(f"removed {path}")
+        except OSError as exc:
+            out.errors.append((f"cannot remove {path}: {exc.strerror}", ExitCode.ACCESS))
+    return out
+
+
+# ---- text -------------------------------------------------------------------------------
+def describe(plan: Plan) -> list[str]:
+    """The plan, one line per thing it does or leaves alone."""
+    lines = []
+    if plan.enable_snippets is not None:
+        lines.append(f"storage '{plan.storage}': add content 'snippets' "
+                     f"(content {','.join(plan.enable_snippets)})")
+    if plan.file is not None and plan.file_action != "none":
+        lines.append(f"{plan.file}: {plan.file_action}")
+    for s in plan.steps:
+        who = f"CT {s.vmid} ({s.node})"
+        if s.action == "set":
+            extra = f", replacing {s.before}" if s.before else ""
+            extra += f"; keeps running {s.chained}" if s.chained else ""
+            lines.append(f"{who}: set hookscript {s.after}{extra}")
+        elif s.action == "chain":
+            lines.append(f"{who}: set hookscript {s.after}; chain {s.chained} "
+                         "(pveclean runs it in every phase)")
+        elif s.action == "unchanged":
+            extra = f" (runs {s.chained} too)" if s.chained else ""
+            lines.append(f"{who}: unchanged, hookscript is {s.after}{extra}")
+        elif s.action == "restore":
+            lines.append(f"{who}: restore hookscript {s.after} (instead of {s.before})")
+        elif s.action == "delete":
+            lines.append(f"{who}: delete hookscript {s.before}")
+        else:
+            lines.append(f"{who}: left alone, {s.note}")
+    for vmid, path, action, _text in plan.dropins:
+        lines.append(f"CT {vmid}: systemd drop-in {path}: {action}")
+    lines += [f"remove {p}" for p in plan.remove_files]
+    lines += [f"note: {n}" for n in plan.notes]
+    return lines
+
+
+def carry_out(plan: Plan, dry_run: bool, apply: Callable[[], Outcome],
+              echo: Callable[[str, bool], None]) -> int:
+    """Print the plan; stop at its problems; apply it unless a dry run. Returns the exit code."""
+    for line in describe(plan):
+        echo(line, False)
+    for message, _code in plan.problems:
+        echo(f"pveclean: {message}", True)
+    if plan.problems:
+        echo(f"pveclean: nothing changed ({len(plan.problems)} problem(s))", True)
+        return plan.exit_code
+    if dry_run:
+        echo(f"dry run: {plan.changes} change(s) planned, nothing changed", False)
+        return ExitCode.OK
+    if not plan.changes:
+        echo("nothing to change", False)
+        return ExitCode.OK
+    outcome = apply()
+    for line in outcome.done:
+        echo(f"done: {line}", False)
+    for message, _code in outcome.errors:
+        echo(f"pveclean: {message}", True)
+    return outcome.exit_code

@@ -1,0 +1,180 @@
+"""Plain data passed between discover -> plan -> stop -> verify -> report."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+
+    def remaining(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+    def cap(self, timeout: float) -> float:
+        """`timeout`, cut to what is left of the run (never zero: one last short try)."""
+        return min(timeout, max(self.remaining(), 0.05))
+
+
+@dataclass
+class Scope:
+    """Everything discovery needs to know about the target."""
+
+    vmid: int
+    cgroup_dir: Path
+    devices: GpuDevices
+    protect: frozenset[str]
+    probe_patterns: list[str] = field(default_factory=list)
+    running: bool = True
+
+
+@dataclass
+class HostView:
+    holders: dict[int, Holder]
+    statuses: dict[int, ProcStatus]
+    tree: dict[int, str]
+    init_pid: int | None
+
+
+@dataclass(frozen=True)
+class GpuDevices:
+    """The device numbers that count as GPU devices on this host."""
+
+    rdevs: dict[int, str]  # st_rdev -> host path
+    majors: frozenset[int]  # whole majors (from /proc/devices names nvidia*)
+
+    def matches(self, rdev: int) -> bool:
+        return rdev in self.rdevs or (rdev >> 8 & 0xFFF) in self.majors
+
+    def __bool__(self) -> bool:
+        return bool(self.rdevs or self.majors)
+
+
+@dataclass(frozen=True)
+class ProcIdentity:
+    """What makes a PID the same process: the PID and its start time in clock ticks."""
+
+    pid: int
+    starttime: int
+
+
+@dataclass
+class Holder:
+    host_pid: int
+    starttime: int
+    ct_pid: int | None
+    name: str
+    exe: str | None
+    cmdline: str
+    uid: int
+    user: str
+    state: str
+    ppid: int
+    cgroup: str
+    devices: list[str] = field(default_factory=list)
+    gpu_memory_mib: dict[int, int | None] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)
+    protected: str | None = None  # reason this one is never signalled
+    outcome: str | None = None
+    signals: list[str] = field(default_factory=list)
+    wchan: str | None = None
+    respawned_by: str | None = None
+    round: int = 0
+    unit: str | None = None  # systemd unit in its container (from the cgroup path; untrusted)
+
+    @property
+    def identity(self) -> ProcIdentity:
+        return ProcIdentity(self.host_pid, self.starttime)
+
+    def add_source(self, source: str) -> None:
+        if source not in self.sources:
+            self.sources.append(source)
+
+    def as_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "host_pid": self.host_pid,
+            "ct_pid": self.ct_pid,
+            "name": self.name,
+            "exe": self.exe,
+            "cmdline": self.cmdline,
+            "user": self.user,
+            "state": self.state,
+            "ppid": self.ppid,
+            "cgroup": self.cgroup,
+            "unit": self.unit,
+            "devices": self.devices,
+            "gpu_memory_mib": {int(k): v for k, v in sorted(self.gpu_memory_mib.items())},
+            "sources": self.sources,
+            "outcome": self.outcome,
+            "signals": self.signals,
+        }
+        if self.protected:
+            d["protected"] = self.protected
+        if self.wchan:
+            d["wchan"] = self.wchan
+        if self.respawned_by:
+            d["respawned_by"] = self.respawned_by
+        if self.round:
+            d["round"] = self.round
+        return d
+
+
+@dataclass
+class GpuMemory:
+    index: int
+    uuid: str
+    name: str
+    total_mib: int
+    reserved_mib: int | None
+    used_mib: int
+    minor: int | None = None  # N of /dev/nvidiaN
+
+
+@dataclass
+class Discovery:
+    """The result of one discovery pass over one container."""
+
+    holders: list[Holder]
+    running: bool
+    init_pid: int | None
+    tree_pids: int
+    sources: dict[str, str]  # source -> "ok" or why it did not run
+    warnings: list[str] = field(default_factory=list)
+    other_holders: list[dict[str, Any]] = field(default_factory=list)
+    # Why the run cannot vouch for the whole tree: PIDs whose /proc reads hung, a scan that
+    # did not finish. Any entry rules out a `clean` verdict.
+    problems: list[str] = field(default_factory=list)
+    probe: Any = None  # the in-namespace probe, still running (merged when it arrives)
+    scanned: bool = True  # False: the host scan did not finish; the holders are unknown
+    view: Any = None  # discover.HostView of the first scan (maps probe PIDs to host PIDs)
+
+
+def in_tree(cgroup_path: str | None, vmid: int) -> bool:
+    return cgroup_path is not None and (
+        cgroup_path == f"/lxc/{vmid}" or cgroup_path.startswith(f"/lxc/{vmid}/")
+    )
+
+
+@dataclass(frozen=True)
+class ProcStatus:
+    pid: int
+    name: str
+    state: str
+    ppid: int
+    uid: int
+    nspid: tuple[int, ...]
+    starttime: int

@@ -1,0 +1,64 @@
+"""Exit codes, the error types every layer raises, and the one mapping of an error to one
+line on stderr and an exit code (never a traceback)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """pveclean's exit codes, documented in the README and `pveclean --help`."""
+
+    OK = 0  # clean, nothing to do, dry run
+    RESIDUAL = 1  # holders or their GPU memory remain (residual, leaked)
+    USAGE = 2  # bad arguments or config
+    ACCESS = 3  # container does not exist, pct or cgroup access failed
+    REPORT = 4  # the cleanup ran but its report could not be written
+    BUSY = 5  # another run holds this container's lock
+    # `pveclean hook CT pre-start` only: a deliberate refusal to start (pre_start_policy:
+    # refuse with holders left, or a chained hookscript that failed). The shim fails the start
+    # on this code alone; any other status (a crash, a missing interpreter) is a warning and
+    # exit 0. 75 is EX_TEMPFAIL in sysexits.h; nothing else in pveclean uses it.
+    REFUSE = 75
+    INTERRUPTED = 130  # Ctrl-C
+    PIPE = 141  # standard output closed early, as for a program that SIGPIPE ends
+
+
+class PvecleanError(Exception):
+    """An error with a one-line message for the admin and an exit code."""
+
+    def __init__(self, message: str, exit_code: int = ExitCode.ACCESS) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message is one line for the admin."""
+
+
+def fail(message: str, code: int) -> int:
+    sys.stderr.write(f"pveclean: {message}\n")
+    return code
+
+
+def guarded(fn: Callable[[], int]) -> int:
+    """Run a command: every expected failure becomes one line and an exit code, never a
+    traceback."""
+    try:
+        return fn()
+    except ConfigError as exc:
+        return fail(str(exc), ExitCode.USAGE)
+    except PvecleanError as exc:
+        return fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        return fail("interrupted", ExitCode.INTERRUPTED)
+    except BrokenPipeError:  # `pveclean gpus | head -1`: the reader is gone, nothing to say
+        with contextlib.suppress(OSError):  # and nothing more to flush into the dead pipe
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return ExitCode.PIPE
+    except Exception as exc:  # never a traceback
+        return fail(f"internal error: {type(exc).__name__}: {exc}", ExitCode.ACCESS)

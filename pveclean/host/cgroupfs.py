@@ -1,0 +1,169 @@
+"""cgroup v2: where it is mounted, a container's cgroup tree and its processes, the freezer.
+A container's root can create cgroups without end below its own: every walk is bounded."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pveclean.errors import PvecleanError
+from pveclean.host.procfs import PROC, _read
+
+
+def cgroup2_root(mounts_file: str = "/proc/self/mounts") -> str:
+    """The cgroup v2 mount point: /sys/fs/cgroup on Proxmox, elsewhere /sys/fs/cgroup/unified."""
+    best: str | None = None
+    try:
+        with open(mounts_file, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2] == "cgroup2":
+                    mnt = parts[1].replace("\\040", " ")
+                    if best is None or len(mnt) < len(best):
+                        best = mnt
+    except OSError as exc:
+        raise PvecleanError(f"cannot read {mounts_file}: {exc.strerror}") from None
+    if best is None:
+        raise PvecleanError("no cgroup v2 hierarchy is mounted (Proxmox VE 7+ uses cgroup v2)")
+    return best
+
+
+def container_cgroup(root: str, vmid: int) -> Path:
+    return Path(root) / "lxc" / str(vmid)
+
+
+def monitor_running(root: str, vmid: int) -> bool:
+    """The container runs while its LXC monitor (cgroup lxc.monitor/<vmid>) has a process."""
+    try:
+        with open(Path(root) / "lxc.monitor" / str(vmid) / "cgroup.procs", encoding="ascii") as fh:
+            return bool(fh.read().strip())
+    except OSError:
+        return False
+
+
+def nothing_left(cgroup_dir: Path, running: bool) -> bool:
+    """A stopped container whose cgroup tree is empty: nothing to find there, so a run asks
+    NVML nothing (its init can take seconds on a host without nvidia-persistenced)."""
+    return not running and not tree_pids(cgroup_dir)
+
+
+MAX_CGROUPS = 10_000  # a container's root can create cgroups without end below ns/
+
+
+class CgroupTree(dict[int, str]):
+    """PID -> its cgroup relative to the walked root. `truncated` says why part of the tree
+    was not walked (too many cgroups, a path too long): processes there were not seen."""
+
+    truncated: str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(len(self)) or self.truncated is not None
+
+
+def _cgroup_dirs(cgroup_dir: Path, limit: int) -> tuple[list[str], str | None]:
+    """Every cgroup below `cgroup_dir` (itself first), iteratively: no recursion limit, at
+    most `limit` of them. Deepest last, as a stack walk finds them."""
+    root = str(cgroup_dir)
+    found: list[str] = []
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        if len(found) >= limit:
+            return found, (f"the cgroup tree has more than {limit} cgroups; processes in "
+                           f"the cgroups past the first {limit} were not looked at")
+        found.append(d)
+        try:
+            with os.scandir(d) as it:
+                subdirs = [e.path for e in it if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            continue  # removed while we walked
+        except OSError as exc:
+            where = d if len(d) <= 200 else f"{d[:100]}…{d[-100:]}"
+            return found, f"cannot read cgroup {where}: {exc.strerror}"
+        stack.extend(sorted(subdirs, reverse=True))
+    return found, None
+
+
+def tree_pids(cgroup_dir: Path, limit: int | None = None) -> CgroupTree:
+    """PIDs of every process in a cgroup and all cgroups below it -> their relative cgroup."""
+    found = CgroupTree()
+    if not cgroup_dir.is_dir():
+        return found
+    dirs, found.truncated = _cgroup_dirs(cgroup_dir, MAX_CGROUPS if limit is None else limit)
+    root = str(cgroup_dir)
+    for d in dirs:
+        rel = "." if d == root else d[len(root) + 1 :]
+        try:
+            with open(os.path.join(d, "cgroup.procs"), encoding="ascii") as fh:
+                for line in fh:
+                    if line.strip().isdigit():
+                        found[int(line)] = rel
+        except FileNotFoundError:
+            continue  # removed while we walked
+        except OSError as exc:
+            where = d if len(d) <= 200 else f"{d[:100]}…{d[-100:]}"
+            found.truncated = found.truncated or (f"cannot read {where}/cgroup.procs: "
+                                                  f"{exc.strerror}")
+    return found
+
+
+def remove_empty_cgroups(cgroup_dir: Path) -> list[str]:
+    """rmdir the empty cgroups of a stopped container's tree, deepest first. LXC refuses to
+    start a container whose cgroup is still there; rmdir of a cgroup with a process fails
+    (EBUSY), so this can never remove a live process's cgroup."""
+    removed: list[str] = []
+    if not cgroup_dir.is_dir():
+        return removed
+    dirs, _ = _cgroup_dirs(cgroup_dir, MAX_CGROUPS)
+    for d in sorted(dirs, key=len, reverse=True):
+        try:
+            os.rmdir(d)
+            removed.append(d)
+        except OSError:
+            continue
+    return removed
+
+
+def pid_cgroup(pid: int) -> str | None:
+    """The cgroup v2 path of a process (the "0::" line), or None if it is gone."""
+    text = _read(f"{PROC}/{pid}/cgroup")
+    if text is None:
+        return None
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:]
+    return None
+
+
+def _mount_of(fstype: str, option: str | None = None) -> str | None:
+    text = _read("/proc/self/mounts") or ""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == fstype and (
+            option is None or option in parts[3].split(",")
+        ):
+            return parts[1]
+    return None
+
+
+def frozen(pid: int) -> bool:
+    """Frozen by the cgroup v2 freezer, or by a v1 freezer on hybrid hosts (where, unlike v2,
+    even SIGKILL waits until the cgroup is thawed)."""
+    text = _read(f"{PROC}/{pid}/cgroup") or ""
+    for line in text.splitlines():
+        num, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if num == "0" and not controllers:
+            try:
+                root: str | None = cgroup2_root()
+            except PvecleanError:
+                root = None
+            events = _read(f"{root}{path}/cgroup.events") if root else None
+            if events and "frozen 1" in events:
+                return True
+        elif "freezer" in controllers.split(","):
+            root = _mount_of("cgroup", "freezer")
+            state = _read(f"{root}{path}/freezer.state") if root else None
+            if state and state.strip() in ("FROZEN", "FREEZING"):
+                return True
+    return False

@@ -1,0 +1,204 @@
+"""The host's own GPU holders for `pveclean gpus`: every process outside the containers'
+cgroups, read by forked readers that share the work (see HostScan)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pveclean.core.gpumap import Proc, full_name
+from pveclean.core.records import GpuDevices
+from pveclean.core.units import unit_of
+from pveclean.host import cgroupfs, devnodes, procfs
+from pveclean.host.reads import Reader
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def host_pids(root: Path) -> dict[int, str]:
+    """PIDs outside the Proxmox containers' cgroups (`lxc/<vmid>`) -> their cgroup path: the
+    host's own, and those of cgroups below `lxc/` that are no VMID (plain LXC containers)."""
+    found: dict[int, str] = {}
+
+    def add(directory: Path, prefix: str) -> None:
+        for pid, rel in cgroupfs.tree_pids(directory).items():
+            found[pid] = prefix if rel == "." else f"{prefix}/{rel}"
+
+    for d, prefix in ((root, ""), (root / "lxc", "/lxc")):
+        try:
+            with open(d / "cgroup.procs", encoding="ascii") as fh:
+                found.update((int(ln), prefix or "/") for ln in fh if ln.strip().isdigit())
+            entries = [e for e in os.scandir(d) if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        for e in entries:
+            if (d == root and e.name == "lxc") or (d != root and e.name.isdigit()):
+                continue
+            add(Path(e.path), f"{prefix}/{e.name}")
+    return found
+
+
+def _maps_mention(pid: int, needles: tuple[bytes, ...]) -> bool:
+    """Cheap pre-check before parsing /proc/PID/maps: does any GPU node's name occur?"""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return False
+    return any(n in data for n in needles)
+
+
+def _needles(devices: GpuDevices) -> tuple[bytes, ...]:
+    """What _maps_mention looks for: b"nvidia" and the GPU nodes' names, without a name that
+    contains another (nvidia0 and nvidiactl add nothing to nvidia: one search, not eight)."""
+    names = {b"nvidia", *(os.path.basename(p).encode() for p in devices.rdevs.values())}
+    return tuple(sorted(n for n in names if n and not any(o != n and o in n for o in names)))
+
+
+def _fds(pid: int, devices: GpuDevices, same_ns: bool, cache: dict[str, str | None],
+         mounts: devnodes.ScanCache) -> list[str] | None:
+    """procfs.device_fds for a host process, with fewer system calls: paths are looked up
+    relative to the fd directory, only a path under /dev or naming nvidia is looked at, and
+    one of our own mount namespace once for the whole scan (what a path leads to is the same
+    for every process that sees the same /dev: `cache` keeps path -> held or None); in
+    another mount namespace each such fd is. Looked at as procfs does: never stat()ed on
+    FUSE, NFS... None: gone."""
+    base = f"{procfs.PROC}/{pid}"
+    try:
+        dfd = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    held: list[str] = []
+    task_mounts: list[Any] = [None, False]
+    try:
+        for name in os.listdir(dfd):
+            try:
+                target = os.readlink(name, dir_fd=dfd)
+            except OSError:
+                continue
+            if not (target.startswith("/dev/") or "nvidia" in target):
+                continue  # as procfs (a superset): only what may be a node is looked at
+            if same_ns and target in cache:
+                hit = cache[target]
+            else:
+                rdev = devnodes.fd_char_rdev(base, name, mounts, task_mounts)
+                hit = (f"{target} ({os.major(rdev)}:{os.minor(rdev)})"
+                       if rdev is not None and devices.matches(rdev) else None)
+                if same_ns:
+                    cache[target] = hit
+            if hit is not None:
+                held.append(hit)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    return held
+
+
+def _mntns(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices, own_ns: str | None,
+                 needles: tuple[bytes, ...], skip: frozenset[int], stall: float | None
+                 ) -> list[Proc]:
+    """In a reader: the GPU holders among `pids` (host PID, cgroup). Each PID is marked
+    before its /proc files are read, so a read that hangs is pinned to its PID (a mark, not a
+    note: there are thousands; the reader's receive() bounds each by `stall`)."""
+    from pveclean.host import worker
+
+    out = []
+    cache: dict[str, str | None] = {}
+    mounts = devnodes.ScanCache()
+    for pid, cgroup in pids:
+        if pid in skip:
+            continue  # its reads hung in an earlier try
+        worker.mark(pid)
+        fds = _fds(pid, devices, own_ns is not None and _mntns(pid) == own_ns, cache, mounts)
+        if fds is None:
+            continue
+        maps = (devnodes.device_maps(pid, devices, mounts) if _maps_mention(pid, needles)
+                else [])
+        if not fds and not maps:
+            continue
+        st = procfs.read_status(pid)
+        if st is None or st.state == "Z":
+            continue
+        out.append(Proc(pid, full_name(st.name, procfs.cmdline(pid)), "host", cgroup=cgroup,
+                        unit=unit_of(cgroup), devices=fds + maps))
+    return out
+
+
+READER_PROCESSES = 500  # host processes per forked reader beyond the first
+MAX_READERS = 8
+
+
+class HostScan:
+    """The host's own GPU holders (fds and mappings of GPU nodes, matched on the device
+    number as scan_host does): how many processes were looked at, and what could not be.
+
+    The host's processes are split between forked Readers, one per 500 and at most one per
+    core (and 8): the reads are short system calls into /proc, and threads made them slower
+    (each call hands the GIL over: 2 threads took 1.5-2x and 4 threads 2.5x the time of one,
+    on 2 cores), where two processes took half. The readers start at once and read while the
+    caller does the rest (the containers, NVML); result() takes their answers. A PID whose
+    reads hang is skipped and named; a reader that does not finish by `end` (monotonic) is
+    given up on and its share named."""
+
+    def __init__(self, root: Path, devices: GpuDevices, exclude: set[int], stall: float,
+                 end: float | None = None, readers: int | None = None) -> None:
+        needles = _needles(devices)
+        pids = [(p, cg) for p, cg in host_pids(root).items() if p not in exclude]
+        self.count = len(pids)
+        own_ns = _mntns("self")
+        n = readers or min(os.cpu_count() or 1, MAX_READERS,
+                           max(1, len(pids) // READER_PROCESSES))
+        self.shares = [pids[i::n] for i in range(n)]
+        self.problems: list[str] = []
+        self.readers: list[Reader] = []
+        try:
+            for share in self.shares:
+                reader = Reader(end, stall, self.problems)
+                self.readers.append(reader)
+                reader.send(w_host_share, (share, devices, own_ns, needles),
+                            "reading the host's processes")
+        except BaseException:
+            self.close()
+            raise
+
+    def result(self) -> tuple[list[Proc], int, list[str]]:
+        found: list[Proc] = []
+        for reader, share in zip(self.readers, self.shares, strict=True):
+            got = reader.receive()
+            if got is None:
+                self.problems.append(f"{len(share)} of the host's processes were not looked "
+                                     "at; their holders are shown only as NVML lists them")
+            else:
+                found += got
+        self.close()
+        return found, self.count, self.problems
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
+
+    def __enter__(self) -> HostScan:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def scan_host_processes(root: Path, devices: GpuDevices, exclude: set[int],
+                        end: float | None = None, readers: int | None = None,
+                        stall: float = 1.0) -> tuple[list[Proc], int, list[str]]:
+    """HostScan(...).result(): the host's holders, processes looked at, what was not."""
+    with HostScan(root, devices, exclude, stall, end, readers) as scan:
+        return scan.result()
+
+

@@ -1,0 +1,237 @@
+"""Stopping: prove identity, signal through pidfds, escalate, and wait by polling pidfds.
+
+A pidfd is opened first; then the process behind the PID is checked (same start time, still
+in the container's cgroup tree, still holding a GPU device); then a null signal through the
+pidfd proves it was alive across the check. From then on every signal goes through that pidfd,
+so a PID recycled by another process can never be hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import select
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pveclean.core import records
+from pveclean.core.records import (
+    GpuDevices,
+    Holder,
+)
+from pveclean.host import cgroupfs, devnodes, procfs
+
+
+def raise_open_files_limit() -> None:
+    """One pidfd per holder is open at once: 5,000 holders need more than the usual 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def fd_budget() -> int:
+    """How many pidfds may be open at once: the open-file limit less what is open and a
+    margin (pipes, the report, NVML's worker). Holders beyond it are stopped in batches."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        used = 64
+    return max(16, soft - used - 64)
+
+
+@dataclass
+class Target:
+    holder: Holder
+    pidfd: int
+    exited_at: float | None = None
+
+
+def prove(holder: Holder, vmid: int, devices: GpuDevices, running: bool = True
+          ) -> tuple[int | None, str]:
+    """Open a pidfd for the holder if, and only if, it is still the same GPU holder."""
+    try:
+        fd = os.pidfd_open(holder.host_pid)
+    except ProcessLookupError:
+        return None, "exited before it was signalled"
+    except OSError as exc:
+        return None, f"pidfd_open failed: {exc.strerror}"
+    reason = _check_identity(holder, vmid, devices, running)
+    if reason is None:
+        try:
+            signal.pidfd_send_signal(fd, 0)
+            return fd, "proven"
+        except ProcessLookupError:
+            reason = "exited before it was signalled"
+        except OSError as exc:
+            reason = f"pidfd signal check failed: {exc.strerror}"
+    os.close(fd)
+    return None, reason
+
+
+def prove_all(
+    holders: list[Holder],
+    check: Callable[[list[Holder]], list[str | None]],
+) -> tuple[list[Target], list[tuple[Holder, str]]]:
+    """prove() for many: every pidfd is opened first, then `check` (the identity checks, run
+    in the worker because they read /proc) says for each holder why not, or None; then a null
+    signal through each pidfd proves the process lived across its check."""
+    opened: list[tuple[Holder, int]] = []
+    rejected: list[tuple[Holder, str]] = []
+    for h in holders:
+        try:
+            opened.append((h, os.pidfd_open(h.host_pid)))
+        except ProcessLookupError:
+            rejected.append((h, "exited before it was signalled"))
+        except OSError as exc:
+            rejected.append((h, f"pidfd_open failed: {exc.strerror}"))
+    reasons = check([h for h, _fd in opened]) if opened else []
+    targets: list[Target] = []
+    for (h, fd), reason in zip(opened, reasons, strict=True):
+        if reason is None:
+            try:
+                signal.pidfd_send_signal(fd, 0)
+                targets.append(Target(h, fd))
+                continue
+            except ProcessLookupError:
+                reason = "exited before it was signalled"
+            except OSError as exc:
+                reason = f"pidfd signal check failed: {exc.strerror}"
+        os.close(fd)
+        rejected.append((h, reason))
+    return targets, rejected
+
+
+def check_identities(holders: list[Holder], vmid: int, devices: GpuDevices, running: bool,
+                     stall: float | None = None, hung: frozenset[int] = frozenset()
+                     ) -> list[str | None]:
+    """_check_identity for each (in the worker: each PID announced first, see worker.py)."""
+    from pveclean.host import worker
+
+    out: list[str | None] = []
+    for h in holders:
+        if h.host_pid in hung:
+            out.append("reading its /proc files hung; not signalled")
+            continue
+        worker.note(("pid", h.host_pid), stall)
+        out.append(_check_identity(h, vmid, devices, running))
+    return out
+
+
+def describe(pids: list[int]) -> dict[int, tuple[str | None, str | None, bool]]:
+    """(state, wchan, frozen) of processes that survived (in the worker: /proc reads)."""
+    from pveclean.host import worker
+
+    out: dict[int, tuple[str | None, str | None, bool]] = {}
+    for pid in pids:
+        worker.note(("pid", pid), None)
+        st = procfs.read_status(pid)
+        out[pid] = (st.state if st else None, procfs.wchan(pid), cgroupfs.frozen(pid))
+    return out
+
+
+def _check_identity(holder: Holder, vmid: int, devices: GpuDevices, running: bool
+                    ) -> str | None:
+    st = procfs.read_status(holder.host_pid)
+    if st is None:
+        return "exited before it was signalled"
+    if st.starttime != holder.starttime:
+        return "PID was reused by another process; not signalled"
+    if not records.in_tree(cgroupfs.pid_cgroup(holder.host_pid), vmid):
+        return "left the container's cgroup tree; not signalled"
+    if len(st.nspid) < 2:
+        return "in the host's PID namespace; not signalled"
+    if running and st.nspid[1] == 1:
+        return "is the container's PID 1; not signalled"
+    if "host" in holder.sources or "probe" in holder.sources:
+        fds = devnodes.device_fds(holder.host_pid, devices) or []
+        holds = fds or devnodes.device_maps(holder.host_pid, devices)
+        if not holds and "nvml" not in holder.sources:
+            return "no longer holds a GPU device; not signalled"
+    return None
+
+
+def wait_exits(targets: list[Target], until: float) -> None:
+    """Block until every target has exited or `until` (monotonic) passes; no fixed sleeps."""
+    poller = select.poll()
+    by_fd: dict[int, Target] = {}
+    for t in targets:
+        if t.exited_at is None:
+            poller.register(t.pidfd, select.POLLIN)
+            by_fd[t.pidfd] = t
+    while by_fd:
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        for fd, _ev in poller.poll(left * 1000):
+            if fd in by_fd:
+                by_fd.pop(fd).exited_at = time.monotonic()
+                poller.unregister(fd)
+
+
+def _send(t: Target, sig: signal.Signals, t0: float) -> bool:
+    stamp = f"{sig.name} +{time.monotonic() - t0:.3f}s"
+    try:
+        signal.pidfd_send_signal(t.pidfd, sig)
+    except ProcessLookupError:
+        t.exited_at = t.exited_at or time.monotonic()
+        return False
+    except OSError as exc:
+        t.holder.signals.append(f"{stamp} failed: {exc.strerror}")
+        return False
+    t.holder.signals.append(stamp)
+    return True
+
+
+def stop(
+    targets: list[Target],
+    grace: float,
+    deadline_at: float,
+    progress: Callable[[str], None] | None = None,
+    describe_fn: Callable[[list[int]], dict[int, tuple[str | None, str | None, bool]] | None]
+    | None = None,
+) -> float | None:
+    """SIGTERM all at once, poll up to `grace`, SIGKILL the rest, poll until the deadline.
+    Returns when (monotonic) the last of them exited, None if none did."""
+    t0 = time.monotonic()
+    termed = [t for t in targets if _send(t, signal.SIGTERM, t0)]
+    if progress and termed:
+        left = deadline_at - time.monotonic()
+        progress(f"SIGTERM sent to {len(termed)}; waiting up to {min(grace, left):.1f} s for "
+                 f"them to exit (deadline in {left:.1f} s)")
+    wait_exits(targets, min(t0 + grace, deadline_at))
+    after_term = time.monotonic()
+    rest = [t for t in targets if t.exited_at is None]
+    for t in rest:
+        _send(t, signal.SIGKILL, t0)
+    if rest:
+        if progress:
+            progress(f"SIGKILL sent to {len(rest)} still running after the grace "
+                     f"({', '.join(t.holder.name for t in rest[:5])}); waiting up to "
+                     f"{deadline_at - time.monotonic():.1f} s")
+        wait_exits(rest, deadline_at)
+    stuck = [t.holder.host_pid for t in targets if t.exited_at is None]
+    info = ((describe_fn or describe)(stuck) or {}) if stuck else {}
+    for t in targets:
+        h = t.holder
+        if t.exited_at is None:
+            h.outcome = "survived"
+            state, wch, is_frozen = info.get(h.host_pid, (None, None, False))
+            h.state = state or h.state
+            h.wchan = wch
+            if is_frozen:
+                h.state += " (frozen)"
+        elif t.exited_at <= after_term and not any(s.startswith("SIGKILL") for s in h.signals):
+            h.outcome = "terminated"
+        else:
+            h.outcome = "killed"
+        os.close(t.pidfd)
+    exits = [t.exited_at for t in targets if t.exited_at is not None]
+    return max(exits) if exits else None

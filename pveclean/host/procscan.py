@@ -1,0 +1,139 @@
+"""The host view of one container: its cgroup tree's processes and the GPU nodes each holds,
+read in the scan's worker (the w_* functions run there)."""
+
+from __future__ import annotations
+
+from pveclean.core import records
+from pveclean.core.discovery import _protect_reason, unwalked
+from pveclean.core.gpumap import Proc
+from pveclean.core.records import Holder, HostView, Scope
+from pveclean.core.units import unit_of
+from pveclean.host import cgroupfs, devnodes, procfs, worker
+
+
+def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder:
+    from pveclean.core.units import (
+        unit_of,  # here: a run that finds no holder needs none of units.py
+    )
+
+    exe, cmdline = procfs.exe(st.pid), procfs.cmdline(st.pid)
+    cgroup = f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/")
+    now = cgroupfs.pid_cgroup(st.pid)  # fresher than the walk: a new process moves, then execs
+    if records.in_tree(now, scope.vmid) and now is not None:
+        cgroup = now
+    return Holder(
+        host_pid=st.pid,
+        starttime=st.starttime,
+        ct_pid=st.nspid[1] if len(st.nspid) >= 2 else None,
+        name=st.name,
+        exe=exe,
+        cmdline=cmdline,
+        uid=st.uid,
+        user=procfs.user_name(st.uid),
+        state=st.state,
+        ppid=st.ppid,
+        cgroup=cgroup,
+        protected=_protect_reason(st, scope, exe, cmdline),
+        unit=unit_of(cgroup),
+    )
+
+
+def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
+              stall: float | None = None) -> HostView:
+    """The host view. In the worker, each PID is announced before its /proc files are read,
+    so a read that hangs (FUSE, NFS, a wedged driver) is pinned to its PID (see worker.py)."""
+    tree = cgroupfs.tree_pids(scope.cgroup_dir)
+    holders: dict[int, Holder] = {}
+    statuses: dict[int, records.ProcStatus] = {}
+    init_pid = None
+    cache = devnodes.ScanCache()
+    for pid, rel in tree.items():
+        if pid in skip:
+            continue  # its reads hung in an earlier try
+        worker.note(("pid", pid), stall)
+        st = procfs.read_status(pid)
+        if st is None:
+            continue  # exited while we looked
+        statuses[pid] = st
+        if scope.running and len(st.nspid) >= 2 and st.nspid[1] == 1:
+            init_pid = pid
+        if st.state == "Z" and not procfs.live_threads(pid):
+            continue  # a zombie holds nothing: its fds and mappings are gone
+        # (a zombie leader with live threads holds through them: device_fds reads those)
+        fds = devnodes.device_fds(pid, scope.devices, cache)
+        if fds is None:
+            continue
+        maps = devnodes.device_maps(pid, scope.devices, cache)
+        if fds or maps:
+            h = make_holder(st, rel, scope)
+            h.devices = fds + maps
+            h.add_source("host")
+            holders[pid] = h
+    truncated = getattr(tree, "truncated", None)
+    if truncated:
+        holders[0] = unwalked(str(truncated), scope)
+    return HostView(holders, statuses, tree, init_pid)
+
+
+# ---- reads made in the scan's worker (see worker.py); module-level so they pickle --------
+def w_scan(scope: Scope, skip: frozenset[int], stall: float) -> HostView:
+    return scan_host(scope, skip, stall)
+
+
+def w_nvml_pids(found: list[tuple[records.ProcStatus, str]], outside: list[int], scope: Scope
+                ) -> tuple[list[Holder], list[tuple[int, str | None, str | None]]]:
+    """merge_nvml's reads: holders of the container's processes NVML lists (a zombie is left
+    out: NVML lists an exited process until the driver lets go), and the name and cgroup of
+    each GPU user outside the container."""
+    built = []
+    for st, rel in found:
+        worker.note(("pid", st.pid), None)
+        if st.state == "Z" and not procfs.live_threads(st.pid):
+            continue
+        built.append(make_holder(st, rel, scope))
+    named: list[tuple[int, str | None, str | None]] = []
+    for pid in outside:
+        worker.note(("pid", pid), None)
+        st2 = procfs.read_status(pid)
+        named.append((pid, st2.name if st2 else None, cgroupfs.pid_cgroup(pid)))
+    return built, named
+
+
+def w_make_holders(found: list[tuple[records.ProcStatus, str]], scope: Scope) -> list[Holder]:
+    out = []
+    for st, rel in found:
+        worker.note(("pid", st.pid), None)
+        out.append(make_holder(st, rel, scope))
+    return out
+
+
+def w_parents(ppids: list[int]) -> dict[int, str]:
+    out = {}
+    for ppid in ppids:
+        worker.note(("pid", ppid), None)
+        st = procfs.read_status(ppid)
+        if st:
+            out[ppid] = f"{st.name} (host PID {ppid})"
+    return out
+
+
+def stalled_on(exc: worker.WorkerError) -> int | None:
+    """The PID a worker's stall is pinned to (its last note or mark), or None: the deadline
+    passed, or the worker died."""
+    n = exc.note
+    return int(n[1]) if exc.stalled and isinstance(n, tuple) and n[0] == "pid" else None
+
+
+def _attribute(pid: int) -> Proc:
+    """An NVML process neither scan saw: owner from its cgroup (it may have just started,
+    or it runs in a container whose config names no GPU)."""
+    cg = cgroupfs.pid_cgroup(pid)
+    st = procfs.read_status(pid)
+    name = st.name if st else "?"
+    if cg is None:
+        return Proc(pid, name, "unknown")
+    parts = cg.split("/")
+    if len(parts) > 2 and parts[1] == "lxc" and parts[2].isdigit():
+        ct_pid = st.nspid[1] if st and len(st.nspid) > 1 else None
+        return Proc(pid, name, "ct", int(parts[2]), ct_pid, unit_of(cg), cg)
+    return Proc(pid, name, "host", cgroup=cg, unit=unit_of(cg))

@@ -1,0 +1,164 @@
+"""Reports: one YAML file per run, redacted, written atomically (0600 in a 0700 dir)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class ReportError(Exception):
+    pass
+
+
+def _utc(t: float) -> tuple[str, int]:
+    """(YYYYmmddHHMMSS, microseconds) of `t` in UTC, as datetime.fromtimestamp(t, UTC) rounds
+    it (half to even), without importing datetime on every run."""
+    frac, whole = math.modf(t)
+    us = round(frac * 1e6)
+    if us >= 1_000_000:
+        whole, us = whole + 1, us - 1_000_000
+    elif us < 0:
+        whole, us = whole - 1, us + 1_000_000
+    return time.strftime("%Y%m%d%H%M%S", time.gmtime(int(whole))), us
+
+
+def utc_stamp(t: float) -> str:
+    """20261203T065312.253174Z: a report's name."""
+    day, us = _utc(t)
+    return f"{day[:8]}T{day[8:]}.{us:06d}Z"
+
+
+def iso(t: float) -> str:
+    """2026-12-03T06:53:12.253+00:00: datetime's isoformat(timespec="milliseconds")."""
+    d, us = _utc(t)
+    return f"{d[:4]}-{d[4:6]}-{d[6:8]}T{d[8:10]}:{d[10:12]}:{d[12:]}.{us // 1000:03d}+00:00"
+
+
+def to_yaml(report: dict[str, Any], terminal: bool = False) -> str:
+    """The report as YAML (minyaml: PyYAML's block layout, without importing PyYAML on every
+    run). For a terminal everything but printable ASCII is escaped: bidi overrides and other
+    format characters are printable to YAML but not safe on a screen."""
+    from pveclean.core import minyaml
+
+    return minyaml.dump(report, terminal=terminal)
+
+
+def ensure_dir(report_dir: str) -> Path:
+    """The report dir; created 0700 when missing. An existing directory keeps its mode:
+    pveclean chmods only what it created (report_dir: /var/log must not become 0700).
+    Reports are 0600 files created with O_EXCL, safe in a shared directory too."""
+    d = Path(report_dir)
+    try:
+        if not d.is_dir():
+            d.mkdir(mode=0o700, parents=True)
+            os.chmod(d, 0o700)  # mkdir's mode went through the umask
+    except FileExistsError:
+        pass  # made by a concurrent run
+    except OSError as exc:
+        raise ReportError(f"cannot create report dir {d}: {exc.strerror}") from None
+    return d
+
+
+def report_name(vmid: int, phase: str, started: float) -> str:
+    return f"{vmid}-{phase}-{utc_stamp(started)}.yaml"
+
+
+def exclusive_temp(d: os.PathLike[str] | str, prefix: str, suffix: str,
+                   mode: int = 0o600) -> tuple[int, str]:
+    """A new file with a random name in `d`, created exclusively and never through a
+    symlink (what tempfile.mkstemp does, without importing tempfile on every run)."""
+    for _ in range(100):
+        path = os.path.join(d, f"{prefix}{os.urandom(6).hex()}{suffix}")
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                           | os.O_CLOEXEC, mode), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {d}")
+
+
+def write(report: dict[str, Any], report_dir: str) -> Path:
+    """Write atomically: temp file in the same dir, fsync, rename. Never overwrites."""
+    d = ensure_dir(report_dir)
+    name = report_name(int(report["vmid"]), str(report["phase"]), float(report["_started"]))
+    body = {k: v for k, v in report.items() if not k.startswith("_")}
+    text = to_yaml(body)
+    try:
+        fd, tmp = exclusive_temp(d, ".tmp-", ".yaml")
+    except OSError as exc:
+        raise ReportError(f"cannot write report in {d}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        target = d / name
+        for i in range(1, 100):
+            try:
+                os.link(tmp, target)  # fails if it exists: never overwrite another run's report
+                break
+            except FileExistsError:
+                target = d / name.replace(".yaml", f"-{i}.yaml")
+        os.unlink(tmp)
+        return target
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise ReportError(f"cannot write report in {d}: {exc.strerror}") from None
+
+
+def list_reports(report_dir: str, vmid: int | None = None) -> list[Path]:
+    """The reports in `report_dir` (of one container), oldest first: by the time in the name."""
+    prefix = f"{vmid}-" if vmid is not None else ""
+    try:
+        with os.scandir(report_dir) as it:
+            names = [e.name for e in it if e.name.endswith(".yaml")
+                     and e.name.startswith(prefix) and not e.name.startswith(".")]
+    except OSError:
+        return []
+    d = Path(report_dir)
+    return [d / n for n in sorted(names, key=lambda n: (n.split("-")[-1], n))]
+
+
+def load(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ReportError(f"{path}: not valid YAML{where}") from None
+    except UnicodeDecodeError:
+        raise ReportError(f"{path}: not a text file") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{path}: not a pveclean report")
+    return data
+
+
+def prune(report_dir: str, vmid: int, keep: int, max_age_days: float) -> int:
+    """Retention per container: at most `keep` reports, none older than `max_age_days`.
+    Oldest first, so the age check stops at the first report young enough (every run prunes:
+    a stat of each of a hundred reports was most of a report's cost)."""
+    files = list_reports(report_dir, vmid)
+    excess = len(files) - keep
+    now = time.time()
+    removed = 0
+    for i, p in enumerate(files):
+        try:
+            if i >= excess and now - p.stat().st_mtime <= max_age_days * 86400:
+                break
+            p.unlink()
+            removed += 1
+        except OSError:
+            continue
+    return removed

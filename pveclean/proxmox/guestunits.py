@@ -1,0 +1,177 @@
+"""The systemd units inside a container: stopped through `pct exec ... systemctl stop`, watched
+from the host through their cgroups, and the hints that name them in a report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pveclean.core.text import safe
+from pveclean.core.units import _collect, shell_command, stop_command, unit_cgroup, unit_of
+from pveclean.host import cgroupfs
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from pveclean.core.config import Config
+    from pveclean.core.records import Deadline, Discovery, Holder, Scope
+
+STOP_MAX_SECONDS = 20.0  # one `systemctl stop` never takes longer (and never half the run)
+
+
+def processes_in(cgroup_root: Path, cgroup: str | None) -> int | None:
+    """How many processes the unit's cgroup tree holds now (None: not known)."""
+    if not cgroup:
+        return None
+    try:
+        return len(cgroupfs.tree_pids(cgroup_root / cgroup.lstrip("/")))
+    except (OSError, RecursionError):  # a tree the container nested too deep to walk
+        return None
+
+
+RESTART_POLL = 0.02  # s between looks at the cgroups of services that may come back
+
+
+def await_restarts(holders: list[Holder], cgroup_root: Path, until: float) -> None:
+    """systemd starts a service again RestartSec (100 ms by default) after its main process
+    exits, later than a clean result must hold: until `until` (monotonic), look at the
+    cgroups of the services whose holders were signalled, and return as soon as one has a
+    process again, so that its hint names it (see hints)."""
+    cgroups = {cg for h in holders if h.outcome in ("terminated", "killed") and h.unit
+               and h.unit.endswith(".service") and (cg := unit_cgroup(h.cgroup, h.unit))}
+    while cgroups and time.monotonic() < until:
+        if any(processes_in(cgroup_root, cg) for cg in cgroups):
+            return
+        time.sleep(min(RESTART_POLL, max(until - time.monotonic(), 0.0)))
+
+
+def init_unit_of(init_pid: int | None) -> str | None:
+    return unit_of(cgroupfs.pid_cgroup(init_pid)) if init_pid else None
+
+
+def stop_units(vmid: int, holders: list[Any], init_pid: int | None, cgroup_root: Path,
+               pct_command: str, timeout: float, dry_run: bool = False) -> dict[str, Any]:
+    """Stop the systemd units of the container's GPU holders with one
+    `pct exec VMID -- systemctl stop -- UNIT...`, bounded by `timeout`, and say per unit
+    what happened (judged from the host: is the unit's cgroup empty now?)."""
+    init_unit = init_unit_of(init_pid)
+    infos = _collect(holders, init_unit)
+    out: dict[str, Any] = {"units": [], "command": None, "note": None}
+    if not holders:
+        out["note"] = f"CT {vmid} has no GPU holders: no unit to stop"
+        return out
+    if not infos:
+        out["note"] = (f"no GPU holder of CT {vmid} runs in a systemd unit (no systemd in the "
+                       "container, or its holders run outside units): nothing to stop; "
+                       "cleaning up as usual")
+        return out
+    wanted = sorted(u for u, i in infos.items() if i.refused is None)
+    for unit in sorted(infos):
+        i = infos[unit]
+        entry: dict[str, Any] = {"unit": unit, "holders": sorted(i.pids)}
+        if i.refused:
+            entry.update(action="not stopped", detail=i.refused)
+        elif dry_run:
+            entry.update(action="would stop", detail="dry run")
+        out["units"].append(entry)
+    if not wanted or dry_run:
+        if wanted:
+            out["command"] = shell_command(vmid, wanted)
+        return out
+    out["command"] = shell_command(vmid, wanted)
+    from pveclean.proxmox.pct import (  # here: a holder's unit_of() is read in the scan
+        PctMissing,
+        run_pct,
+    )
+
+    try:
+        res = run_pct(pct_command, stop_command(vmid, wanted), timeout)
+        rc, err = res.returncode, (res.stderr.strip().splitlines() or [""])[-1]
+    except PctMissing as exc:
+        rc, err = -1, str(exc)
+    out["exit"] = rc
+    for entry in out["units"]:
+        if entry.get("action"):
+            continue
+        left = processes_in(cgroup_root, infos[entry["unit"]].cgroup)
+        entry["processes_left"] = left
+        if rc is None:
+            entry.update(action="timed out",
+                         detail=f"systemctl stop did not finish within {timeout:.1f} s")
+        elif left == 0:
+            entry.update(action="stopped", detail="its cgroup is empty")
+        elif rc == 0 and left is None:
+            entry.update(action="unverified", detail="systemctl stop succeeded; its cgroup "
+                                                     "could not be read")
+        elif rc == 0:
+            entry.update(action="incomplete", detail=f"{left} process(es) left in its cgroup")
+        else:
+            entry.update(action="failed",
+                         detail=f"systemctl stop failed in CT {vmid} (exit {rc}): "
+                                f"{safe(err, 160)}; cleaning up as usual")
+    if rc not in (0, None) and all(e.get("action") == "failed" for e in out["units"]
+                                   if e["unit"] in wanted):
+        out["note"] = (f"systemctl stop failed in CT {vmid} (exit {rc}: {safe(err, 160)}); "
+                       "no systemd there? cleaning up as usual")
+    return out
+
+
+def hints(vmid: int, holders: list[dict[str, Any]], cgroup_root: Path, dry_run: bool,
+          stopped: set[str], manual: bool = False) -> list[str]:
+    """For units whose holders respawned, or that still run after the cleanup: the exact
+    command that stops them (units already stopped by --stop-units are left out). After a
+    manual cleanup also for services whose holders were stopped and are not back yet: one
+    with a RestartSec= longer than the run waited (RESTART_WATCH) brings them back later,
+    and systemd's state of it cannot be read from the host without a `pct exec`."""
+    out: list[str] = []
+    for unit, info in sorted(_collect(holders, None).items()):
+        if info.refused or unit in stopped:
+            continue
+        members = [h for h in holders if h.get("unit") == unit]
+        respawned = any(h.get("respawned_by") or h.get("round") or h.get("outcome") ==
+                        "survived" for h in members)
+        left = processes_in(cgroup_root, info.cgroup)
+        if respawned:
+            why = "restarted its GPU holders"
+        elif dry_run:
+            why = "runs GPU holders"
+        elif left:
+            why = f"is still active ({left} process(es) in its cgroup)"
+        elif manual and unit.endswith(".service") and any(
+                h.get("outcome") in ("terminated", "killed") for h in members):
+            why = ("ran the GPU holders stopped now, and starts them again later if it has "
+                   "Restart=")
+        else:
+            continue
+        out.append(f"{unit} in CT {vmid} {why}; stop it with: {shell_command(vmid, [unit])}"
+                   f" (or: pveclean ct {vmid} --stop-units)")
+    return out
+
+
+def before_stop(vmid: int, cfg: Config, scope: Scope, disc: Discovery, deadline: Deadline,
+                dry_run: bool, progress: Callable[[str], None] | None) -> dict[str, Any]:
+    """`pveclean ct --stop-units`: stop the discovered holders' units before any signal,
+    within half of what is left of the run (at most STOP_MAX_SECONDS)."""
+    if not scope.running:
+        return {"units": [], "command": None,
+                "note": f"CT {vmid} is not running: no systemd to ask; cleaning up as usual"}
+    timeout = max(min(deadline.remaining() / 2, STOP_MAX_SECONDS), 0.5)
+    if progress and not dry_run and any(h.unit for h in disc.holders):
+        progress(f"stopping the holders' systemd units in CT {vmid} (at most {timeout:.0f} s)")
+    return stop_units(vmid, disc.holders, disc.init_pid, scope.cgroup_dir.parent.parent,
+                      cfg.pct_command, timeout, dry_run)
+
+
+def annotate(rep: dict[str, Any], scope: Scope, unit_stops: dict[str, Any] | None) -> None:
+    """Add what --stop-units did, and hints naming the units still at work, to a report."""
+    stopped: set[str] = set()
+    if unit_stops is not None:
+        rep["unit_stops"] = unit_stops
+        stopped = {u["unit"] for u in unit_stops["units"] if u.get("action") == "stopped"}
+        rep["summary"]["units_stopped"] = sorted(stopped)
+    found = hints(int(rep["vmid"]), rep.get("holders", []), scope.cgroup_dir.parent.parent,
+                  bool(rep.get("dry_run")), stopped, manual=rep.get("phase") == "manual")
+    if found:
+        rep["hints"] = found

@@ -1,0 +1,119 @@
+"""GPUs passed to VMs: NVIDIA PCI devices not on the nvidia driver, and the VMs whose
+`hostpci` lines (or PCI resource mappings) name them."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from pveclean.proxmox import pveconf
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+PCI_DEVICES = Path("/sys/bus/pci/devices")
+NVIDIA_VENDOR = "0x10de"
+_PCI = re.compile(r"(?:([0-9a-f]{4,}):)?([0-9a-f]{2}:[0-9a-f]{2})(?:\.([0-9a-f]))?")
+
+
+# ---- VMs: GPUs bound to vfio-pci ----------------------------------------------------------
+def _pci_ids(text: str) -> list[tuple[str, bool]]:
+    """(address prefix, whole device) for each id of a hostpci `host` value: `01:00` means
+    every function of 0000:01:00 (qemu-server's PCIRE)."""
+    out = []
+    for part in text.lower().split(";"):
+        m = _PCI.fullmatch(part.strip())
+        if not m:
+            continue
+        dom = m.group(1) or "0000"
+        addr = f"{dom[-4:]}:{m.group(2)}"
+        out.append((f"{addr}.{m.group(3)}", False) if m.group(3) else (addr + ".", True))
+    return out
+
+
+def read_pci_mappings(path: Path, node: str) -> dict[str, list[str]]:
+    """Resource mappings (/etc/pve/mapping/pci.cfg): name -> this node's PCI paths."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            name = line.strip()
+            continue
+        words = line.split(None, 1)
+        if name and len(words) == 2 and words[0] == "map":
+            props = dict(kv.split("=", 1) for kv in words[1].split(",") if "=" in kv)
+            if props.get("node", node) == node and props.get("path"):
+                out.setdefault(name, []).append(props["path"])
+    return out
+
+
+def vm_passthrough(qemu_dir: Path, mappings: dict[str, list[str]]
+                   ) -> list[tuple[int, str, str, bool]]:
+    """(vmid, VM name, address prefix, whole device) for every hostpci line of every VM."""
+    out: list[tuple[int, str, str, bool]] = []
+    try:
+        files = sorted(p for p in qemu_dir.glob("*.conf") if p.stem.isdigit())
+    except OSError:
+        return out
+    for path in files:
+        try:
+            conf = pveconf.parse_config(path.read_text(encoding="utf-8", errors="replace"),
+                                        int(path.stem))
+        except OSError:
+            continue
+        name = conf.get("name") or ""
+        for k, v in conf.lines:
+            if not re.fullmatch(r"hostpci\d+", k):
+                continue
+            opts = v.split(",")
+            host = next((o for o in opts if "=" not in o), None)
+            kv = dict(o.split("=", 1) for o in opts if "=" in o)
+            hosts = [host or kv.get("host", "")]
+            if "mapping" in kv:
+                hosts += mappings.get(kv["mapping"], [])
+            for h in hosts:
+                for prefix, whole in _pci_ids(h):
+                    out.append((conf.vmid, name, prefix, whole))
+    return out
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[dict[str, Any]]:
+    """NVIDIA display devices not driven by the nvidia driver: bound to vfio-pci (passed to
+    a VM), another driver, or none. NVML does not see them."""
+    out: list[dict[str, Any]] = []
+    try:
+        devs = sorted(pci_root.iterdir())
+    except OSError:
+        return out
+    refs = None
+    for d in devs:
+        if _read(d / "vendor") != NVIDIA_VENDOR or not _read(d / "class").startswith("0x03"):
+            continue
+        try:
+            driver: str | None = os.path.basename(os.readlink(d / "driver"))
+        except OSError:
+            driver = None
+        if driver == "nvidia":
+            continue
+        if refs is None:
+            refs = vm_passthrough(qemu_dir, read_pci_mappings(mapping_file, os.uname().nodename))
+        addr = d.name.lower()
+        vms = sorted({(vmid, name) for vmid, name, prefix, whole in refs
+                      if (addr.startswith(prefix) if whole else addr == prefix)})
+        out.append({"pci_bus_id": addr, "device": f"10de:{_read(d / 'device')[2:]}",
+                    "driver": driver, "vms": [{"vmid": v, "name": n} for v, n in vms]})
+    return out
