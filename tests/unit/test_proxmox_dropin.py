@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 
@@ -108,15 +107,6 @@ def test_write_file_never_writes_through_a_planted_temp_symlink(tmp_path: Path) 
         dropin.write_file(path, "ours\n")
     assert exc.value.exit_code == ExitCode.ACCESS
     assert victim.read_text() == "precious\n" and not path.exists()
-
-
-def test_write_file_as_root_gives_the_file_to_root(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: the file is chowned to root only when run as root")
-    path = tmp_path / "pveclean.conf"
-    dropin.write_file(path, "x\n")
-    st = path.stat()
-    assert (st.st_uid, st.st_gid) == (0, 0)
 
 
 def test_remove_dropin_removes_its_directory_only_when_empty(tmp_path: Path) -> None:
