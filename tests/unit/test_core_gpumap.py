@@ -1,0 +1,142 @@
+"""core.gpumap: which process holds which GPU, the memory per owner, and the memory no process
+accounts for (a leak past LEAK_SLACK_MIB)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pveclean.core import gpumap
+from pveclean.core.gpumap import LEAK_SLACK_MIB, Proc
+from pveclean.core.records import GpuDevices, GpuMemory
+
+
+def _gpu(index: int = 0, used: int = 5000, reserved: int | None = 300,
+         minor: int | None = 0) -> GpuMemory:
+    return GpuMemory(index=index, uuid=f"GPU-{index}", name="H100", total_mib=81559,
+                     reserved_mib=reserved, used_mib=used, minor=minor)
+
+
+def _proc(pid: int, owner: str = "ct", memory: dict[int, int | None] | None = None,
+          minors: set[int] | None = None, vmid: int | None = 129) -> Proc:
+    return Proc(host_pid=pid, name=f"p{pid}", owner=owner, vmid=vmid if owner == "ct" else None,
+                memory=memory or {}, minors=minors or set())
+
+
+# ---- _gpu_entry -------------------------------------------------------------------------
+def test_accounted_memory_and_owners() -> None:
+    procs = [_proc(10, memory={0: 1000}), _proc(11, memory={0: 3000}),
+             _proc(20, owner="host", memory={0: 900}), _proc(30, memory={1: 500}),
+             _proc(40, owner="unknown", minors={0})]  # holds /dev/nvidia0, no memory
+    e = gpumap._gpu_entry(_gpu(used=4950), "0000:41:00.0", procs)
+    assert [r["host_pid"] for r in e["processes"]] == [11, 10, 20, 40]  # most memory first
+    assert [r["memory_mib"] for r in e["processes"]] == [3000, 1000, 900, None]
+    assert e["by_owner_mib"] == {"CT 129": 4000, "host": 900, "unknown": 0}
+    assert e["unaccounted_mib"] == 50 and e["leak_mib"] == 0  # within the slack
+    assert (e["index"], e["pci_bus_id"], e["minor"], e["total_mib"]) == (
+        0, "0000:41:00.0", 0, 81559)
+
+
+def test_unaccounted_over_the_slack_is_a_leak() -> None:
+    e = gpumap._gpu_entry(_gpu(used=1000 + LEAK_SLACK_MIB + 1), None,
+                          [_proc(10, memory={0: 1000})])
+    assert e["unaccounted_mib"] == LEAK_SLACK_MIB + 1 and e["leak_mib"] == LEAK_SLACK_MIB + 1
+
+
+def test_exactly_the_slack_is_no_leak() -> None:
+    e = gpumap._gpu_entry(_gpu(used=LEAK_SLACK_MIB), None, [])
+    assert e["unaccounted_mib"] == LEAK_SLACK_MIB and e["leak_mib"] == 0
+    assert e["processes"] == [] and e["by_owner_mib"] == {}
+
+
+def test_no_per_process_memory_means_no_unaccounted_figure() -> None:
+    """NVML without per-process memory (None) cannot say what is unaccounted: no leak."""
+    e = gpumap._gpu_entry(_gpu(used=60000), None, [_proc(10, memory={0: None}),
+                                                    _proc(11, memory={0: 100})])
+    assert e["unaccounted_mib"] is None and e["leak_mib"] == 0
+    assert [r["host_pid"] for r in e["processes"]] == [11, 10]  # unknown memory last
+
+
+def test_without_reserved_memory_no_unaccounted_figure() -> None:
+    e = gpumap._gpu_entry(_gpu(used=60000, reserved=None), None, [])
+    assert e["unaccounted_mib"] is None and e["leak_mib"] == 0
+
+
+def test_more_accounted_than_used_is_not_negative() -> None:
+    e = gpumap._gpu_entry(_gpu(used=100), None, [_proc(10, memory={0: 500})])
+    assert e["unaccounted_mib"] == 0
+
+
+def test_a_gpu_without_a_minor_matches_by_memory_only() -> None:
+    e = gpumap._gpu_entry(_gpu(minor=None), None, [_proc(10, minors={0}), _proc(11,
+                                                                              memory={0: 5})])
+    assert [r["host_pid"] for r in e["processes"]] == [11]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 100000), st.lists(st.integers(0, 20000), max_size=6))
+def test_leak_is_unaccounted_past_the_slack(used: int, mibs: list[int]) -> None:
+    procs = [_proc(i + 2, memory={0: m}) for i, m in enumerate(mibs)]
+    e = gpumap._gpu_entry(_gpu(used=used), None, procs)
+    assert e["unaccounted_mib"] == max(used - sum(mibs), 0)
+    assert e["leak_mib"] == (e["unaccounted_mib"] if e["unaccounted_mib"] > LEAK_SLACK_MIB
+                             else 0)
+    assert sum(e["by_owner_mib"].values()) == sum(mibs)
+
+
+# ---- _minors ------------------------------------------------------------------------------
+def test_minors_from_the_hosts_device_numbers() -> None:
+    devices = GpuDevices({gpumap.makedev(195, 0): "/dev/nvidia0",
+                          gpumap.makedev(195, 1): "/dev/nvidia1",
+                          gpumap.makedev(195, 255): "/dev/nvidiactl",
+                          gpumap.makedev(508, 0): "/dev/nvidia-uvm"}, frozenset({195, 508}))
+    p = _proc(1)
+    p.devices = ["/dev/nvidia1 (195:1)", "/dev/nvidiactl (195:255)",
+                 "/dev/nvidia-uvm (mmap 508:0)", "/dev/nvidia0 (mmap 195:0)",
+                 "/renamed/gpu (195:7)",  # not in the registry: 195:N is nvidiaN anywhere
+                 "/dev/x (195:254)",  # 254 and 255 are not GPUs
+                 "no numbers", "/dev/nvidia3 (195:3) trailing"]
+    assert gpumap._minors(p, devices) == {0, 1, 7}
+
+
+def test_minors_follow_the_registry_over_the_number() -> None:
+    devices = GpuDevices({gpumap.makedev(195, 2): "/dev/nvidia5"}, frozenset())
+    p = _proc(1)
+    p.devices = ["/dev/nvidia5 (195:2)"]
+    assert gpumap._minors(p, devices) == {5}
+
+
+# ---- names and labels ---------------------------------------------------------------------
+@pytest.mark.parametrize(("comm", "cmdline", "name"), [
+    ("nvidia-persiste", "/usr/bin/nvidia-persistenced --user x", "nvidia-persistenced"),
+    ("python3", "/usr/bin/python3.11 -m x", "python3"),  # not cut: comm as it is
+    ("abcdefghijklmno", "/opt/other-name", "abcdefghijklmno"),  # argv0 does not continue it
+    ("abcdefghijklmno", "", "abcdefghijklmno"),
+    ("abcdefghijklmno", "abcdefghijklmnopq", "abcdefghijklmnopq"),
+])
+def test_full_name(comm: str, cmdline: str, name: str) -> None:
+    assert gpumap.full_name(comm, cmdline) == name
+
+
+def test_owner_label() -> None:
+    assert gpumap.owner_label({"owner": "ct", "vmid": 129}) == "CT 129"
+    assert gpumap.owner_label({"owner": "host"}) == "host"
+    assert gpumap.owner_label({"owner": "something"}) == "unknown"
+
+
+@pytest.mark.parametrize(("major", "minor"), [
+    (0, 0), (195, 0), (195, 255), (508, 1), (1, 256), (4095, 0), (4096, 1), (259, 1 << 19),
+    ((1 << 31) - 1, (1 << 31) - 1)])
+def test_makedev_is_os_makedev(major: int, minor: int) -> None:
+    assert gpumap.makedev(major, minor) == os.makedev(major, minor)
+    assert (os.major(gpumap.makedev(major, minor)), os.minor(gpumap.makedev(major, minor))) == \
+        (major, minor)
+
+
+def test_proc_as_dict_sorts_memory_by_gpu() -> None:
+    p = _proc(5, memory={1: 10, 0: None})
+    d = p.as_dict()
+    assert list(d["gpu_memory_mib"]) == [0, 1] and d["owner"] == "ct" and d["vmid"] == 129

@@ -1,0 +1,126 @@
+"""core.units: systemd unit names read from cgroup paths (container-controlled text), what is never
+stopped, and which holders run in which unit."""
+
+from __future__ import annotations
+
+import pytest
+
+from pveclean.core import units
+from pveclean.core.records import Holder
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("sglang.service", "service"),
+    ("vllm@qwen.service", "service"),
+    ("a:b_c.d-e.socket", "socket"),
+    ("dev-sda1.swap", "swap"),
+    ("var-lib.mount", "mount"),
+    ("proc-sys.automount", "automount"),
+    ("x.timer", "timer"),
+    ("system.slice", "slice"),
+    ("session-3.scope", "scope"),
+    ("multi-user.target", "target"),
+    ("dev-sda.device", "device"),
+    ("run.path", "path"),
+    ("x.Service", None),  # the type is lower case
+    ("x.services", None),
+    ("x.foo", None),
+    ("service", None),
+    (".service", None),
+    ("@x.service", None),
+    ("a@.service", None),  # a template, never a running unit
+    ("a@b@c.service", None),
+    ("-x.service", None),
+    ("a b.service", None),
+    ("a/b.service", None),
+    ("ä.service", None),
+    ("", None),
+    ("a" * 247 + ".service", "service"),  # 255 characters
+    ("a" * 248 + ".service", None),
+])
+def test_unit_type(name: str, kind: str | None) -> None:
+    assert units.unit_type(name) == kind
+
+
+@pytest.mark.parametrize(("cgroup", "unit"), [
+    ("/lxc/129/ns/./system.slice//a.service", "a.service"),  # empty and . components
+    ("/lxc/129/ns/system.slice/x.socket", "x.socket"),
+    ("/lxc/129/ns/system.slice/var-lib.mount", "var-lib.mount"),
+    ("/lxc/129/ns/system.slice/x.timer", None),  # a timer holds no process
+    ("/lxc/129/ns/system.slice/x.path/y.service", None),  # the first non-slice decides
+    ("lxc/129/ns/a.service", "a.service"),  # no leading slash
+    ("/lxc/a.service", None),
+    ("/machine.slice/qemu.scope", "qemu.scope"),
+])
+def test_unit_of_more_paths(cgroup: str, unit: str | None) -> None:
+    assert units.unit_of(cgroup) == unit
+
+
+@pytest.mark.parametrize(("cgroup", "unit", "cut"), [
+    ("/system.slice/nv.service/sub", "nv.service", "/system.slice/nv.service"),
+    ("/lxc/129/ns/a.service", "a.service", "/lxc/129/ns/a.service"),
+    ("/lxc/a.service/ns/a.service/x", "a.service", "/lxc/a.service/ns/a.service"),  # below ns
+    ("/lxc/129/ns/system.slice", "a.service", None),
+    ("", "a.service", None),
+    ("/lxc/129/ns/a.service.bak", "a.service", None),  # whole components only
+])
+def test_unit_cgroup(cgroup: str, unit: str, cut: str | None) -> None:
+    assert units.unit_cgroup(cgroup, unit) == cut
+
+
+@pytest.mark.parametrize(("unit", "needle"), [
+    ("x.socket", "a socket unit"),
+    ("x.mount", "a mount unit"),
+    ("x.swap", "a swap unit"),
+    ("x.timer", "a timer unit"),
+    ("user@0.service", "user's service manager"),
+    ("user-runtime-dir@0.service", None),
+    ("", "not a valid systemd unit name"),
+])
+def test_refusal(unit: str, needle: str | None) -> None:
+    why = units.refusal(unit)
+    assert why is None if needle is None else (why is not None and needle in why)
+
+
+def test_init_is_refused_by_name_or_by_the_containers_init_unit() -> None:
+    assert units.refusal("init.scope") == "it holds the container's init (PID 1)"
+    assert units.refusal("a.service", init_unit="b.service") is None
+    assert units.refusal("b.service", init_unit="b.service") == \
+        "it holds the container's init (PID 1)"
+
+
+def test_shell_command_lists_every_unit() -> None:
+    assert units.shell_command(7, ["a.service", "b@c.service"]) == \
+        "pct exec 7 -- systemctl stop a.service b@c.service"
+
+
+def _holder(pid: int, cgroup: str, protected: str | None = None) -> Holder:
+    return Holder(host_pid=pid, starttime=1, ct_pid=pid, name="python3", exe=None, cmdline="",
+                  uid=0, user="root", state="S", ppid=1, cgroup=cgroup, protected=protected,
+                  unit=units.unit_of(cgroup))
+
+
+def test_collect_groups_holders_by_unit() -> None:
+    holders = [
+        _holder(10, "/lxc/129/ns/system.slice/a.service"),
+        _holder(11, "/lxc/129/ns/system.slice/a.service/worker"),
+        _holder(12, "/lxc/129/ns/system.slice/b.service", protected="nvidia-persistenced"),
+        _holder(13, "/lxc/129/ns"),  # no unit
+        _holder(14, "/lxc/129/ns/init.scope"),
+    ]
+    found = units._collect(holders, None)
+    assert sorted(found) == ["a.service", "b.service", "init.scope"]
+    a = found["a.service"]
+    assert (a.cgroup, a.pids, a.refused) == ("/lxc/129/ns/system.slice/a.service", [10, 11], None)
+    assert found["b.service"].refused == \
+        "it runs a protected holder (PID 12: nvidia-persistenced)"
+    assert found["init.scope"].refused == "it holds the container's init (PID 1)"
+
+
+def test_collect_reads_report_dicts_too() -> None:
+    holders = [{"unit": "a.service", "cgroup": "/lxc/1/ns/a.service", "host_pid": "5"},
+               {"unit": None, "cgroup": "/lxc/1/ns", "host_pid": 6}]
+    found = units._collect(holders, init_unit="a.service")
+    assert list(found) == ["a.service"]
+    assert found["a.service"].pids == [5]
+    assert found["a.service"].refused == "it holds the container's init (PID 1)"

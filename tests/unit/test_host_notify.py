@@ -1,0 +1,208 @@
+"""notify: the syslog line, metrics labels, and the textfile metrics written under a lock."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pveclean.core.verdicts import VERDICTS
+from pveclean.host import notify
+
+
+def _rep(vmid: Any = 129, verdict: str = "clean", **extra: Any) -> dict[str, Any]:
+    rep: dict[str, Any] = {
+        "vmid": vmid, "phase": "manual", "verdict": verdict, "duration_s": 1.25,
+        "summary": {"holders": 3, "stopped": 2, "freed_mib": 1234},
+        "holders": [{"outcome": "killed"}, {"outcome": "survived"}, {"outcome": "terminated"}],
+    }
+    rep.update(extra)
+    return rep
+
+
+# ---- the log line ---------------------------------------------------------------------------
+def test_log_line() -> None:
+    assert notify.log_line(_rep(), "/var/log/pveclean/129-manual-x.yaml") == (
+        "vmid=129 phase=manual verdict=clean holders=3 stopped=2 residual=1 freed_mib=1234 "
+        "duration_s=1.25 report=/var/log/pveclean/129-manual-x.yaml")
+
+
+def test_log_line_of_a_minimal_report() -> None:
+    rep = {"vmid": 5, "phase": "pre-start", "verdict": "nothing-to-do"}
+    assert notify.log_line(rep, None) == (
+        "vmid=5 phase=pre-start verdict=nothing-to-do holders=0 stopped=0 residual=0 "
+        "freed_mib=0 duration_s=0 report=-")
+
+
+def test_log_line_escapes_and_cuts_what_it_is_given() -> None:
+    line = notify.log_line(_rep(phase="x\ny"), "/tmp/a\x1b[2J" + "b" * 400)
+    assert "\n" not in line and "\x1b" not in line
+    assert "phase=x\\x0ay" in line
+    assert line.endswith("…") and len(line.split("report=")[1]) == 300
+
+
+@pytest.mark.parametrize(("value", "out"), [
+    ('a"b', 'a\\"b'), ("a\\b", "a\\\\b"), ("x" * 100, "x" * 63 + "…"), (129, "129"),
+    ("\u202e", "\\u202e")])
+def test_label(value: object, out: str) -> None:
+    assert notify.label(value) == out
+
+
+# ---- metric lines ---------------------------------------------------------------------------
+def test_metric_lines() -> None:
+    rep = _rep(verdict="leaked", leaks=[{"unaccounted_mib": 100}, {"unaccounted_mib": 28}])
+    lines = notify._metric_lines(rep, 1700000000.4)
+    lab = 'vmid="129"'
+    assert lines[0] == f'pveclean_last_run_timestamp_seconds{{{lab},phase="manual"}} 1700000000'
+    verdicts = [ln for ln in lines if ln.startswith("pveclean_last_verdict")]
+    assert len(verdicts) == len(VERDICTS)
+    assert [ln for ln in verdicts if ln.endswith(" 1")] == [
+        f'pveclean_last_verdict{{{lab},verdict="leaked"}} 1']
+    assert lines[len(VERDICTS) + 1:] == [
+        f"pveclean_last_holders_stopped{{{lab}}} 2",
+        f"pveclean_last_freed_bytes{{{lab}}} {1234 * 2**20}",
+        f"pveclean_last_residual_holders{{{lab}}} 1",
+        f"pveclean_last_leaked_bytes{{{lab}}} {128 * 2**20}",
+        f"pveclean_last_run_duration_seconds{{{lab}}} 1.25",
+    ]
+
+
+def test_metric_labels_cannot_break_out_of_their_quotes() -> None:
+    lines = notify._metric_lines(_rep(vmid='1"} 9\nx{a="'), 0)
+    assert all(ln.count('"') % 2 == 0 and "\n" not in ln for ln in lines)
+
+
+# ---- the textfile ---------------------------------------------------------------------------
+def _series(path: Path) -> list[str]:
+    return [ln for ln in path.read_text().splitlines() if not ln.startswith("#")]
+
+
+def test_write_metrics_replaces_only_this_containers_series(tmp_path: Path) -> None:
+    prom = tmp_path / "textfile/pveclean.prom"
+    notify.write_metrics(_rep(12, "residual"), str(prom))
+    notify.write_metrics(_rep(129, "clean"), str(prom))
+    first = _series(prom)
+    assert len(first) == 2 * len(notify._metric_lines(_rep(), 0))
+    notify.write_metrics(_rep(129, "error"), str(prom))
+    text = prom.read_text()
+    assert 'pveclean_last_verdict{vmid="129",verdict="error"} 1' in text
+    assert 'pveclean_last_verdict{vmid="129",verdict="clean"} 0' in text
+    assert 'pveclean_last_verdict{vmid="12",verdict="residual"} 1' in text  # CT 12 kept
+    assert text.count("# TYPE pveclean_last_verdict gauge") == 1
+    assert _series(prom) == sorted(_series(prom))
+    assert stat.S_IMODE(prom.stat().st_mode) == 0o644
+    lock = tmp_path / "textfile/pveclean.prom.lock"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+    assert sorted(p.name for p in prom.parent.iterdir()) == ["pveclean.prom",
+                                                            "pveclean.prom.lock"]
+
+
+def test_write_metrics_drops_foreign_lines_of_the_file(tmp_path: Path) -> None:
+    prom = tmp_path / "pveclean.prom"
+    prom.write_text("# HELP other\nother_metric 1\npveclean_last_holders_stopped"
+                    '{vmid="7"} 4\n')
+    notify.write_metrics(_rep(129), str(prom))
+    text = prom.read_text()
+    assert "other_metric" not in text
+    assert 'pveclean_last_holders_stopped{vmid="7"} 4' in text
+
+
+def test_write_metrics_refuses_a_symlinked_textfile(tmp_path: Path) -> None:
+    victim = tmp_path / "shadow"
+    victim.write_text("root:secret\n")
+    prom = tmp_path / "pveclean.prom"
+    prom.symlink_to(victim)
+    with pytest.raises(OSError):
+        notify.write_metrics(_rep(), str(prom))
+    assert victim.read_text() == "root:secret\n" and prom.is_symlink()
+
+
+def test_write_metrics_refuses_a_hard_linked_textfile(tmp_path: Path) -> None:
+    victim = tmp_path / "secret"
+    victim.write_text("pveclean_x{vmid=\"1\"} secret\n")
+    victim.chmod(0o600)
+    prom = tmp_path / "pveclean.prom"
+    os.link(victim, prom)
+    with pytest.raises(OSError, match="not a plain file of ours"):
+        notify.write_metrics(_rep(), str(prom))
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert prom.read_text() == victim.read_text()  # not replaced by a world-readable copy
+    assert not list(tmp_path.glob(".pveclean-*"))
+
+
+def test_write_metrics_refuses_a_symlinked_lock(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("x")
+    (tmp_path / "pveclean.prom.lock").symlink_to(victim)
+    with pytest.raises(OSError):
+        notify.write_metrics(_rep(), str(tmp_path / "pveclean.prom"))
+    assert not (tmp_path / "pveclean.prom").exists()
+
+
+@pytest.fixture
+def held_lock(tmp_path: Path) -> Iterator[Path]:
+    lock = tmp_path / "pveclean.prom.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield lock
+    finally:
+        os.close(fd)
+
+
+def test_a_held_lock_is_waited_for_a_bounded_time(tmp_path: Path, held_lock: Path) -> None:
+    import time
+
+    t = time.monotonic()
+    with pytest.raises(OSError, match="held by another process"):
+        notify.write_metrics(_rep(), str(tmp_path / "pveclean.prom"), lock_wait=0.2)
+    assert 0.15 < time.monotonic() - t < 3
+
+
+def test_publish_turns_a_metrics_failure_into_a_warning(tmp_path: Path) -> None:
+    (tmp_path / "pveclean.prom").mkdir()  # cannot be read as the old textfile
+    warnings = notify.publish(_rep(), None, False, "/nonexistent", str(tmp_path / "pveclean.prom"))
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"metrics not written to {tmp_path / 'pveclean.prom'}: ")
+    assert notify.publish(_rep(), None, False, "/nonexistent", None) == []
+
+
+# ---- syslog -------------------------------------------------------------------------------
+@pytest.fixture
+def log_socket(tmp_path: Path) -> Iterator[tuple[socket.socket, str]]:
+    path = str(tmp_path / "log")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(5)
+    try:
+        yield sock, path
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize(("verdict", "pri"), [
+    ("clean", 14), ("nothing-to-do", 14), ("dry-run", 14), ("residual", 12), ("leaked", 12),
+    ("busy", 12), ("error", 11)])
+def test_syslog_priority_by_verdict(log_socket: tuple[socket.socket, str], verdict: str,
+                                    pri: int) -> None:
+    sock, path = log_socket
+    assert notify.syslog(_rep(verdict=verdict), "/r.yaml", path) is True
+    msg = sock.recv(4096).decode()
+    assert msg == f"<{pri}>pveclean[{os.getpid()}]: " + notify.log_line(
+        _rep(verdict=verdict), "/r.yaml")
+
+
+def test_syslog_without_a_socket_is_false(tmp_path: Path) -> None:
+    assert notify.syslog(_rep(), None, str(tmp_path / "none")) is False
+
+
+def test_publish_sends_syslog_when_asked(log_socket: tuple[socket.socket, str]) -> None:
+    sock, path = log_socket
+    assert notify.publish(_rep(), "/r.yaml", True, path, None) == []
+    assert "vmid=129" in sock.recv(4096).decode()
