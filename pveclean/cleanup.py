@@ -9,14 +9,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pveclean.core import records, report
+from pveclean.core import policy, records, report, verdicts
 from pveclean.core.config import Config
 from pveclean.core.discovery import doing, merge_probe, stall_for
+from pveclean.core.policy import Step
 from pveclean.core.records import Deadline, Discovery, Holder, ProcIdentity, Scope
-from pveclean.core.report import RunResult, _busy_report, build_report
-from pveclean.core.verdicts import VERDICT_EXIT
+from pveclean.core.report import Findings, Report, RunResult, build_report, busy_report
+from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, devnodes, notify, reportfiles
+from pveclean.host.clock import stamp, start_deadline
 from pveclean.host.nvml import Nvml
 from pveclean.host.pidfds import fd_budget, raise_open_files_limit
 from pveclean.host.procscan import w_make_holders, w_parents
@@ -72,8 +74,6 @@ def discover(
 
 
 Progress = Callable[[str], None]
-POLL_INTERVAL = 0.02  # rescans while verifying; each is a cgroup walk, not a /proc walk
-SETTLE = 0.05  # a clean result must hold this long, so a respawn racing us is seen
 RESTART_WATCH = 0.3  # s after the last exit: systemd's default RestartSec (100 ms) and a start
 
 
@@ -191,7 +191,7 @@ def stop_and_verify(
             proven, rejected = pidfds.prove_all(
                 targets[i:i + batch], lambda hs: _identities(reads, hs, scope, end))
             for h, why in rejected:
-                h.outcome = "exited" if why.startswith("exited") else "skipped"
+                h.outcome = Outcome.EXITED if why.startswith("exited") else Outcome.SKIPPED
                 h.signals.append(why)
             if proven:
                 exited = pidfds.stop(
@@ -204,48 +204,28 @@ def stop_and_verify(
         clean_since: float | None = None
         chase: list[Holder] = []
         while True:
-            for h in _merge_probe(disc, scope, reads, end):
-                if h.identity not in handled and not h.protected:
-                    chase.append(h)
-                elif h.identity not in handled:
-                    h.outcome = "protected"
-                    handled.add(h.identity)
-                    all_holders.append(h)
-            if chase and not deadline.expired():
+            chase += _late_holders(disc, scope, reads, end, handled, all_holders)
+            if policy.chase_late(len(chase), deadline.expired()):
                 break
             rescan = reads.rescan(scope, known, end)
-            if rescan is None:
-                return all_holders, False, round_no, last_exit
-            view, nvml_pids = rescan
-            live = [h for h in view.holders.values() if not h.protected]
-            new = [h for h in live if h.identity not in handled]
-            if new and round_no < cfg.chase_rounds and not deadline.expired():
+            look, new = policy.look_at(rescan, handled)
+            step = policy.next_step(look, round_no, cfg.chase_rounds, deadline.expired(),
+                                    deadline.clock(), end, clean_since)
+            clean_since = step.clean_since
+            if step.step is Step.CHASE:
                 chase = new
                 break
-            if new:  # they keep coming back: report them, the rounds are spent
+            if step.step is Step.RESPAWNED:  # they keep coming back: report them
                 parents = _parents(reads, new, end)
                 for h in new:
-                    h.outcome, h.respawned_by = "survived", parents.get(h.ppid)
+                    h.outcome, h.respawned_by = Outcome.SURVIVED, parents.get(h.ppid)
                     h.signals.append(f"appeared after the last of {cfg.chase_rounds} rounds; "
                                      "not signalled")
                     handled.add(h.identity)
                     all_holders.append(h)
-                return all_holders, False, round_no, last_exit
-            protected = [h for h in view.holders.values() if h.protected]
-            if not live and not nvml_pids:
-                now = time.monotonic()
-                clean_since = clean_since or now
-                if now - clean_since >= SETTLE or end - now < SETTLE:
-                    return all_holders, not protected, round_no, last_exit
-            else:
-                clean_since = None
-                if live:  # survivors: stop() already waited for them up to the deadline
-                    return all_holders, False, round_no, last_exit
-                # only NVML still lists our exited processes: the driver releases memory a
-                # little after the exit, so keep polling until it lets go or time runs out
-            if end - time.monotonic() <= 0:
-                return all_holders, False, round_no, last_exit
-            time.sleep(min(POLL_INTERVAL, max(end - time.monotonic(), 0)))
+            if step.step is not Step.POLL:
+                return all_holders, step.verified, round_no, last_exit
+            time.sleep(step.wait)
         round_no += 1
         if progress:
             progress(f"round {round_no}: {len(chase)} new holder(s) appeared; stopping them")
@@ -256,6 +236,20 @@ def stop_and_verify(
             handled.add(h.identity)
             all_holders.append(h)
         targets = chase
+
+
+def _late_holders(disc: Discovery, scope: Scope, reads: Reads, end: float,
+                  handled: set[ProcIdentity], all_holders: list[Holder]) -> list[Holder]:
+    """The late probe's new holders to chase; its protected ones are recorded as such."""
+    chase = []
+    for h in _merge_probe(disc, scope, reads, end):
+        if h.identity not in handled and not h.protected:
+            chase.append(h)
+        elif h.identity not in handled:
+            h.outcome = Outcome.PROTECTED
+            handled.add(h.identity)
+            all_holders.append(h)
+    return chase
 
 
 def _parents(reads: Reads, hs: list[Holder], end: float) -> dict[int, str]:
@@ -280,7 +274,7 @@ def clean(
     whole run, the lock wait included; the report is written in the time kept back for it.
     With `stop_units`, the holders' systemd units are stopped before any signal."""
     started = time.time()
-    deadline = deadline or Deadline(cfg.deadline_seconds)
+    deadline = deadline or start_deadline(cfg.deadline_seconds)
     raise_open_files_limit()
     scan = Worker()  # the run's reads of /proc and /etc/pve (discover.Reads)
     wk = worker or new_worker(cfg)
@@ -298,8 +292,9 @@ def clean(
                     res = _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress,
                                  write_report, wk, deadline, started, stop_units, scan)
             except Busy as exc:
-                res = finish(_busy_report(vmid, phase, started, dry_run, ctconf, exc), cfg,
-                             write_report, deadline, scan)
+                busy = busy_report(stamp(started, time.time() - started), vmid, phase,
+                                   dry_run, ctconf.gpu_lines(), str(exc))
+                res = finish(busy, cfg, write_report, deadline, scan)
         res.ctconf = ctconf
         return res
     finally:
@@ -371,23 +366,22 @@ def _clean(
         if dry_run:
             holders = disc.holders
             for h in holders:
-                h.outcome = "protected" if h.protected else "would-stop"
-            verdict = "dry-run"
+                h.outcome = Outcome.PROTECTED if h.protected else Outcome.WOULD_STOP
+            verdict = Verdict.DRY_RUN
         elif not disc.holders:
             holders = []
-            verdict = "nothing-to-do"
+            verdict = Verdict.NOTHING_TO_DO
         else:
             for h in disc.holders:
                 if h.protected:
-                    h.outcome = "protected"
+                    h.outcome = Outcome.PROTECTED
             g = cfg.grace_seconds if grace is None else grace
             holders, verified, rounds, last_exit = stop_and_verify(disc, scope, cfg, g, reads,
                                                                    deadline, progress)
             if last_exit is not None:
                 # how long verification took after the last holder was gone (pidfd readable)
                 verify_s = round(time.monotonic() - last_exit, 3)
-            survivors = [h for h in holders if h.outcome in ("survived", "protected")]
-            verdict = "clean" if verified and not survivors else "residual"
+            verdict = verdicts.after_stop(verified, [h.outcome for h in holders])
         if disc.probe is not None:
             late = ("not waited for: the host view and NVML found nothing to clean"
                     if not holders else
@@ -397,23 +391,21 @@ def _clean(
         after = reads.memory(end) if not (dry_run or idle or not disc.scanned) else before
         problems = list(dict.fromkeys(reads.problems))
         errors += problems
-        if problems and verdict in ("clean", "nothing-to-do"):
-            verdict = "residual"  # part of the tree could not be read: nothing to vouch for
+        verdict = verdicts.with_problems(verdict, problems)
         if reads.nvml_error and not idle and disc.sources.get("nvml") == "ok":
             errors.append(reads.nvml_error)
-        rep = build_report(vmid, phase, started, deadline, dry_run, verdict, holders, disc,
-                           before, after, rounds, ctconf, errors, cfg)
-        rep["summary"]["verified_after_last_exit_s"] = verify_s
-        if reads.killed:
-            rep["summary"]["readers_killed"] = len(reads.killed)
+        found = Findings(verdict, holders, disc, before, after, rounds, errors, verify_s,
+                         len(reads.killed))
+        rep = build_report(stamp(started, deadline.elapsed()), vmid, phase, dry_run, found,
+                           ctconf.gpu_lines(), cfg)
         if unit_stops is not None or holders:  # else there is nothing to say of units
             from pveclean.proxmox import guestunits
 
             if phase == "manual" and last_exit is not None:
                 # a stopping container's units stop with it: hooks do not wait for restarts
                 guestunits.await_restarts(holders, scope.cgroup_dir.parent.parent,
-                                     min(last_exit + RESTART_WATCH, end))
-            guestunits.annotate(rep, scope, unit_stops)
+                                          min(last_exit + RESTART_WATCH, end))
+            rep = guestunits.annotate(rep, scope, unit_stops)
         return finish(rep, cfg, write_report, deadline, reads.worker)
 
 
@@ -429,27 +421,27 @@ def _write_report(rep: dict[str, Any], cfg: Config) -> str:
     return str(path)
 
 
-def finish(rep: dict[str, Any], cfg: Config, write_report: bool = True,
+def finish(rep: Report, cfg: Config, write_report: bool = True,
            deadline: Deadline | None = None, writer: Worker | None = None) -> RunResult:
     """Redact, write and prune within what is left of the run (at least REPORT_WAIT), in
     `writer` (the run's scan worker, idle by now: no fork) or a worker of its own; a report
     that cannot be written is kept in the result and said in syslog."""
     rep = report.Redactor(cfg.redact).value(rep)
-    code = VERDICT_EXIT.get(str(rep["verdict"]), ExitCode.OK)
+    code = verdicts.exit_code(rep.verdict)
     if not write_report:
         return RunResult(rep, None, code)
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
     # a writer is the caller's to close; a worker of its own is closed here
     with contextlib.nullcontext(writer) if writer else Worker() as wk:
         try:
-            return RunResult(rep, Path(wk.call(_write_report, rep, cfg, timeout=wait,
+            return RunResult(rep, Path(wk.call(_write_report, rep.as_dict(), cfg, timeout=wait,
                                                what="report")), code)
         except RemoteError as exc:
             why = str(exc).removeprefix("ReportError: ")
         except WorkerError:
             why = (f"writing the report to {cfg.report_dir} did not finish within {wait:.1f} s "
                    "(a hung file system?)")
-    rep.setdefault("errors", []).append(why)
+    rep = rep.with_error(why)
     # syslog only: a metrics file on the same hung file system would block this process
-    notify.publish(rep, None, cfg.syslog, cfg.syslog_socket, None)
+    notify.publish(rep.as_dict(), None, cfg.syslog, cfg.syslog_socket, None)
     return RunResult(rep, None, max(code, ExitCode.REPORT), why)

@@ -96,11 +96,11 @@ def run(args: CtArgs, wk: Worker | None = None) -> int:
     if args.as_json:
         import json
 
-        print(json.dumps(result.report, indent=2, default=str))
+        print(json.dumps(result.report.as_dict(), indent=2, default=str))
     else:
         from pveclean.commands.render import render_run
 
-        print(render_run(result.report))
+        print(render_run(result.report.as_dict()))
         if result.path:
             print(f"report: {result.path}")
     sys.stdout.flush()
@@ -110,5 +110,5 @@ def run(args: CtArgs, wk: Worker | None = None) -> int:
             from pveclean.host.reportfiles import to_yaml
 
             print("--- report (not saved) ---", file=sys.stderr)
-            print(to_yaml(result.report, terminal=True), file=sys.stderr)
+            print(to_yaml(result.report.as_dict(), terminal=True), file=sys.stderr)
     return result.exit_code

@@ -15,11 +15,12 @@ import time
 from pveclean.cleanup import cgroup_root, clean, finish, new_worker, reserve_for
 from pveclean.core.config import PHASES, Config
 from pveclean.core.discovery import stall_for
-from pveclean.core.records import Deadline
-from pveclean.core.report import RunResult, find_leaks
+from pveclean.core.report import Report, RunResult, find_leaks, gpus_used
 from pveclean.core.text import safe
+from pveclean.core.verdicts import Verdict
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
 from pveclean.host import cgroupfs, prelude, reportfiles
+from pveclean.host.clock import start_deadline
 from pveclean.host.configfile import load
 from pveclean.host.nvml import Nvml
 from pveclean.host.reads import Reads
@@ -47,19 +48,19 @@ def pre_stop(vmid: int, cfg: Config, early: Worker | None = None) -> int:
         prelude.warm(early, cfg, vmid)
     res = clean(vmid, cfg, phase="pre-stop", worker=early)
     rep = res.report
-    if rep["verdict"] == "busy":
+    if rep.busy:
         return _busy(vmid, "pre-stop", res)
-    s = rep["summary"]
-    dur = rep["duration_s"]
-    if rep["verdict"] == "nothing-to-do":
+    s = rep.summary
+    dur = rep.duration_s
+    if rep.verdict == Verdict.NOTHING_TO_DO:
         say(f"pveclean: CT {vmid} pre-stop: no GPU holders ({dur:.2f} s); {_where(res)}")
-    elif rep["verdict"] == "clean":
-        say(f"pveclean: CT {vmid} pre-stop: stopped {s['stopped']} GPU holders "
-            f"({s['freed_mib']} MiB freed) in {dur:.1f} s; {_where(res)}")
+    elif rep.verdict == Verdict.CLEAN:
+        say(f"pveclean: CT {vmid} pre-stop: stopped {s.stopped} GPU holders "
+            f"({s.freed_mib} MiB freed) in {dur:.1f} s; {_where(res)}")
     else:
-        left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
-        names = ", ".join(f"PID {h['host_pid']} {safe(h['name'], 16)} ({h['outcome']}, "
-                          f"state {safe(h['state'], 4)})" for h in left[:5])
+        left = rep.remaining()
+        names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} ({h.outcome}, "
+                          f"state {safe(h.state, 4)})" for h in left[:5])
         why = f": {names}" if left else f" or cannot be ruled out: {_first_error(rep)}"
         say(f"pveclean: WARNING: CT {vmid} pre-stop: {len(left)} GPU holder(s) REMAIN after "
             f"{dur:.1f} s{why}; GPU memory may stay allocated; {_where(res)}")
@@ -67,8 +68,8 @@ def pre_stop(vmid: int, cfg: Config, early: Worker | None = None) -> int:
     return 0
 
 
-def _first_error(rep: dict[str, Any]) -> str:
-    errors = rep.get("errors") or ["unknown"]
+def _first_error(rep: Report) -> str:
+    errors = rep.errors or ["unknown"]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{safe(errors[0], 300)}{more}"
 
@@ -77,7 +78,8 @@ def _unsaved(res: RunResult) -> None:
     """A report that could not be written goes to stderr (the task log) in full; the syslog
     line was sent by finish()."""
     if res.report_error:
-        sys.stderr.write("--- pveclean report (not saved) ---\n" + reportfiles.to_yaml(res.report))
+        sys.stderr.write("--- pveclean report (not saved) ---\n"
+                         + reportfiles.to_yaml(res.report.as_dict()))
         sys.stderr.flush()
 
 
@@ -100,31 +102,21 @@ def _container_minors(ctconf: pveconf.CtConfig | None) -> set[int]:
     return {int(m.group(1)) for p in paths if (m := re.fullmatch(r"/dev/nvidia(\d+)", p))}
 
 
-def _via(rep: dict[str, Any], via: str | None) -> dict[str, Any]:
-    """The report, saying after its phase what ran it when that is not the hookscript."""
-    if via is None:
-        return rep
-    head: dict[str, Any] = {k: rep[k] for k in ("pveclean", "vmid", "phase") if k in rep}
-    return {**head, "via": via, **rep}
-
-
 def post_stop(vmid: int, cfg: Config, early: Worker | None = None,
               via: str | None = None) -> int:
     """The container's processes are gone: is the GPU memory they had released?
     NVML is asked in the run's worker, within the run's deadline (see worker.py). `via`:
     what ran it, in its report, when not the hookscript (the systemd drop-in)."""
-    deadline = Deadline(cfg.deadline_seconds)
+    deadline = start_deadline(cfg.deadline_seconds)
     if early is not None:
         prelude.warm(early, cfg, vmid)  # its settings; no init for a stopped container
     with early or new_worker(cfg) as wk:
         res = clean(vmid, cfg, phase="post-stop", write_report=False, worker=wk,
                     deadline=deadline)
-        rep = _via(res.report, via)
-        if rep["verdict"] == "busy":
+        rep = res.report.ran_by(via)
+        if rep.busy:
             return _busy(vmid, "post-stop", res)
         pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
-        used_by_ct = {int(g) for h in (pre or {}).get("holders", [])
-                      for g in (h.get("gpu_memory_mib") or {})}
         leaks: list[dict[str, Any]] = []
         end = deadline.end - reserve_for(cfg)
         with Reads(wk, deadline, stall_for(cfg), True,
@@ -132,28 +124,22 @@ def post_stop(vmid: int, cfg: Config, early: Worker | None = None,
             memory = reads.memory(end)
             procs = reads.processes(end) if memory is not None else None
         if memory is None or procs is None:
-            rep.setdefault("warnings", []).append(
-                f"post-stop memory check skipped: {reads.nvml_error}")
+            rep = rep.with_warning(f"post-stop memory check skipped: {reads.nvml_error}")
         else:
-            leaks = find_leaks(memory, procs, _container_minors(res.ctconf), used_by_ct)
-    rep["leaks"] = leaks
-    if pre is not None:
-        rep["pre_stop_report"] = {"start": pre.get("start"), "verdict": pre.get("verdict"),
-                                  "freed_mib": (pre.get("summary") or {}).get("freed_mib")}
-    if leaks and rep["verdict"] in ("clean", "nothing-to-do"):
-        rep["verdict"] = "leaked"
+            leaks = find_leaks(memory, procs, _container_minors(res.ctconf), gpus_used(pre))
+    rep = rep.with_leaks(leaks, pre)
     res = finish(rep, cfg, deadline=deadline)
     _unsaved(res)
-    if rep["verdict"] == "leaked":
+    if rep.verdict == Verdict.LEAKED:
         desc = ", ".join(f"GPU {x['index']} {x['unaccounted_mib']} MiB" for x in leaks)
         say(f"pveclean: CT {vmid} post-stop: leaked {desc}; see {res.path}")
-    elif rep["verdict"] == "residual":
+    elif rep.verdict == Verdict.RESIDUAL:
         say(f"pveclean: CT {vmid} post-stop: GPU holders remain; see {res.path}")
     return 0
 
 
 def _busy(vmid: int, phase: str, res: RunResult) -> int:
-    errors = safe("; ".join(res.report["errors"]), 300)
+    errors = safe("; ".join(res.report.errors), 300)
     say(f"pveclean: WARNING: CT {vmid} {phase}: skipped, {errors}; {_where(res)}")
     return 0
 
@@ -163,28 +149,27 @@ def pre_start(vmid: int, cfg: Config, early: Worker | None = None,
     """`early` is always None: a start forks no worker ahead (it asks NVML nothing unless
     something is left, see prelude.NVML_PHASES). `via`: as post_stop's."""
     res = clean(vmid, cfg, phase="pre-start", write_report=False)
-    rep = _via(res.report, via)
-    if rep["verdict"] == "busy":
+    rep = res.report.ran_by(via)
+    if rep.busy:
         res = finish(rep, cfg)
         return _busy(vmid, "pre-start", res)  # not knowing is no reason to refuse
-    if not rep["container"]["running"]:
+    if not rep.container.running:
         # Leftover cgroups of an earlier run make lxc-start fail; empty ones can go.
         removed = cgroupfs.remove_empty_cgroups(cgroupfs.container_cgroup(cgroup_root(cfg), vmid))
         if removed:
-            rep["removed_cgroups"] = removed
-    if rep["verdict"] == "nothing-to-do" and not rep.get("removed_cgroups"):
+            rep = rep.with_removed_cgroups(removed)
+    if rep.verdict == Verdict.NOTHING_TO_DO and not rep.removed_cgroups:
         return 0
     res = finish(rep, cfg)
     _unsaved(res)
-    if rep["verdict"] == "nothing-to-do":
+    if rep.verdict == Verdict.NOTHING_TO_DO:
         return 0
-    s = rep["summary"]
-    if rep["verdict"] == "clean":
-        say(f"pveclean: CT {vmid} pre-start: stopped {s['stopped']} leftover GPU holder(s) of "
-            f"an earlier run; {_where(res)}")
+    if rep.verdict == Verdict.CLEAN:
+        say(f"pveclean: CT {vmid} pre-start: stopped {rep.summary.stopped} leftover GPU "
+            f"holder(s) of an earlier run; {_where(res)}")
         return 0
-    left = [h for h in rep["holders"] if h["outcome"] in ("survived", "protected")]
-    names = ", ".join(f"PID {h['host_pid']} {safe(h['name'], 16)} (state {safe(h['state'], 4)})"
+    left = rep.remaining()
+    names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} (state {safe(h.state, 4)})"
                       for h in left[:5])
     if not left:  # nothing seen that stays: not knowing is no reason to refuse
         say(f"pveclean: WARNING: CT {vmid} pre-start: could not check every leftover process: "

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from pveclean.core.gpumap import owner_label
 from pveclean.core.text import ljust, safe, width
+from pveclean.core.verdicts import Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -133,11 +134,11 @@ def summary_line(rep: dict[str, Any]) -> str:
     n = s.get("holders", 0)
     stopped = s.get("stopped", 0)
     head = f"CT {safe(rep['vmid'], 20)} {safe(rep['phase'], 20)}"
-    if verdict == "nothing-to-do":
+    if verdict == Verdict.NOTHING_TO_DO:
         return f"{head}: no GPU holders ({rep['duration_s']:.2f} s)"
-    if verdict == "busy":
+    if verdict == Verdict.BUSY:
         return f"{head}: busy: {safe('; '.join(rep.get('errors', [])), LONG)}"
-    if verdict == "dry-run":
+    if verdict == Verdict.DRY_RUN:
         return f"{head}: dry run, {n} GPU holder(s) would be stopped, nothing signalled"
     freed = s.get("freed_mib", 0)
     text = f"{head}: stopped {stopped} of {n} GPU holder(s) ({freed} MiB freed) in " \

@@ -35,13 +35,13 @@ def holders(cfg: Config, vmid: int) -> dict[str, Any]:
         rep = clean(vmid, cfg, phase="status", dry_run=True, write_report=False).report
     except PvecleanError as exc:
         return {"holders_error": str(exc)}
-    hs = [{"host_pid": h["host_pid"], "ct_pid": h.get("ct_pid"), "name": h["name"],
-           "unit": h.get("unit"),
-           "gpu_memory_mib": h.get("gpu_memory_mib") or {}, "devices": h.get("devices", [])}
-          for h in rep.get("holders", [])]
-    mib = sum(m or 0 for h in hs for m in h["gpu_memory_mib"].values())
+    hs = [{"host_pid": h.host_pid, "ct_pid": h.ct_pid, "name": h.name, "unit": h.unit,
+           "gpu_memory_mib": {int(k): v for k, v in sorted(h.gpu_memory_mib.items())},
+           "devices": h.devices}
+          for h in rep.holders]
+    mib = sum(m or 0 for h in rep.holders for m in h.gpu_memory_mib.values())
     out: dict[str, Any] = {"holders": hs, "gpu_memory_mib": mib}
-    if rep.get("verdict") == "busy":
+    if rep.busy:
         out["holders_error"] = "busy: another pveclean run holds this container"
     return out
 

@@ -8,12 +8,12 @@ import re
 from dataclasses import dataclass, field
 
 from pveclean.core.records import GpuDevices, GpuMemory, Holder
+from pveclean.core.report import LEAK_SLACK_MIB  # the post-stop hook's, for the same memory
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-LEAK_SLACK_MIB = 64  # as the post-stop hook: allocations NVML shows without a process
 _RDEV = re.compile(r"\((?:mmap )?(\d+):(\d+)\)$")
 _NODE = re.compile(r"nvidia(\d+)")
 

@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from pveclean.core.verdicts import Outcome
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any
+
+Clock = Callable[[], float]  # seconds on a clock that never goes back (time.monotonic)
 
 
 class Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.start = time.monotonic()
+    """One bound for a whole run, on the clock it is given (the host passes time.monotonic:
+    see cleanup.start_deadline)."""
+
+    def __init__(self, seconds: float, clock: Clock) -> None:
+        self.clock = clock
+        self.start = clock()
         self.end = self.start + seconds
 
     def remaining(self) -> float:
-        return max(0.0, self.end - time.monotonic())
+        return max(0.0, self.end - self.clock())
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.start
+        return self.clock() - self.start
 
     def expired(self) -> bool:
-        return time.monotonic() >= self.end
+        return self.clock() >= self.end
 
     def cap(self, timeout: float) -> float:
         """`timeout`, cut to what is left of the run (never zero: one last short try)."""
@@ -89,7 +97,7 @@ class Holder:
     gpu_memory_mib: dict[int, int | None] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     protected: str | None = None  # reason this one is never signalled
-    outcome: str | None = None
+    outcome: Outcome | None = None
     signals: list[str] = field(default_factory=list)
     wchan: str | None = None
     respawned_by: str | None = None
@@ -119,7 +127,7 @@ class Holder:
             "devices": self.devices,
             "gpu_memory_mib": {int(k): v for k, v in sorted(self.gpu_memory_mib.items())},
             "sources": self.sources,
-            "outcome": self.outcome,
+            "outcome": str(self.outcome) if self.outcome is not None else None,
             "signals": self.signals,
         }
         if self.protected:

@@ -1,18 +1,71 @@
-"""A run's verdicts and the exit code each one means."""
+"""A run's verdicts, the outcomes of its holders, the rules that decide a verdict and the exit
+code each verdict means."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from enum import StrEnum
+
 from pveclean.errors import ExitCode
 
-VERDICT_EXIT = {
-    "clean": ExitCode.OK,
-    "nothing-to-do": ExitCode.OK,
-    "dry-run": ExitCode.OK,
-    "residual": ExitCode.RESIDUAL,
-    "leaked": ExitCode.RESIDUAL,
-    "error": ExitCode.ACCESS,
-    "busy": ExitCode.BUSY,
+
+class Verdict(StrEnum):
+    """What a run concludes about one container."""
+
+    CLEAN = "clean"
+    NOTHING_TO_DO = "nothing-to-do"
+    DRY_RUN = "dry-run"
+    RESIDUAL = "residual"
+    LEAKED = "leaked"
+    ERROR = "error"
+    BUSY = "busy"
+
+
+class Outcome(StrEnum):
+    """What became of one holder."""
+
+    TERMINATED = "terminated"  # exited within the grace after SIGTERM
+    KILLED = "killed"  # exited after SIGKILL (or after the grace)
+    SURVIVED = "survived"  # still there at the deadline, or appeared after the last round
+    PROTECTED = "protected"  # never signalled (see Holder.protected)
+    EXITED = "exited"  # gone before its identity was proven: nothing to signal
+    SKIPPED = "skipped"  # not proven to be the process that was found: not signalled
+    WOULD_STOP = "would-stop"  # a dry run's holder
+
+
+VERDICT_EXIT: dict[str, ExitCode] = {
+    Verdict.CLEAN: ExitCode.OK,
+    Verdict.NOTHING_TO_DO: ExitCode.OK,
+    Verdict.DRY_RUN: ExitCode.OK,
+    Verdict.RESIDUAL: ExitCode.RESIDUAL,
+    Verdict.LEAKED: ExitCode.RESIDUAL,
+    Verdict.ERROR: ExitCode.ACCESS,
+    Verdict.BUSY: ExitCode.BUSY,
 }
 
+VERDICTS = tuple(Verdict)
+STOPPED = frozenset({Outcome.TERMINATED, Outcome.KILLED})
+REMAINING = frozenset({Outcome.SURVIVED, Outcome.PROTECTED})  # holders a run leaves behind
+UNTROUBLED = frozenset({Verdict.CLEAN, Verdict.NOTHING_TO_DO})  # verdicts that vouch for all
 
-VERDICTS = ("clean", "nothing-to-do", "dry-run", "residual", "leaked", "error", "busy")
+
+def exit_code(verdict: str) -> ExitCode:
+    """The exit code of a verdict (a verdict this version does not know: OK)."""
+    return VERDICT_EXIT.get(verdict, ExitCode.OK)
+
+
+def after_stop(verified: bool, outcomes: list[Outcome | None]) -> Verdict:
+    """A cleanup's verdict: clean only when the verification held and no holder remains."""
+    if verified and not any(o in REMAINING for o in outcomes):
+        return Verdict.CLEAN
+    return Verdict.RESIDUAL
+
+
+def with_problems(verdict: Verdict, problems: list[str]) -> Verdict:
+    """Part of the tree could not be read: a clean or empty result cannot be vouched for."""
+    return Verdict.RESIDUAL if problems and verdict in UNTROUBLED else verdict
+
+
+def with_leaks(verdict: Verdict, leaks: Sequence[object]) -> Verdict:
+    """A post-stop that finds memory no process holds: leaked, unless already worse."""
+    return Verdict.LEAKED if leaks and verdict in UNTROUBLED else verdict

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from pveclean.core.text import safe
-from pveclean.core.verdicts import VERDICTS
+from pveclean.core.verdicts import VERDICTS, Outcome, Verdict
 from pveclean.host.reportfiles import exclusive_temp
 
 TYPE_CHECKING = False
@@ -27,7 +27,7 @@ MAX_METRICS = 4 << 20  # bytes of an existing textfile read back
 
 def log_line(rep: dict[str, Any], path: str | None) -> str:
     s = rep.get("summary", {})
-    residual = sum(1 for h in rep.get("holders", []) if h.get("outcome") == "survived")
+    residual = sum(1 for h in rep.get("holders", []) if h.get("outcome") == Outcome.SURVIVED)
     return (
         f"vmid={safe(rep['vmid'], 12)} phase={safe(rep['phase'], 20)} "
         f"verdict={safe(rep['verdict'], 20)} "
@@ -40,8 +40,9 @@ def log_line(rep: dict[str, Any], path: str | None) -> str:
 def syslog(rep: dict[str, Any], path: str | None, socket_path: str = "/dev/log") -> bool:
     """Send one RFC 3164 line with identifier `pveclean` (journalctl -t pveclean)."""
     verdict = rep.get("verdict")
-    level = "info" if verdict in ("clean", "nothing-to-do", "dry-run") else "warning"
-    if verdict == "error":
+    level = "info" if verdict in (Verdict.CLEAN, Verdict.NOTHING_TO_DO, Verdict.DRY_RUN) \
+        else "warning"
+    if verdict == Verdict.ERROR:
         level = "err"
     msg = f"<{LOG_USER * 8 + PRI[level]}>pveclean[{os.getpid()}]: {log_line(rep, path)}"
     try:
@@ -64,7 +65,7 @@ def label(value: object) -> str:
 def _metric_lines(rep: dict[str, Any], now: float) -> list[str]:
     vmid = label(rep["vmid"])
     s = rep.get("summary", {})
-    residual = sum(1 for h in rep.get("holders", []) if h.get("outcome") == "survived")
+    residual = sum(1 for h in rep.get("holders", []) if h.get("outcome") == Outcome.SURVIVED)
     lab = f'vmid="{vmid}"'
     lines = [f'pveclean_last_run_timestamp_seconds{{{lab},phase="{label(rep["phase"])}"}} '
              f'{now:.0f}']

@@ -22,6 +22,7 @@ from pveclean.core.records import (
     GpuDevices,
     Holder,
 )
+from pveclean.core.verdicts import Outcome
 from pveclean.host import cgroupfs, devnodes, procfs
 
 
@@ -222,16 +223,16 @@ def stop(
     for t in targets:
         h = t.holder
         if t.exited_at is None:
-            h.outcome = "survived"
+            h.outcome = Outcome.SURVIVED
             state, wch, is_frozen = info.get(h.host_pid, (None, None, False))
             h.state = state or h.state
             h.wchan = wch
             if is_frozen:
                 h.state += " (frozen)"
         elif t.exited_at <= after_term and not any(s.startswith("SIGKILL") for s in h.signals):
-            h.outcome = "terminated"
+            h.outcome = Outcome.TERMINATED
         else:
-            h.outcome = "killed"
+            h.outcome = Outcome.KILLED
         os.close(t.pidfd)
     exits = [t.exited_at for t in targets if t.exited_at is not None]
     return max(exits) if exits else None

@@ -7,8 +7,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pveclean.core.report import stopped_units
 from pveclean.core.text import safe
-from pveclean.core.units import _collect, shell_command, stop_command, unit_cgroup, unit_of
+from pveclean.core.units import _collect, _get, shell_command, stop_command, unit_cgroup, unit_of
+from pveclean.core.verdicts import STOPPED, Outcome
 from pveclean.host import cgroupfs
 
 TYPE_CHECKING = False
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
 
     from pveclean.core.config import Config
     from pveclean.core.records import Deadline, Discovery, Holder, Scope
+    from pveclean.core.report import Report
 
 STOP_MAX_SECONDS = 20.0  # one `systemctl stop` never takes longer (and never half the run)
 
@@ -39,7 +42,7 @@ def await_restarts(holders: list[Holder], cgroup_root: Path, until: float) -> No
     exits, later than a clean result must hold: until `until` (monotonic), look at the
     cgroups of the services whose holders were signalled, and return as soon as one has a
     process again, so that its hint names it (see hints)."""
-    cgroups = {cg for h in holders if h.outcome in ("terminated", "killed") and h.unit
+    cgroups = {cg for h in holders if h.outcome in STOPPED and h.unit
                and h.unit.endswith(".service") and (cg := unit_cgroup(h.cgroup, h.unit))}
     while cgroups and time.monotonic() < until:
         if any(processes_in(cgroup_root, cg) for cg in cgroups):
@@ -118,10 +121,11 @@ def stop_units(vmid: int, holders: list[Any], init_pid: int | None, cgroup_root:
     return out
 
 
-def hints(vmid: int, holders: list[dict[str, Any]], cgroup_root: Path, dry_run: bool,
+def hints(vmid: int, holders: list[Any], cgroup_root: Path, dry_run: bool,
           stopped: set[str], manual: bool = False) -> list[str]:
-    """For units whose holders respawned, or that still run after the cleanup: the exact
-    command that stops them (units already stopped by --stop-units are left out). After a
+    """For units whose holders (Holders or their report dicts) respawned, or that still run
+    after the cleanup: the exact command that stops them (units already stopped by
+    --stop-units are left out). After a
     manual cleanup also for services whose holders were stopped and are not back yet: one
     with a RestartSec= longer than the run waited (RESTART_WATCH) brings them back later,
     and systemd's state of it cannot be read from the host without a `pct exec`."""
@@ -129,9 +133,9 @@ def hints(vmid: int, holders: list[dict[str, Any]], cgroup_root: Path, dry_run: 
     for unit, info in sorted(_collect(holders, None).items()):
         if info.refused or unit in stopped:
             continue
-        members = [h for h in holders if h.get("unit") == unit]
-        respawned = any(h.get("respawned_by") or h.get("round") or h.get("outcome") ==
-                        "survived" for h in members)
+        members = [h for h in holders if _get(h, "unit") == unit]
+        respawned = any(_get(h, "respawned_by") or _get(h, "round")
+                        or _get(h, "outcome") == Outcome.SURVIVED for h in members)
         left = processes_in(cgroup_root, info.cgroup)
         if respawned:
             why = "restarted its GPU holders"
@@ -140,7 +144,7 @@ def hints(vmid: int, holders: list[dict[str, Any]], cgroup_root: Path, dry_run: 
         elif left:
             why = f"is still active ({left} process(es) in its cgroup)"
         elif manual and unit.endswith(".service") and any(
-                h.get("outcome") in ("terminated", "killed") for h in members):
+                _get(h, "outcome") in STOPPED for h in members):
             why = ("ran the GPU holders stopped now, and starts them again later if it has "
                    "Restart=")
         else:
@@ -164,14 +168,9 @@ def before_stop(vmid: int, cfg: Config, scope: Scope, disc: Discovery, deadline:
                       cfg.pct_command, timeout, dry_run)
 
 
-def annotate(rep: dict[str, Any], scope: Scope, unit_stops: dict[str, Any] | None) -> None:
-    """Add what --stop-units did, and hints naming the units still at work, to a report."""
-    stopped: set[str] = set()
-    if unit_stops is not None:
-        rep["unit_stops"] = unit_stops
-        stopped = {u["unit"] for u in unit_stops["units"] if u.get("action") == "stopped"}
-        rep["summary"]["units_stopped"] = sorted(stopped)
-    found = hints(int(rep["vmid"]), rep.get("holders", []), scope.cgroup_dir.parent.parent,
-                  bool(rep.get("dry_run")), stopped, manual=rep.get("phase") == "manual")
-    if found:
-        rep["hints"] = found
+def annotate(rep: Report, scope: Scope, unit_stops: dict[str, Any] | None) -> Report:
+    """The report with what --stop-units did, and hints naming the units still at work."""
+    stopped = stopped_units(unit_stops) if unit_stops is not None else set()
+    found = hints(rep.vmid, rep.holders, scope.cgroup_dir.parent.parent, rep.dry_run, stopped,
+                  manual=rep.phase == "manual")
+    return rep.with_units(unit_stops, found)

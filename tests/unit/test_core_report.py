@@ -1,0 +1,273 @@
+"""The run's report as a typed record: its dict (keys, order, plain values), the phases'
+amendments, redaction, and the leak check."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pveclean.core import gpumap
+from pveclean.core.config import Config
+from pveclean.core.records import Discovery, GpuMemory, Holder
+from pveclean.core.report import (
+    LEAK_SLACK_MIB,
+    Findings,
+    Redactor,
+    Report,
+    Stamp,
+    build_report,
+    busy_report,
+    find_leaks,
+    gpus_used,
+    iso,
+    memory_table,
+)
+from pveclean.core.verdicts import Outcome, Verdict
+from pveclean.host import reportfiles
+
+STAMP = Stamp("9.9.9", "node1", 1_780_000_000.25, 1.234)
+TOP = ["pveclean", "vmid", "phase", "host", "start", "duration_s", "dry_run", "verdict",
+       "summary", "container", "holders", "gpus", "other_gpu_users", "sources", "settings",
+       "warnings", "errors", "_started"]
+
+
+def holder(pid: int, outcome: Outcome | None = None, **kw: Any) -> Holder:
+    return Holder(host_pid=pid, starttime=pid * 10, ct_pid=pid - 1000, name=f"p{pid}",
+                  exe="/usr/bin/python3", cmdline=f"python3 train.py --token=s3cret{pid}",
+                  uid=0, user="root", state="S", ppid=1, cgroup="/lxc/129/ns/x.service",
+                  devices=["/dev/nvidia0"], gpu_memory_mib={1: 300, 0: None},
+                  sources=["host"], outcome=outcome, **kw)
+
+
+def discovery(**kw: Any) -> Discovery:
+    base: dict[str, Any] = dict(holders=[], running=True, init_pid=4242, tree_pids=7,
+                                sources={"host": "ok", "nvml": "ok", "probe": "ok"})
+    base.update(kw)
+    return Discovery(**base)
+
+
+GPU0 = GpuMemory(0, "GPU-a", "H100", 81559, 500, 1200, minor=0)
+GPU0_AFTER = GpuMemory(0, "GPU-a", "H100", 81559, 500, 700, minor=0)
+
+
+def full_report(verdict: Verdict = Verdict.CLEAN, **found: Any) -> Report:
+    hs = [holder(2001, Outcome.TERMINATED), holder(2002, Outcome.KILLED, round=1,
+                                                   respawned_by="systemd (host PID 9)"),
+          holder(2003, Outcome.PROTECTED, protected="the container's PID 1")]
+    args: dict[str, Any] = dict(verdict=verdict, holders=hs, disc=discovery(), before=[GPU0],
+                                after=[GPU0_AFTER], rounds=1, errors=[], verify_s=0.061)
+    args.update(found)
+    return build_report(STAMP, 129, "manual", False, Findings(**args), ["dev0: /dev/nvidia0"],
+                        Config(grace_seconds=3.0, deadline_seconds=20.0, source="/etc/x.yaml"))
+
+
+def roundtrip(d: dict[str, Any]) -> Any:
+    return yaml.safe_load(yaml.safe_dump(d, sort_keys=False))
+
+
+def test_a_report_dict_has_the_fixed_keys_in_order_and_survives_yaml() -> None:
+    d = full_report().as_dict()
+    assert list(d) == TOP
+    assert list(d["summary"]) == ["holders", "stopped", "outcomes", "freed_mib", "rounds",
+                                  "verified_after_last_exit_s"]
+    assert list(d["container"]) == ["running", "init_pid", "processes_in_cgroup_tree",
+                                    "gpu_config"]
+    assert roundtrip(d) == d
+
+
+def test_the_dict_holds_plain_strings_not_enums() -> None:
+    d = full_report().as_dict()
+    assert type(d["verdict"]) is str and d["verdict"] == "clean"
+    assert [type(h["outcome"]) for h in d["holders"]] == [str, str, str]
+    assert all(type(k) is str for k in d["summary"]["outcomes"])
+    assert json.loads(json.dumps(d)) == json.loads(json.dumps(roundtrip(d)))
+
+
+def test_summary_counts_outcomes_and_stopped_and_freed() -> None:
+    s = full_report().as_dict()["summary"]
+    assert s["holders"] == 3 and s["stopped"] == 2 and s["rounds"] == 1
+    assert s["outcomes"] == {"terminated": 1, "killed": 1, "protected": 1}
+    assert s["freed_mib"] == 500 and s["verified_after_last_exit_s"] == 0.061
+    rep = build_report(STAMP, 1, "manual", True, Findings(Verdict.DRY_RUN, [holder(5)],
+                       discovery(), None, None, 0, []), [], Config())
+    assert rep.as_dict()["summary"]["outcomes"] == {"unknown": 1}
+
+
+def test_values_come_from_the_stamp_the_discovery_and_the_config() -> None:
+    d = full_report().as_dict()
+    assert (d["pveclean"], d["host"], d["duration_s"], d["_started"]) == \
+        ("9.9.9", "node1", 1.234, 1_780_000_000.25)
+    assert d["start"] == "2026-05-28T20:26:40.250+00:00"
+    assert d["container"] == {"running": True, "init_pid": 4242, "processes_in_cgroup_tree": 7,
+                              "gpu_config": ["dev0: /dev/nvidia0"]}
+    assert d["settings"] == {"grace_seconds": 3.0, "deadline_seconds": 20.0,
+                             "config": "/etc/x.yaml"}
+    assert d["holders"][1]["round"] == 1 and "round" not in d["holders"][0]
+    assert d["holders"][0]["gpu_memory_mib"] == {0: None, 1: 300}
+
+
+def test_warnings_say_nvml_was_not_used_and_who_respawned() -> None:
+    disc = discovery(sources={"host": "ok", "nvml": "failed: no library"},
+                     warnings=["probe found PID 5"])
+    w = full_report(disc=disc).warnings
+    assert w == ["probe found PID 5",
+                 "NVML not used (failed: no library); verified by rescanning only",
+                 "holders were respawned by: systemd (host PID 9)"]
+    quiet = discovery(sources={"host": "ok", "nvml": "not needed: container stopped"})
+    assert full_report(disc=quiet, holders=[]).warnings == []
+
+
+def test_optional_summary_keys_appear_only_when_they_say_something() -> None:
+    d = full_report(readers_killed=2).as_dict()
+    assert list(d["summary"])[-2:] == ["verified_after_last_exit_s", "readers_killed"]
+    assert d["summary"]["readers_killed"] == 2
+    assert "readers_killed" not in full_report().as_dict()["summary"]
+
+
+def test_units_add_unit_stops_hints_and_units_stopped_at_the_end() -> None:
+    stops = {"units": [{"unit": "a.service", "action": "stopped"},
+                       {"unit": "b.service", "action": "failed"}], "command": "x", "note": None}
+    d = full_report().with_units(stops, ["b.service in CT 129 ..."]).as_dict()
+    assert list(d)[-3:] == ["_started", "unit_stops", "hints"]
+    assert d["summary"]["units_stopped"] == ["a.service"]
+    assert list(d["summary"])[-1] == "units_stopped"
+    plain = full_report().with_units(None, []).as_dict()
+    assert "unit_stops" not in plain and "hints" not in plain
+    assert "units_stopped" not in plain["summary"]
+    only_hints = full_report().with_units(None, ["h"]).as_dict()
+    assert only_hints["hints"] == ["h"] and "unit_stops" not in only_hints
+
+
+def test_via_comes_right_after_the_phase() -> None:
+    d = full_report().ran_by("systemd drop-in").as_dict()
+    assert list(d)[:5] == ["pveclean", "vmid", "phase", "via", "host"]
+    assert full_report().ran_by(None) == full_report()
+
+
+def test_a_busy_report_says_less() -> None:
+    rep = busy_report(STAMP, 129, "pre-stop", False, ["dev0: /dev/nvidia0"], "lock held by 77")
+    d = rep.as_dict()
+    assert list(d) == ["pveclean", "vmid", "phase", "host", "start", "duration_s", "dry_run",
+                       "verdict", "summary", "container", "holders", "gpus", "warnings",
+                       "errors", "_started"]
+    assert d["verdict"] == "busy" and rep.busy
+    assert d["summary"] == {"holders": 0, "stopped": 0, "outcomes": {}, "freed_mib": 0,
+                            "rounds": 0}
+    assert d["container"] == {"running": None, "gpu_config": ["dev0: /dev/nvidia0"]}
+    assert d["errors"] == ["lock held by 77"] and d["holders"] == [] and d["gpus"] == []
+    assert roundtrip(d) == d
+    via = rep.ran_by("drop-in").as_dict()
+    assert list(via)[3] == "via" and via["via"] == "drop-in"
+
+
+def test_post_stop_leaks_flip_clean_and_empty_to_leaked_only() -> None:
+    leak = [{"index": 0, "uuid": "GPU-a", "unaccounted_mib": 900, "hint": "reset"}]
+    pre = {"start": "2026-05-28T20:00:00.000+00:00", "verdict": "clean",
+           "summary": {"freed_mib": 1200}, "holders": []}
+    for verdict, want in [(Verdict.CLEAN, Verdict.LEAKED), (Verdict.NOTHING_TO_DO,
+                          Verdict.LEAKED), (Verdict.RESIDUAL, Verdict.RESIDUAL)]:
+        rep = full_report(verdict).with_leaks(leak, pre)
+        assert rep.verdict == want
+    d = full_report().with_leaks(leak, pre).as_dict()
+    assert list(d)[-3:] == ["_started", "leaks", "pre_stop_report"]
+    assert d["pre_stop_report"] == {"start": pre["start"], "verdict": "clean",
+                                    "freed_mib": 1200}
+    none = full_report(Verdict.NOTHING_TO_DO).with_leaks([], None).as_dict()
+    assert none["verdict"] == "nothing-to-do" and none["leaks"] == []
+    assert "pre_stop_report" not in none
+
+
+def test_the_amendments_make_new_reports_and_leave_the_old_one_alone() -> None:
+    rep = full_report()
+    before = rep.as_dict()
+    rep.with_warning("w").with_error("e").with_leaks([{"index": 1}], None)
+    rep.with_removed_cgroups(["/lxc/129/ns"]).ran_by("x").with_units(None, ["h"])
+    assert rep.as_dict() == before
+    assert rep.with_warning("w").warnings[-1] == "w" and rep.with_error("e").errors == ["e"]
+
+
+def test_removed_cgroups_only_when_some_were_removed() -> None:
+    d = full_report(Verdict.NOTHING_TO_DO).with_removed_cgroups(["/lxc/129/ns/a"]).as_dict()
+    assert list(d)[-2:] == ["_started", "removed_cgroups"]
+    assert "removed_cgroups" not in full_report().with_removed_cgroups([]).as_dict()
+
+
+def test_remaining_are_the_survivors_and_the_protected() -> None:
+    rep = full_report(holders=[holder(1, Outcome.SURVIVED), holder(2, Outcome.KILLED),
+                               holder(3, Outcome.PROTECTED), holder(4)])
+    assert [h.host_pid for h in rep.remaining()] == [1, 3]
+
+
+def test_redacting_the_report_is_redacting_its_dict() -> None:
+    red = Redactor([r"(--token=)\S+", r"(/usr/)bin"])
+    rep = full_report().with_error("failed with --token=abc").ran_by("via /usr/bin/x")
+    redacted = red.value(rep)
+    assert isinstance(redacted, Report) and redacted.verdict is Verdict.CLEAN
+    assert redacted.as_dict() == red.value(rep.as_dict())
+    assert redacted.holders[0].cmdline == "python3 train.py --token=***"
+    assert rep.holders[0].cmdline.endswith("s3cret2001")  # the original is left alone
+
+
+def test_a_pattern_never_rewrites_a_verdict_or_an_outcome() -> None:
+    red = Redactor([r"clean|terminated"])
+    d = red.value(full_report()).as_dict()
+    assert d["verdict"] == "clean" and d["holders"][0]["outcome"] == "terminated"
+
+
+@given(st.floats(min_value=0, max_value=4_102_444_800, allow_nan=False))
+def test_start_is_datetimes_isoformat_and_the_report_files_text(t: float) -> None:
+    assert iso(t) == datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+    assert iso(t) == reportfiles.iso(t)
+
+
+def test_memory_table_pairs_before_and_after_by_index() -> None:
+    gone = GpuMemory(1, "GPU-b", "H100", 81559, 500, 600, minor=1)
+    rows = memory_table([GPU0, gone], [GPU0_AFTER])
+    assert [r["freed_mib"] for r in rows] == [500, None]
+    assert rows[1]["used_after_mib"] is None and rows[0]["used_before_mib"] == 1200
+    assert memory_table(None, [GPU0]) == []
+
+
+def gpu(index: int, used: int, reserved: int | None = 500, minor: int | None = None
+        ) -> GpuMemory:
+    return GpuMemory(index, f"GPU-{index}", "H100", 81559, reserved, used,
+                     minor=index if minor is None else minor)
+
+
+def test_find_leaks_counts_only_memory_no_process_holds_beyond_the_slack() -> None:
+    procs: dict[int, dict[int, int | None]] = {10: {0: 1000}, 11: {0: None, 1: 50}}
+    at_slack = gpu(0, 1000 + LEAK_SLACK_MIB)
+    over = gpu(1, 50 + LEAK_SLACK_MIB + 1)
+    leaks = find_leaks([at_slack, over], procs, set(), set())
+    assert [(x["index"], x["unaccounted_mib"]) for x in leaks] == [(1, LEAK_SLACK_MIB + 1)]
+    assert leaks[0]["hint"].endswith("nvidia-smi -r -i 1")
+
+
+def test_find_leaks_looks_only_at_the_containers_gpus() -> None:
+    gs = [gpu(0, 5000), gpu(1, 5000), gpu(2, 5000, minor=None)]
+    gs[2] = GpuMemory(2, "GPU-2", "H100", 81559, 500, 5000, minor=None)
+    assert [x["index"] for x in find_leaks(gs, {}, {1}, set())] == [1, 2]
+    assert [x["index"] for x in find_leaks(gs, {}, set(), {0, 2})] == [0, 2]
+    assert find_leaks([gpu(0, 5000, reserved=None)], {}, set(), set()) == []
+
+
+def test_gpumap_and_the_post_stop_share_one_slack() -> None:
+    assert gpumap.LEAK_SLACK_MIB is LEAK_SLACK_MIB == 64
+
+
+def test_gpus_used_reads_a_pre_stop_reports_holders() -> None:
+    pre = {"holders": [{"gpu_memory_mib": {0: 100, "3": None}}, {"gpu_memory_mib": None}, {}]}
+    assert gpus_used(pre) == {0, 3}
+    assert gpus_used(None) == set() and gpus_used({}) == set()
+
+
+def test_a_written_report_reads_back_equal(tmp_path: Path) -> None:
+    d = full_report().with_leaks([], None).as_dict()
+    path = reportfiles.write(d, str(tmp_path))
+    assert reportfiles.load(path) == {k: v for k, v in d.items() if k != "_started"}
