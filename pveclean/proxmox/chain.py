@@ -14,10 +14,7 @@ import os
 from pathlib import Path
 
 from pveclean.core.config import Config
-
-TYPE_CHECKING = False
-
-
+from pveclean.proxmox.snippets import path_in_storage_cfg
 
 
 def record_path(cfg: Config, vmid: int) -> Path:
@@ -60,36 +57,12 @@ def _storage_cfg_path(cfg: Config) -> Path:
 
 
 def resolve(cfg: Config, volid: str) -> Path | None:
-    """PVE::Storage::path for `<storage>:snippets/<file>` of a directory storage: the
-    storage's path and PVE::Storage::Plugin::get_subdir (content-dirs); None if unknown."""
-    storage, _, volname = volid.partition(":")
-    name = volname.removeprefix("snippets/")
-    if not storage or name == volname or not name or "/" in name:
-        return None
+    """The chained script's path as Proxmox resolves its volume id today; None if unknown."""
     try:
         text = _storage_cfg_path(cfg).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return None
-    opts: dict[str, str] | None = None
-    for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        if line[0] not in " \t":
-            if opts is not None:
-                break  # the section of this storage is over
-            if line.partition(":")[2].strip() == storage:
-                opts = {}
-        elif opts is not None:
-            key, _, value = line.strip().partition(" ")
-            opts[key] = value.strip()
-    if not opts or not opts.get("path"):
-        return None
-    subdir = "snippets"
-    for item in opts.get("content-dirs", "").split(","):
-        vtype, _, sub = item.partition("=")
-        if vtype.strip() == "snippets" and sub.strip().strip("/"):
-            subdir = sub.strip().strip("/")
-    return Path(opts["path"]) / subdir / name
+    return path_in_storage_cfg(text, volid)
 
 
 def run_chained(vmid: int, phase: str, cfg: Config) -> int:

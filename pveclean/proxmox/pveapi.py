@@ -17,6 +17,7 @@ from pathlib import Path
 from pveclean.core.config import Config
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.proxmox import pveconf
+from pveclean.proxmox.snippets import content_dirs, snippets_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -64,11 +65,7 @@ class Storage:
 
     @property
     def snippets_dir(self) -> Path | None:
-        """PVE::Storage::Plugin::get_subdir: `<path>/snippets`, or the storage's
-        `content-dirs snippets=<subdir>` (PVE >= 7.3)."""
-        if not self.path:
-            return None
-        return Path(self.path) / dict(self.content_dirs).get("snippets", "snippets")
+        return snippets_dir(self.path, self.content_dirs)
 
 
 def _network_errors() -> tuple[type[Exception], ...]:
@@ -186,18 +183,6 @@ class Api:
 
     def set_storage_content(self, storage: str, content: list[str]) -> None:
         self._call("put", f"/storage/{storage}", content=",".join(content))
-
-
-def content_dirs(value: Any) -> tuple[tuple[str, str], ...]:
-    """`content-dirs` as the API gives it (`snippets=hooks,iso=isos`) or as a dict."""
-    if isinstance(value, dict):
-        return tuple((str(k), str(v).strip("/")) for k, v in value.items() if v)
-    out = []
-    for item in str(value or "").split(","):
-        vtype, _, sub = item.partition("=")
-        if vtype.strip() and sub.strip().strip("/"):
-            out.append((vtype.strip(), sub.strip().strip("/")))
-    return tuple(out)
 
 
 def config_from_api(vmid: int, data: dict[str, Any]) -> pveconf.CtConfig:

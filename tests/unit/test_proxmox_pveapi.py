@@ -13,7 +13,7 @@ import pytest
 from proxmoxer.core import ResourceException
 
 from pveclean.errors import ExitCode, PvecleanError
-from pveclean.proxmox import pveapi
+from pveclean.proxmox import pveapi, snippets
 
 
 # ---- config_from_api ----------------------------------------------------------------------
@@ -61,7 +61,7 @@ def test_the_api_and_the_file_give_the_same_gpu_lines() -> None:
     ({"snippets": "/hooks/", "iso": ""}, (("snippets", "hooks"),)),
 ])
 def test_content_dirs(value: Any, dirs: tuple[tuple[str, str], ...]) -> None:
-    assert pveapi.content_dirs(value) == dirs
+    assert snippets.content_dirs(value) == dirs
 
 
 def test_snippets_dir() -> None:
