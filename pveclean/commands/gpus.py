@@ -156,10 +156,8 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
                       running=cgroupfs.monitor_running(str(root), vmid))
         try:
             view = ct_reader.call(w_scan, scope, end=end, what=f"reading CT {vmid}")
-        except Unread as why:
+        except Unread as why:  # a tree the container made unreadable, or past the deadline
             warnings.append(str(why))
-            view = None
-        if view is None:  # a tree the container made unreadable, or a read past the deadline
             warnings.append(f"CT {vmid}: its cgroup tree could not be read; its holders are "
                             "shown only as NVML lists them")
             continue
