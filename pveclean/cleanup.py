@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pveclean.core import policy, records, report, verdicts
 from pveclean.core.config import Config
-from pveclean.core.discovery import doing, merge_probe, stall_for
+from pveclean.core.discovery import merge_probe, stall_for
 from pveclean.core.policy import Step
 from pveclean.core.records import Deadline, Discovery, Holder, ProcIdentity, Scope
 from pveclean.core.report import Findings, Report, RunResult, build_report, busy_report
@@ -98,28 +98,6 @@ def new_worker(cfg: Config) -> Worker:
     return Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds))
 
 
-def _identities(reads: Reads, hs: list[Holder], scope: Scope, end: float) -> list[str | None]:
-    """Identity checks of `hs` in the worker; a PID whose reads hang is not signalled."""
-    from pveclean.host import pidfds
-
-    while True:
-        try:
-            out: list[str | None] = reads.worker.call(
-                pidfds.check_identities, hs, scope.vmid, scope.devices, scope.running,
-                reads.stall, frozenset(reads.skip), timeout=end - time.monotonic(),
-                what="identity check")
-            return out
-        except WorkerError as exc:
-            if reads.stalled_pid(exc):
-                continue
-            reads.problems.append(f"identity check did not finish before the deadline: "
-                                  f"{doing(exc.note)}")
-            return ["identity check did not finish before the deadline; not signalled"] * len(hs)
-        except RemoteError as exc:
-            reads.problems.append(f"identity check failed: {exc}")
-            return [f"identity check failed ({exc}); not signalled"] * len(hs)
-
-
 def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
                  wait: float = 0.0) -> list[Holder]:
     """Merge the probe if it has arrived (or arrives within `wait`); returns holders only it
@@ -189,14 +167,14 @@ def stop_and_verify(
         batch = fd_budget()
         for i in range(0, len(targets), batch):  # one batch unless the hard limit is low
             proven, rejected = pidfds.prove_all(
-                targets[i:i + batch], lambda hs: _identities(reads, hs, scope, end))
+                targets[i:i + batch], lambda hs: reads.identities(hs, scope, end))
             for h, why in rejected:
                 h.outcome = Outcome.EXITED if why.startswith("exited") else Outcome.SKIPPED
                 h.signals.append(why)
             if proven:
                 exited = pidfds.stop(
                     proven, grace, end, progress,
-                    lambda pids: reads.call(pidfds.describe, pids,  # type: ignore
+                    lambda pids: reads.call(pidfds.describe, pids,
                                             end=deadline.end, what="survivors' state"))
                 if exited is not None:
                     last_exit = max(last_exit or exited, exited)

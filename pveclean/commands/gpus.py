@@ -28,7 +28,8 @@ from pveclean.host import cgroupfs, devnodes, reportfiles
 from pveclean.host.hostscan import HostScan
 from pveclean.host.nvml import Nvml, NvmlUnavailable
 from pveclean.host.procscan import _attribute, w_scan
-from pveclean.host.reads import Reader
+from pveclean.host.reads import Reader, Unread
+from pveclean.host.worker import Worker
 from pveclean.proxmox import pveconf
 from pveclean.proxmox.passthrough import PCI_DEVICES, vfio_gpus
 from pveclean.proxmox.pveconf import may_use_gpus
@@ -114,9 +115,11 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES,
     except Exception as exc:
         warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); host "
                         "holders are shown only as NVML lists them")
-    ct_reader = Reader(end, stall_for(cfg), warnings)  # the containers', one after another
+    # the containers', one after another
+    ct_reader = Reader(Worker(marks=True), stall_for(cfg), warnings, "not looked at")
     try:
-        return _collect(cfg, nvml, pci_root, root, devices, host_scan, ct_reader, warnings, t0)
+        return _collect(cfg, nvml, pci_root, root, devices, host_scan, ct_reader, warnings, t0,
+                        end)
     finally:
         ct_reader.close()
         if host_scan is not None:
@@ -124,8 +127,8 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES,
 
 
 def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices: GpuDevices,
-             host_scan: HostScan | None, ct_reader: Reader, warnings: list[str], t0: float
-             ) -> dict[str, Any]:
+             host_scan: HostScan | None, ct_reader: Reader, warnings: list[str], t0: float,
+             end: float | None) -> dict[str, Any]:
     majors = devnodes.nvidia_majors()
     pve = Path(cfg.pve_config_dir).parent
     procs: dict[int, Proc] = {}
@@ -151,8 +154,10 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
         scanned.append(vmid)
         scope = Scope(vmid, root / "lxc" / name, devices, frozenset(),
                       running=cgroupfs.monitor_running(str(root), vmid))
-        view = ct_reader.call(w_scan, (scope,), f"reading CT {vmid}")
-        if view is None:  # a tree the container made unreadable, or a read past the deadline
+        try:
+            view = ct_reader.call(w_scan, scope, end=end, what=f"reading CT {vmid}")
+        except Unread as why:  # a tree the container made unreadable, or past the deadline
+            warnings.append(str(why))
             warnings.append(f"CT {vmid}: its cgroup tree could not be read; its holders are "
                             "shown only as NVML lists them")
             continue

@@ -7,11 +7,14 @@ import os
 from pathlib import Path
 
 from pveclean.errors import PvecleanError
-from pveclean.host.procfs import PROC, _read
+from pveclean.host import procfs
+from pveclean.host.procfs import _read
 
 
-def cgroup2_root(mounts_file: str = "/proc/self/mounts") -> str:
-    """The cgroup v2 mount point: /sys/fs/cgroup on Proxmox, elsewhere /sys/fs/cgroup/unified."""
+def cgroup2_root(mounts_file: str | None = None) -> str:
+    """The cgroup v2 mount point: /sys/fs/cgroup on Proxmox, elsewhere /sys/fs/cgroup/unified.
+    `mounts_file`: /proc/self/mounts by default."""
+    mounts_file = mounts_file or procfs.path("self", "mounts")
     best: str | None = None
     try:
         with open(mounts_file, encoding="utf-8", errors="replace") as fh:
@@ -126,7 +129,7 @@ def remove_empty_cgroups(cgroup_dir: Path) -> list[str]:
 
 def pid_cgroup(pid: int) -> str | None:
     """The cgroup v2 path of a process (the "0::" line), or None if it is gone."""
-    text = _read(f"{PROC}/{pid}/cgroup")
+    text = _read(procfs.path(pid, "cgroup"))
     if text is None:
         return None
     for line in text.splitlines():
@@ -136,7 +139,7 @@ def pid_cgroup(pid: int) -> str | None:
 
 
 def _mount_of(fstype: str, option: str | None = None) -> str | None:
-    text = _read("/proc/self/mounts") or ""
+    text = _read(procfs.path("self", "mounts")) or ""
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 4 and parts[2] == fstype and (
@@ -149,7 +152,7 @@ def _mount_of(fstype: str, option: str | None = None) -> str | None:
 def frozen(pid: int) -> bool:
     """Frozen by the cgroup v2 freezer, or by a v1 freezer on hybrid hosts (where, unlike v2,
     even SIGKILL waits until the cgroup is thawed)."""
-    text = _read(f"{PROC}/{pid}/cgroup") or ""
+    text = _read(procfs.path(pid, "cgroup")) or ""
     for line in text.splitlines():
         num, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")

@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pveclean.core.records import GpuDevices
-from pveclean.host.procfs import PROC, _bases, _read
+from pveclean.host import procfs
+from pveclean.host.procfs import _bases, _read, listdir, read_bytes, readlink
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,26 +55,17 @@ def parse_mountinfo(text: str) -> Mounts:
 
 def read_mounts(base: str) -> Mounts:
     """Mounts of the namespace of the task at `base` (/proc/PID or /proc/PID/task/TID)."""
-    try:
-        with open(f"{base}/mountinfo", "rb") as fh:
-            raw = fh.read(MAX_MOUNTINFO)
-    except OSError:
+    raw = read_bytes(f"{base}/mountinfo", MAX_MOUNTINFO)
+    if raw is None:
         return Mounts({}, {})
     return parse_mountinfo(raw.decode("utf-8", "replace"))
 
 
 def _fd_mnt_id(base: str, fd: str) -> int | None:
     """The mount ID of fd `fd` of the task at `base` (fdinfo's third line)."""
-    try:
-        f = os.open(f"{base}/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    raw = read_bytes(f"{base}/fdinfo/{fd}", 512, one_read=True)
+    if raw is None:
         return None
-    try:
-        raw = os.read(f, 512)
-    except OSError:
-        return None
-    finally:
-        os.close(f)
     at = raw.find(b"mnt_id:")
     if at < 0:
         return None
@@ -138,9 +130,8 @@ class ScanCache:
         self._mounts: dict[str, Mounts] = {}
 
     def mounts(self, base: str, fresh: bool = False) -> Mounts:
-        try:
-            ns = os.readlink(f"{base}/ns/mnt")
-        except OSError:
+        ns = readlink(f"{base}/ns/mnt")
+        if ns is None:
             return read_mounts(base)
         if fresh or ns not in self._mounts:
             self._mounts[ns] = read_mounts(base)
@@ -150,11 +141,8 @@ class ScanCache:
 def _fd_holds(base: str, name: str, devices: GpuDevices, cache: ScanCache,
               mounts: list[Any]) -> str | None:
     """The GPU node fd `name` of the task at `base` holds, matched by device number only."""
-    try:
-        target = os.readlink(f"{base}/fd/{name}")  # never touches the file's own file system
-    except OSError:
-        return None
-    if not target.startswith("/"):
+    target = readlink(f"{base}/fd/{name}")  # never touches the file's own file system
+    if target is None or not target.startswith("/"):
         return None  # socket:[..], pipe:[..], anon_inode:..
     rdev = fd_char_rdev(base, name, cache, mounts)
     if rdev is not None and devices.matches(rdev):
@@ -187,19 +175,17 @@ def device_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None
     """Paths (as the process sees them) of open fds on GPU devices, at any path (a bind mount
     of /dev/nvidia0 at /opt/g counts); None if the process is gone. A process whose main
     thread exited shows no fds on /proc/PID/fd: its live threads' fd tables are read then."""
-    base = f"{PROC}/{pid}"
-    try:
-        names = os.listdir(f"{base}/fd")
-    except OSError:
+    base = procfs.path(pid)
+    names = listdir(f"{base}/fd")
+    if names is None:
         return None
     held: list[str] = []
     todo = [(base, names)] if names else []
     if not names:
         for tbase in _bases(pid, "fd"):
-            try:
-                todo.append((tbase, os.listdir(f"{tbase}/fd")))
-            except OSError:
-                continue
+            tnames = listdir(f"{tbase}/fd")
+            if tnames is not None:
+                todo.append((tbase, tnames))
     cache = cache or ScanCache()
     for where, fds in todo:
         mounts: list[Any] = [None, False]  # this task's Mounts, and refreshed once
@@ -213,7 +199,7 @@ def device_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None
 def device_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None) -> list[str]:
     """Mappings of GPU devices at any path, matched on the device number behind
     /proc/PID/map_files; only files on local file systems are stat()ed."""
-    base = f"{PROC}/{pid}"
+    base = procfs.path(pid)
     text = _read(f"{base}/maps")
     if not text:
         for tbase in _bases(pid, "maps"):  # zombie leader: its threads share the mappings
@@ -263,9 +249,10 @@ def _dev_key(maps_dev: str) -> str:
         return maps_dev
 
 
-def nvidia_majors(proc_devices: str = f"{PROC}/devices") -> frozenset[int]:
-    """Majors of character drivers named nvidia* (nvidia, nvidia-uvm, nvidia-caps, ...)."""
-    text = _read(proc_devices) or ""
+def nvidia_majors(proc_devices: str | None = None) -> frozenset[int]:
+    """Majors of character drivers named nvidia* (nvidia, nvidia-uvm, nvidia-caps, ...), from
+    `proc_devices` (/proc/devices by default)."""
+    text = _read(proc_devices or procfs.path("devices")) or ""
     majors: set[int] = set()
     in_char = False
     for line in text.splitlines():
@@ -280,7 +267,7 @@ def nvidia_majors(proc_devices: str = f"{PROC}/devices") -> frozenset[int]:
     return frozenset(majors)
 
 
-def gpu_devices(patterns: Iterable[str], proc_devices: str = f"{PROC}/devices") -> GpuDevices:
+def gpu_devices(patterns: Iterable[str], proc_devices: str | None = None) -> GpuDevices:
     rdevs: dict[int, str] = {}
     for pattern in patterns:
         for path in sorted(glob.glob(pattern)):

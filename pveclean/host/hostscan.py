@@ -10,7 +10,8 @@ from pveclean.core.gpumap import Proc, full_name
 from pveclean.core.records import GpuDevices
 from pveclean.core.units import unit_of
 from pveclean.host import cgroupfs, devnodes, procfs
-from pveclean.host.reads import Reader
+from pveclean.host.reads import Reader, Unread
+from pveclean.host.worker import Worker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,12 +43,8 @@ def host_pids(root: Path) -> dict[int, str]:
 
 def _maps_mention(pid: int, needles: tuple[bytes, ...]) -> bool:
     """Cheap pre-check before parsing /proc/PID/maps: does any GPU node's name occur?"""
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return False
-    return any(n in data for n in needles)
+    data = procfs.read_bytes(procfs.path(pid, "maps"))
+    return data is not None and any(n in data for n in needles)
 
 
 def _needles(devices: GpuDevices) -> tuple[bytes, ...]:
@@ -65,7 +62,7 @@ def _fds(pid: int, devices: GpuDevices, same_ns: bool, cache: dict[str, str | No
     for every process that sees the same /dev: `cache` keeps path -> held or None); in
     another mount namespace each such fd is. Looked at as procfs does: never stat()ed on
     FUSE, NFS... None: gone."""
-    base = f"{procfs.PROC}/{pid}"
+    base = procfs.path(pid)
     try:
         dfd = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -98,10 +95,7 @@ def _fds(pid: int, devices: GpuDevices, same_ns: bool, cache: dict[str, str | No
 
 
 def _mntns(pid: int | str) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/mnt")
-    except OSError:
-        return None
+    return procfs.readlink(procfs.path(pid, "ns", "mnt"))
 
 
 def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices, own_ns: str | None,
@@ -163,10 +157,10 @@ class HostScan:
         self.readers: list[Reader] = []
         try:
             for share in self.shares:
-                reader = Reader(end, stall, self.problems)
+                reader = Reader(Worker(marks=True), stall, self.problems, "not looked at")
                 self.readers.append(reader)
-                reader.send(w_host_share, (share, devices, own_ns, needles),
-                            "reading the host's processes")
+                reader.send(w_host_share, share, devices, own_ns, needles, end=end,
+                            what="reading the host's processes")
         except BaseException:
             self.close()
             raise
@@ -174,12 +168,12 @@ class HostScan:
     def result(self) -> tuple[list[Proc], int, list[str]]:
         found: list[Proc] = []
         for reader, share in zip(self.readers, self.shares, strict=True):
-            got = reader.receive()
-            if got is None:
+            try:
+                found += reader.receive()
+            except Unread as unread:
+                self.problems.append(str(unread))
                 self.problems.append(f"{len(share)} of the host's processes were not looked "
                                      "at; their holders are shown only as NVML lists them")
-            else:
-                found += got
         self.close()
         return found, self.count, self.problems
 

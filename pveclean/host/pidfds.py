@@ -41,10 +41,8 @@ def fd_budget() -> int:
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return 1 << 20
-    try:
-        used = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        used = 64
+    names = procfs.listdir(procfs.path("self", "fd"))
+    used = 64 if names is None else len(names)
     return max(16, soft - used - 64)
 
 
@@ -111,14 +109,15 @@ def prove_all(
 
 
 def check_identities(holders: list[Holder], vmid: int, devices: GpuDevices, running: bool,
-                     stall: float | None = None, hung: frozenset[int] = frozenset()
+                     skip: frozenset[int] = frozenset(), stall: float | None = None
                      ) -> list[str | None]:
-    """_check_identity for each (in the worker: each PID announced first, see worker.py)."""
+    """_check_identity for each (in the worker: each PID announced first, see worker.py); a
+    PID in `skip` hung in an earlier read and is not looked at again."""
     from pveclean.host import worker
 
     out: list[str | None] = []
     for h in holders:
-        if h.host_pid in hung:
+        if h.host_pid in skip:
             out.append("reading its /proc files hung; not signalled")
             continue
         worker.note(("pid", h.host_pid), stall)

@@ -7,25 +7,68 @@ import os
 
 from pveclean.core.records import ProcStatus
 
-PROC = "/proc"
+PROC = "/proc"  # where procfs is mounted: read at every call, set_root() moves it (tests)
 
 
-def _read(path: str) -> str | None:
-    """A whole /proc or /sys file as text; None if it cannot be read. Plain os.read: a scan
-    reads several files of every process, and a text-mode open() costs three times as much."""
+def set_root(root: str) -> None:
+    """Read every /proc path of host/ below `root` from now on (as psutil's PROCFS_PATH):
+    tests point it at a fake tree; a worker forked after this call inherits it."""
+    global PROC
+    PROC = root.rstrip("/") or "/"
+
+
+def path(*parts: object) -> str:
+    """A path below the current /proc root: path(42, "fd") is "/proc/42/fd"."""
+    return "/".join((PROC, *map(str, parts)))
+
+
+def read_bytes(file: str, limit: int | None = None, one_read: bool = False) -> bytes | None:
+    """A /proc, /sys or cgroup file's bytes (at most `limit`; with `one_read`, what one read
+    returns); None if it cannot be read (gone, or refused): the one place an OSError of a
+    read becomes None. Plain os.read: a scan reads several files of every process, and a
+    buffered open() costs three times as much."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
     except (OSError, ValueError):
         return None
     try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
+        if one_read:
+            return os.read(fd, limit or 1 << 16)
+        chunks: list[bytes] = []
+        got = 0
+        while limit is None or got < limit:
+            chunk = os.read(fd, 1 << 16 if limit is None else min(limit - got, 1 << 16))
+            if not chunk:
+                break
             chunks.append(chunk)
+            got += len(chunk)
     except OSError:
         return None
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace")
+    return b"".join(chunks)
+
+
+def _read(file: str, limit: int | None = None) -> str | None:
+    """read_bytes() as text (UTF-8, an undecodable byte replaced)."""
+    raw = read_bytes(file, limit)
+    return None if raw is None else raw.decode("utf-8", "replace")
+
+
+def readlink(link: str) -> str | None:
+    """Where a /proc link (exe, fd/N, ns/mnt) points; None if it cannot be read."""
+    try:
+        return os.readlink(link)
+    except OSError:
+        return None
+
+
+def listdir(directory: str) -> list[str] | None:
+    """The names in a /proc directory (fd, task); None if it cannot be read."""
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return None
 
 
 def parse_stat(text: str) -> tuple[str, int, int] | None:
@@ -59,8 +102,8 @@ def parse_status(text: str, keys: frozenset[str] | None = None) -> dict[str, str
 
 
 def read_status(pid: int) -> ProcStatus | None:
-    stat_text = _read(f"{PROC}/{pid}/stat")
-    status_text = _read(f"{PROC}/{pid}/status")
+    stat_text = _read(path(pid, "stat"))
+    status_text = _read(path(pid, "status"))
     if stat_text is None or status_text is None:
         return None
     parsed = parse_stat(stat_text)
@@ -77,23 +120,18 @@ def read_status(pid: int) -> ProcStatus | None:
 
 
 def cmdline(pid: int) -> str:
-    try:
-        with open(f"{PROC}/{pid}/cmdline", "rb") as fh:
-            raw = fh.read(8192)
-    except OSError:
+    raw = read_bytes(path(pid, "cmdline"), 8192)
+    if raw is None:
         return ""
     return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
 
 
 def exe(pid: int) -> str | None:
-    try:
-        return os.readlink(f"{PROC}/{pid}/exe")
-    except OSError:
-        return None
+    return readlink(path(pid, "exe"))
 
 
 def wchan(pid: int) -> str | None:
-    text = _read(f"{PROC}/{pid}/wchan")
+    text = _read(path(pid, "wchan"))
     return text.strip() if text and text.strip() not in ("", "0") else None
 
 
@@ -112,11 +150,9 @@ def live_threads(pid: int) -> int:
 def _bases(pid: int, kind: str) -> list[str]:
     """Where to read a process's `kind` (fd, maps): /proc/PID, and when the leader has
     exited (a zombie whose fd/ and maps are empty) each live thread's /proc/PID/task/TID."""
-    try:
-        tids = [t for t in os.listdir(f"{PROC}/{pid}/task") if t.isdigit() and t != str(pid)]
-    except OSError:
-        return []
-    return [f"{PROC}/{pid}/task/{t}" for t in sorted(tids, key=int)]
+    names = listdir(path(pid, "task"))
+    tids = [t for t in names or () if t.isdigit() and t != str(pid)]
+    return [path(pid, "task", t) for t in sorted(tids, key=int)]
 
 
 def user_name(uid: int) -> str:

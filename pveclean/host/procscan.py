@@ -117,13 +117,6 @@ def w_parents(ppids: list[int]) -> dict[int, str]:
     return out
 
 
-def stalled_on(exc: worker.WorkerError) -> int | None:
-    """The PID a worker's stall is pinned to (its last note or mark), or None: the deadline
-    passed, or the worker died."""
-    n = exc.note
-    return int(n[1]) if exc.stalled and isinstance(n, tuple) and n[0] == "pid" else None
-
-
 def _attribute(pid: int) -> Proc:
     """An NVML process neither scan saw: owner from its cgroup (it may have just started,
     or it runs in a container whose config names no GPU)."""

@@ -1,10 +1,12 @@
-"""The parent's side of every read made in a forked worker: bounded by the run's deadline, a
-PID whose reads stall is skipped, named and the read asked again without it."""
+"""The parent's side of every read made in a forked worker, by one policy: a PID whose
+reads stall is skipped, named, and the read asked again without it until its end; whatever
+else keeps an answer away (the end, a dead worker, an exception there) is an Unread."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pveclean.core import records
 from pveclean.core.discovery import doing, merge_nvml, stall_problem
@@ -16,12 +18,129 @@ from pveclean.core.records import (
     Scope,
 )
 from pveclean.host import worker
-from pveclean.host.procscan import stalled_on, w_nvml_pids, w_scan
+from pveclean.host.procscan import w_nvml_pids, w_scan
+from pveclean.host.worker import RemoteError, WorkerError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
+
+UNBOUNDED_READ = 30.0  # s: a read's bound when the caller sets no end (tests, in-process use)
+
+
+def _left(end: float | None) -> float:
+    return UNBOUNDED_READ if end is None else max(end - time.monotonic(), 0.0)
+
+
+def stalled_on(exc: WorkerError) -> int | None:
+    """The PID a worker's stall is pinned to (its last note or mark), or None: the end
+    passed, or the worker died."""
+    n = exc.note
+    return int(n[1]) if exc.stalled and isinstance(n, tuple) and n[0] == "pid" else None
+
+
+class Unread(Exception):
+    """A read that gave no answer: it `hung` (its end passed, the worker died or did not take
+    the request: `doing` says what it was on), or it raised in the worker (a bug: said,
+    never a traceback). str() is the problem as `gpus` names it."""
+
+    def __init__(self, what: str, exc: WorkerError | RemoteError, resent: bool = False) -> None:
+        self.what, self.exc = what, exc
+        self.hung = isinstance(exc, WorkerError)
+        self.doing = doing(exc.note) if isinstance(exc, WorkerError) else ""
+        if not self.hung:
+            message = f"{what} failed: {exc}"
+        elif resent:  # asked again after a stall, and that could not be sent
+            message = f"{what} did not finish in time"
+        else:
+            message = f"{exc} ({self.doing})"
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    end: float | None
+    what: str
+    skipping: bool
+
+
+class Reader:
+    """Reads in one forked worker, by the one stall policy. A read asked with `skipping` gets
+    the PIDs to skip and the stall bound as its last two arguments, fn(*args, skip, stall),
+    and announces each PID before reading its files (worker.note or worker.mark). When the
+    worker stalls on one PID past `stall` (a process wedged in the GPU driver blocks a read of
+    its maps or cmdline; a hung FUSE or NFS mount), the PID joins `skip`, is named in
+    `problems` with `consequence`, and the read is asked again without it, until its end
+    (monotonic; None: UNBOUNDED_READ). Anything else that keeps the answer away raises Unread
+    and loses the worker's other reads under way."""
+
+    def __init__(self, wk: worker.Worker, stall: float, problems: list[str], consequence: str,
+                 min_wait: float = 0.0) -> None:
+        self.worker, self.stall, self.problems = wk, stall, problems
+        self.consequence = consequence
+        self.min_wait = min_wait  # s a receive() waits at least: an answer already there
+        self.skip: set[int] = set()
+        self._asked: list[_Asked] = []  # sent, not yet received; oldest first
+
+    def send(self, fn: Callable[..., Any], *args: Any, end: float | None, what: str,
+             skipping: bool = True) -> None:
+        """Ask and go on (so that two workers work at once); receive() takes the answers,
+        oldest first. Unread when the worker does not take the request."""
+        asked = _Asked(fn, args, end, what, skipping)
+        try:
+            self._ask(asked)
+        except WorkerError as exc:
+            raise Unread(what, exc) from None
+        self._asked.append(asked)
+
+    def _ask(self, a: _Asked) -> None:
+        extra = (frozenset(self.skip), self.stall) if a.skipping else ()
+        self.worker.send(a.fn, *a.args, *extra, timeout=_left(a.end), what=a.what)
+
+    def receive(self) -> Any:
+        """The answer to the oldest send() not yet received, asked again without each PID that
+        stalled; Unread when there is none by its end."""
+        if not self._asked:
+            raise RuntimeError("Reader.receive() without a send()")  # a bug of the caller
+        a = self._asked[0]
+        while True:
+            try:
+                value = self.worker.receive(max(_left(a.end), self.min_wait), a.what,
+                                            stall=self.stall)
+                self._asked.pop(0)
+                return value
+            except RemoteError as exc:  # the worker lives on: the others are still under way
+                self._asked.pop(0)
+                raise Unread(a.what, exc) from None
+            except WorkerError as exc:  # the worker was killed: every read under way is lost
+                pid = stalled_on(exc) if a.skipping else None
+                if pid is None:
+                    self._asked.clear()
+                    raise Unread(a.what, exc) from None
+                self.skip.add(pid)
+                self.problems.append(stall_problem(pid, self.stall, self.consequence))
+            try:
+                for again in self._asked:
+                    self._ask(again)
+            except WorkerError as exc:
+                self._asked.clear()
+                raise Unread(a.what, exc, resent=True) from None
+
+    def call(self, fn: Callable[..., Any], *args: Any, end: float | None, what: str,
+             skipping: bool = True) -> Any:
+        """send() and receive(): the answer, or Unread."""
+        self.send(fn, *args, end=end, what=what, skipping=skipping)
+        return self.receive()
+
+    def forget(self) -> None:
+        """Nobody will receive the reads under way: the worker reads past their answers."""
+        self.worker.forget()
+        self._asked.clear()
+
+    def close(self) -> None:
+        self.worker.close()
 
 
 class Reads:
@@ -39,8 +158,9 @@ class Reads:
         self._own_scan = scan is None
         self.deadline, self.stall = deadline, stall
         self.nvml_on, self.nvml_timeout = nvml_on, nvml_timeout
-        self.skip: set[int] = set()
         self.problems: list[str] = []
+        self.scan = Reader(self.worker, stall, self.problems, "not scanned, not signalled")
+        self.nvml = Reader(nvml_worker, stall, [], "", min_wait=0.05)
         self.nvml_error: str | None = None if nvml_on else "disabled"
         self.before: list[GpuMemory] | None = None  # GPU memory when discovery began
 
@@ -61,62 +181,65 @@ class Reads:
         """Why each worker killed in this run was killed."""
         return self.nvml_worker.killed + self.worker.killed
 
-    def _nvml_t(self) -> float:
-        return self.deadline.cap(self.nvml_timeout)
-
-    def stalled_pid(self, exc: worker.WorkerError) -> bool:
-        """A stall on one PID: skip it from now on. Else (the deadline): False."""
-        pid = stalled_on(exc)
-        if pid is None:
-            return False
-        self.skip.add(pid)
-        self.problems.append(stall_problem(pid, self.stall, "not scanned, not signalled"))
-        return True
-
     def _scan(self, scope: Scope, end: float, what: str) -> HostView | str:
         """The host view, or why there is none (a problem is recorded)."""
-        while True:
-            try:
-                view: HostView = self.worker.call(w_scan, scope, frozenset(self.skip),
-                                                  self.stall, timeout=end - time.monotonic(),
-                                                  what=what)
-                return view
-            except worker.WorkerError as exc:
-                if self.stalled_pid(exc):
-                    continue
-                self.problems.append(f"{what} did not finish within "
-                                     f"{self.deadline.elapsed():.1f} s of the run: "
-                                     f"{doing(exc.note)}")
-                return "did not finish"
-            except worker.RemoteError as exc:  # a bug, not a hang: said, never a traceback
-                self.problems.append(f"{what} failed: {exc}")
+        try:
+            view: HostView = self.scan.call(w_scan, scope, end=end, what=what)
+            return view
+        except Unread as unread:
+            if not unread.hung:
+                self.problems.append(str(unread))
                 return "failed"
+            self.problems.append(f"{what} did not finish within "
+                                 f"{self.deadline.elapsed():.1f} s of the run: "
+                                 f"{unread.doing}")
+            return "did not finish"
+
+    def identities(self, holders: list[Holder], scope: Scope, end: float
+                   ) -> list[str | None]:
+        """pidfds.check_identities of `holders`: why each may not be signalled, or None; a
+        PID whose reads hang is not signalled."""
+        from pveclean.host import pidfds
+
+        try:
+            out: list[str | None] = self.scan.call(
+                pidfds.check_identities, holders, scope.vmid, scope.devices, scope.running,
+                end=end, what="identity check")
+            return out
+        except Unread as unread:
+            if not unread.hung:
+                self.problems.append(str(unread))
+                return [f"identity check failed ({unread.exc}); not signalled"] * len(holders)
+            self.problems.append(f"identity check did not finish before the deadline: "
+                                 f"{unread.doing}")
+            return ["identity check did not finish before the deadline; not signalled"
+                    ] * len(holders)
 
     def _nvml_send(self, fn: Callable[..., Any], end: float, what: str) -> bool:
         """Ask NVML's worker and go on; False when NVML is off or failed before."""
         if self.nvml_error is not None:
             return False
         try:
-            self.nvml_worker.send(fn, self._nvml_t(), timeout=end - time.monotonic(),
-                                  what=what)
-        except worker.WorkerError as exc:
-            self.nvml_error = f"{what} did not answer: {exc}"
+            self.nvml.send(fn, self.deadline.cap(self.nvml_timeout), end=end, what=what,
+                           skipping=False)
+        except Unread as unread:
+            self.nvml_error = f"{what} did not answer: {unread.exc}"
             return False
         return True
 
-    def _nvml_receive(self, end: float, what: str) -> Any:
+    def _nvml_receive(self, what: str) -> Any:
         """The answer of _nvml_send; None when NVML failed or hung (it is asked no more)."""
         if self.nvml_error is not None:  # failed since it was asked: not waited for
-            self.nvml_worker.forget()
+            self.nvml.forget()
             return None
         try:
-            value, err = self.nvml_worker.receive(max(end - time.monotonic(), 0.05), what)
-        except worker.WorkerError as exc:  # "NVML ...: stalled", "...: did not finish in time"
-            why = str(exc).removeprefix(f"{what}: ")
-            self.nvml_error = f"{what} did not answer ({why}; its reader was killed)"
-            return None
-        except worker.RemoteError as exc:  # a bug, not a hang
-            self.nvml_error = f"{what} failed: {exc}"
+            value, err = self.nvml.receive()
+        except Unread as unread:
+            if unread.hung:  # "NVML ...: stalled", "...: did not finish in time"
+                why = str(unread.exc).removeprefix(f"{what}: ")
+                self.nvml_error = f"{what} did not answer ({why}; its reader was killed)"
+            else:
+                self.nvml_error = str(unread)
             return None
         if err:
             self.nvml_error = err
@@ -124,7 +247,7 @@ class Reads:
 
     def _nvml(self, fn: Callable[..., Any], end: float, what: str) -> Any:
         """One NVML query; once NVML failed or hung, none is asked again."""
-        return self._nvml_receive(end, what) if self._nvml_send(fn, end, what) else None
+        return self._nvml_receive(what) if self._nvml_send(fn, end, what) else None
 
     def host(self, scope: Scope, end: float
              ) -> tuple[HostView | None, list[dict[str, object]], str]:
@@ -137,13 +260,13 @@ class Reads:
         asked = self._nvml_send(w_processes, end, "NVML process query")
         view = self._scan(scope, end, "host scan")
         if memory_asked:
-            rows = self._nvml_receive(end, "NVML memory query")
+            rows = self._nvml_receive("NVML memory query")
             self.before = None if rows is None else gpu_memory(rows)
         if isinstance(view, str):
-            self.nvml_worker.forget()  # not needed now; the run asks it nothing more
+            self.nvml.forget()  # not needed now; the run asks it nothing more
             return None, [], (f"unavailable: {self.nvml_error}" if self.nvml_error
                               else f"not asked: the host scan {view}")
-        procs = self._nvml_receive(end, "NVML process query") if asked else None
+        procs = self._nvml_receive("NVML process query") if asked else None
         if procs is None:
             return view, [], ("disabled" if not self.nvml_on
                               else f"unavailable: {self.nvml_error}")
@@ -164,9 +287,9 @@ class Reads:
         asked = self._nvml_send(w_processes, end, "NVML process query")
         view = self._scan(scope, end, "verification scan")
         if isinstance(view, str):
-            self.nvml_worker.forget()
+            self.nvml.forget()
             return None
-        procs = self._nvml_receive(end, "NVML process query") if asked else None
+        procs = self._nvml_receive("NVML process query") if asked else None
         # A PID of ours that NVML still lists has not released its memory yet.
         nvml_pids = {p for p in procs or () if p in view.statuses or p in known}
         return view, nvml_pids
@@ -184,75 +307,12 @@ class Reads:
             w_processes, end, "NVML process query")
         return procs
 
-    def call(self, fn: object, *args: object, end: float, what: str) -> object | None:
-        """Any other read; None when it did not finish (the reason goes to `problems`)."""
+    def call(self, fn: Callable[..., Any], *args: Any, end: float, what: str) -> Any:
+        """Any other read (each PID noted without a bound of its own: nothing to skip); None
+        when it gave no answer (why goes to `problems`)."""
         try:
-            return self.worker.call(fn, *args, timeout=end - time.monotonic(),  # type: ignore
-                                    what=what)
-        except worker.WorkerError as exc:
-            self.problems.append(f"{what} did not finish: {doing(exc.note)}")
+            return self.scan.call(fn, *args, end=end, what=what, skipping=False)
+        except Unread as unread:
+            self.problems.append(f"{what} did not finish: {unread.doing}" if unread.hung
+                                 else str(unread))
             return None
-        except worker.RemoteError as exc:
-            self.problems.append(f"{what} failed: {exc}")
-            return None
-
-UNBOUNDED_READ = 30.0  # s: a reader's bound when the caller sets none (tests, in-process use)
-
-
-def _left(end: float | None) -> float:
-    return UNBOUNDED_READ if end is None else max(end - time.monotonic(), 0.0)
-
-
-class Reader:
-    """A forked reader of /proc for `gpus`, as the scan worker of a run (discover.Reads):
-    a PID whose reads stall past `stall` (a process wedged in the GPU driver blocks a read
-    of its maps or cmdline; a hung FUSE or NFS mount) is skipped from then on and named, and
-    the read is asked again without it, until `end` (monotonic)."""
-
-    def __init__(self, end: float | None, stall: float, problems: list[str]) -> None:
-        from pveclean.host.worker import Worker
-
-        self.worker = Worker(marks=True)
-        self.end, self.stall, self.problems = end, stall, problems
-        self.skip: set[int] = set()
-        self._sent: tuple[Callable[..., Any], tuple[Any, ...], str] | None = None
-
-    def send(self, fn: Callable[..., Any], args: tuple[Any, ...], what: str) -> None:
-        """Ask fn(*args, skip, stall) and go on; receive() takes the answer."""
-        self._sent = (fn, args, what)
-        self.worker.send(fn, *args, frozenset(self.skip), self.stall, timeout=_left(self.end),
-                         what=what)
-
-    def receive(self) -> Any:
-        """The answer to send(), read again without each PID that stalled; None (and a
-        problem said) when it did not finish by `end` or failed."""
-        from pveclean.host.worker import RemoteError, WorkerError
-
-        if self._sent is None:
-            raise RuntimeError("Reader.receive() without a send()")  # a bug of the caller
-        fn, args, what = self._sent
-        while True:
-            try:
-                return self.worker.receive(_left(self.end), what, stall=self.stall)
-            except WorkerError as exc:
-                pid = stalled_on(exc)
-                if pid is None:
-                    self.problems.append(f"{exc} ({doing(exc.note)})")  # deadline, or it died
-                    return None
-                self.skip.add(pid)
-                self.problems.append(stall_problem(pid, self.stall, "not looked at"))
-            except RemoteError as exc:  # a bug, not a hang: said, never a traceback
-                self.problems.append(f"{what} failed: {exc}")
-                return None
-            try:
-                self.send(fn, args, what)
-            except WorkerError:
-                self.problems.append(f"{what} did not finish in time")
-                return None
-
-    def call(self, fn: Callable[..., Any], args: tuple[Any, ...], what: str) -> Any:
-        self.send(fn, args, what)
-        return self.receive()
-
-    def close(self) -> None:
-        self.worker.close()

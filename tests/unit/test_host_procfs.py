@@ -1,0 +1,143 @@
+"""host/procfs through a fake /proc under tmp_path (procfs.set_root): what a process's files
+say, and that a process gone mid-read is None, never an error."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pveclean.core.records import ProcStatus
+from pveclean.host import procfs
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Iterator[Path]:
+    old = procfs.PROC
+    procfs.set_root(str(tmp_path / "proc"))
+    yield tmp_path / "proc"
+    procfs.set_root(old)
+
+
+def stat_line(pid: int, comm: str, state: str = "S", ppid: int = 1, starttime: int = 500
+              ) -> str:
+    """/proc/PID/stat: 17 fields between ppid and starttime, as the kernel writes them."""
+    return f"{pid} ({comm}) {state} {ppid} " + " ".join(["0"] * 17) + f" {starttime} 0 0\n"
+
+
+def fake_process(proc: Path, pid: int, comm: str = "python3", state: str = "S",
+                 ppid: int = 1, uid: int = 0, nspid: tuple[int, ...] | None = None,
+                 starttime: int = 500, where: Path | None = None) -> Path:
+    d = where or proc / str(pid)
+    d.mkdir(parents=True)
+    (d / "stat").write_text(stat_line(pid, comm, state, ppid, starttime))
+    ns = "\t".join(map(str, nspid or (pid,)))
+    (d / "status").write_text(f"Name:\t{comm}\nUmask:\t0022\nState:\t{state}\n"
+                              f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}\nNSpid:\t{ns}\n")
+    return d
+
+
+def test_set_root_moves_every_path_and_is_read_at_call_time(proc: Path) -> None:
+    assert procfs.path(42, "fd") == f"{proc}/42/fd"
+    procfs.set_root("/elsewhere/")
+    assert procfs.path("self", "mounts") == "/elsewhere/self/mounts"
+
+
+def test_read_status_of_a_container_process(proc: Path) -> None:
+    fake_process(proc, 4242, "vllm", ppid=4000, uid=1000, nspid=(4242, 17), starttime=987)
+    assert procfs.read_status(4242) == ProcStatus(4242, "vllm", "S", 4000, 1000, (4242, 17),
+                                                  987)
+
+
+def test_read_status_takes_a_comm_with_spaces_and_parens_whole(proc: Path) -> None:
+    d = fake_process(proc, 7, "a) b (c")
+    (d / "stat").write_text(stat_line(7, "a) b (c", state="D", ppid=3, starttime=11))
+    st = procfs.read_status(7)
+    assert st is not None
+    assert (st.name, st.state, st.ppid, st.starttime) == ("a) b (c", "D", 3, 11)
+
+
+@pytest.mark.parametrize("missing", ["stat", "status"])
+def test_a_process_whose_files_are_gone_has_exited(proc: Path, missing: str) -> None:
+    d = fake_process(proc, 8)
+    (d / missing).unlink()
+    assert procfs.read_status(8) is None
+    assert procfs.read_status(9) is None  # no directory at all
+
+
+def test_a_stat_cut_short_or_garbled_is_no_status(proc: Path) -> None:
+    d = fake_process(proc, 10)
+    (d / "stat").write_text("10 (x) S 1 0 0\n")
+    assert procfs.read_status(10) is None
+    (d / "stat").write_text(stat_line(10, "x").replace(" 500 ", " later "))
+    assert procfs.read_status(10) is None
+
+
+def test_a_status_without_nspid_is_the_pid_itself(proc: Path) -> None:
+    d = fake_process(proc, 12)
+    (d / "status").write_text("Name:\tinit\nUid:\t0\t0\t0\t0\n")
+    st = procfs.read_status(12)
+    assert st is not None and st.nspid == (12,) and st.name == "init"
+
+
+def test_cmdline_joins_arguments_and_drops_the_trailing_nul(proc: Path) -> None:
+    d = fake_process(proc, 20)
+    (d / "cmdline").write_bytes(b"python3\0-m\0vllm serve\0")
+    assert procfs.cmdline(20) == "python3 -m vllm serve"
+    (d / "cmdline").write_bytes(b"a" * 10000)
+    assert len(procfs.cmdline(20)) == 8192  # read no further than that
+    assert procfs.cmdline(21) == ""
+
+
+def test_exe_is_where_the_link_points_even_when_dangling(proc: Path) -> None:
+    d = fake_process(proc, 30)
+    os.symlink("/usr/bin/python3.11 (deleted)", d / "exe")
+    assert procfs.exe(30) == "/usr/bin/python3.11 (deleted)"
+    assert procfs.exe(31) is None
+
+
+@pytest.mark.parametrize(("text", "expect"), [("do_wait", "do_wait"), ("0", None),
+                                              ("", None), ("  nv_wait\n", "nv_wait")])
+def test_wchan_names_where_a_process_sleeps(proc: Path, text: str, expect: str | None) -> None:
+    d = fake_process(proc, 40)
+    (d / "wchan").write_text(text)
+    assert procfs.wchan(40) == expect
+
+
+def test_wchan_of_a_gone_process_is_none(proc: Path) -> None:
+    assert procfs.wchan(41) is None
+
+
+def test_live_threads_count_the_threads_not_exited_without_the_leader(proc: Path) -> None:
+    leader = fake_process(proc, 50, state="Z")
+    for tid, state in ((50, "Z"), (51, "R"), (52, "Z"), (53, "X"), (54, "S")):
+        fake_process(proc, tid, state=state, where=leader / "task" / str(tid))
+    assert procfs.live_threads(50) == 2  # 51 and 54
+
+
+def test_bases_are_the_threads_in_numeric_order_without_the_leader(proc: Path) -> None:
+    leader = fake_process(proc, 60)
+    for tid in ("60", "100", "61", "9x"):
+        (leader / "task" / tid).mkdir(parents=True)
+    assert procfs._bases(60, "fd") == [f"{proc}/60/task/61", f"{proc}/60/task/100"]
+    assert procfs._bases(61, "fd") == []  # gone
+
+
+def test_read_bytes_honours_its_limit_and_one_read(tmp_path: Path) -> None:
+    f = tmp_path / "big"
+    f.write_bytes(b"x" * 200_000)
+    assert procfs.read_bytes(str(f)) == b"x" * 200_000
+    assert procfs.read_bytes(str(f), 70_000) == b"x" * 70_000
+    assert procfs.read_bytes(str(f), 512, one_read=True) == b"x" * 512
+    assert procfs.read_bytes(str(tmp_path / "none")) is None
+    assert procfs.read_bytes(str(tmp_path)) is None  # a directory: EISDIR on read
+    assert procfs.read_bytes("bad\0path") is None
+
+
+def test_readlink_and_listdir_turn_a_vanished_entry_into_none(tmp_path: Path) -> None:
+    assert procfs.readlink(str(tmp_path / "gone")) is None
+    assert procfs.listdir(str(tmp_path / "gone")) is None
+    (tmp_path / "d").mkdir()
+    assert procfs.listdir(str(tmp_path / "d")) == []
