@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.lxclab import Lab, LabUnavailable, cgroup2_root, lab_unavailable_reason
+from tests.harness.lxclab import Lab, LabUnavailable, cgroup2_root, lab_unavailable_reason
 
 CI = os.environ.get("CI") == "true"
 _next_vmid = [990300 + (os.getpid() % 200) * 20]

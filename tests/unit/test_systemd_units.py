@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from pveclean.core import units
 from pveclean.core.records import Holder
 from pveclean.proxmox import guestunits
-from tests.lab import units as labsd
-from tests.lab.lxclab import Lab
+from tests.harness import fakesystemd as labsd
+from tests.harness.lxclab import Lab
 
 STRICT = re.compile(r"[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]+)?\.(service|scope|socket|mount|swap)")
 
@@ -292,8 +292,8 @@ def test_a_hostile_unit_name_is_never_passed_to_systemctl(lab: Lab, vmid: int) -
 
 
 def test_status_and_the_report_name_each_holders_unit(lab: Lab, vmid: int) -> None:
-    from tests.lab import pvesh
-    from tests.test_install import pveclean as pveclean_on_host
+    from tests.harness import pvesh
+    from tests.lab.test_install import pveclean as pveclean_on_host
 
     pvesh.install(lab.root)
     lab.create_ct(vmid, gpus=(0,))

@@ -12,8 +12,8 @@ import yaml
 
 from pveclean.proxmox.pct import run_pct
 from pveclean.proxmox.probe import parse_probe, probe_argv
-from tests.lab.lxclab import MINIMAL_APPLETS, Lab
-from tests.lab.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
+from tests.harness.lxclab import MINIMAL_APPLETS, Lab
+from tests.harness.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
 
 
 def run_json(lab: Lab, *args: str | int) -> tuple[int, dict[str, Any]]:

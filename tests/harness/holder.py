@@ -1,4 +1,4 @@
-"""Build the static ``holder`` test program (tests/lab/holder/holder.c).
+"""Build the static ``holder`` test program (tests/harness/holder/holder.c).
 
 ``holder`` imitates a GPU workload: it opens or maps device nodes and keeps them until it is
 signalled.  It is linked statically so that it runs inside bare busybox LXC containers.  Run it

@@ -11,12 +11,12 @@ from pveclean.commands.cli import run_app
 from pveclean.commands.status import collect
 from pveclean.host import configfile
 from pveclean.proxmox import pveapi
-from tests.lab.lxclab import Lab
-from tests.lab.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
-from tests.test_install import host as host
-from tests.test_install import pveclean
-from tests.test_pveapi import Cluster
-from tests.test_pveapi import cluster as cluster
+from tests.harness.lxclab import Lab
+from tests.harness.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
+from tests.lab.test_install import host as host
+from tests.lab.test_install import pveclean
+from tests.unit.test_pveapi import Cluster
+from tests.unit.test_pveapi import cluster as cluster
 
 HOOK = "local:snippets/pveclean-hook"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests import soak
-from tests.lab.lxclab import Lab
+from tests.harness.lxclab import Lab
 
 
 def test_short_soak_has_no_failures(lab: Lab, vmid: int) -> None:

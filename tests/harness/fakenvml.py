@@ -1,4 +1,4 @@
-"""Controller for the fake NVML library (``tests/lab/fakenvml/fakenvml.c``).
+"""Controller for the fake NVML library (``tests/harness/fakenvml/fakenvml.c``).
 
 The C library is a stand-in ``libnvidia-ml.so.1`` that the unmodified nvidia-ml-py (``pynvml``)
 loads instead of the driver's NVML.  It re-reads a text state file on every API call, so a test
@@ -229,7 +229,7 @@ class FakeNvml:
         self.write()
 
     def render(self) -> str:
-        lines = ["# fake NVML state, written by tests/lab/fakenvml.py"]
+        lines = ["# fake NVML state, written by tests/harness/fakenvml.py"]
         if self.init_error_code is not None:
             lines.append(f"init_error {self.init_error_code}")
         if self.hang_seconds is not None:

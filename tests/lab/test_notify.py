@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from tests.lab.lxclab import Lab
+from tests.harness.lxclab import Lab
 
 
 def test_syslog_line_and_metrics_per_run(lab: Lab, vmid: int, vmid2: int,

@@ -15,7 +15,7 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.lab.lxclab import Lab, Workload
+from tests.harness.lxclab import Lab, Workload
 
 NODES = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"]
 

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.lab.lxclab import Lab, is_proxmox_host
+from tests.harness.lxclab import Lab, is_proxmox_host
 
 PYNVML_DUMP = r"""
 import ctypes, json, sys, pynvml

@@ -19,7 +19,7 @@ from pveclean.errors import PvecleanError
 from pveclean.host import cgroupfs, configfile, devnodes, procfs
 from pveclean.proxmox import probe, pveconf
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_shipped_config_equals_builtin_defaults() -> None:

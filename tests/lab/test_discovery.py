@@ -18,7 +18,7 @@ import pytest
 from pveclean.cleanup import clean
 from pveclean.host import cgroupfs, devnodes, procfs
 from pveclean.host.configfile import load
-from tests.lab.lxclab import Lab, Workload
+from tests.harness.lxclab import Lab, Workload
 
 
 def run_json(lab: Lab, *args: str | int, env: dict[str, str] | None = None

@@ -1,4 +1,4 @@
-"""Host-side tests of the static ``holder`` program (tests/lab/holder/holder.c)."""
+"""Host-side tests of the static ``holder`` program (tests/harness/holder/holder.c)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 _spec = importlib.util.spec_from_file_location(
-    "lab_holder", Path(__file__).resolve().parent / "lab" / "holder.py"
+    "lab_holder", Path(__file__).resolve().parent.parent / "harness" / "holder.py"
 )
 assert _spec is not None and _spec.loader is not None
 lab_holder = importlib.util.module_from_spec(_spec)

@@ -14,7 +14,7 @@ from pveclean.core.config import parse
 from pveclean.errors import ExitCode
 from pveclean.proxmox import chain
 from pveclean.proxmox.hookscript import stamp
-from tests.lab.lxclab import REPO, Lab
+from tests.harness.lxclab import REPO, Lab
 
 HOOK_ENV = {"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"}
 

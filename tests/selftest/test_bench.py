@@ -25,8 +25,8 @@ from tests.bench.table import (
     to_json,
     write_results,
 )
-from tests.lab.lxclab import Workload, lab_unavailable_reason
-from tests.lab.scenarios import Seeds
+from tests.harness.lxclab import Workload, lab_unavailable_reason
+from tests.harness.scenarios import Seeds
 
 
 def test_median_and_flatness() -> None:

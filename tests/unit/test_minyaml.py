@@ -209,7 +209,7 @@ def test_the_shipped_config_is_read_without_pyyaml() -> None:
 
     from pveclean.core import config
 
-    text = (Path(__file__).parent.parent / "config" / "pveclean.yaml").read_text()
+    text = (Path(__file__).parent.parent.parent / "config" / "pveclean.yaml").read_text()
     fast = minyaml.config_entries(text)
     assert fast is not None and fast == config._pyyaml_entries(text, "x")
     assert config.parse(text) == config.Config(source="<string>")  # it spells out the defaults

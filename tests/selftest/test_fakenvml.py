@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 _spec = importlib.util.spec_from_file_location(
-    "_fakenvml_under_test", Path(__file__).parent / "lab" / "fakenvml.py"
+    "_fakenvml_under_test", Path(__file__).parent.parent / "harness" / "fakenvml.py"
 )
 assert _spec is not None and _spec.loader is not None
 fakenvml = importlib.util.module_from_spec(_spec)

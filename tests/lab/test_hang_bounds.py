@@ -18,9 +18,9 @@ import yaml
 
 from pveclean.host import worker
 from pveclean.host.worker import RemoteError, Worker, WorkerError
-from tests.lab.hangfs import HangFs
-from tests.lab.lxclab import Lab
-from tests.test_hook import hook, reports
+from tests.harness.hangfs import HangFs
+from tests.harness.lxclab import Lab
+from tests.lab.test_hook import hook, reports
 
 MARGIN = 1.0  # s: what a run may take past deadline_seconds (report writing, teardown)
 START_UP = 1.0  # s: interpreter start-up of a `pveclean` process on a loaded test machine

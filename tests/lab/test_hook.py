@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from tests.lab.lxclab import REPO, Lab
-from tests.lab.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
+from tests.harness.lxclab import REPO, Lab
+from tests.harness.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
 
 
 def reports(lab: Lab, vmid: int, phase: str) -> list[dict[str, Any]]:

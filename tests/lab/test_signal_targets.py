@@ -19,7 +19,7 @@ from pveclean.host import pidfds
 from pveclean.host.devnodes import gpu_devices
 from pveclean.host.procfs import read_status
 from pveclean.host.procscan import scan_host
-from tests.lab.lxclab import Lab
+from tests.harness.lxclab import Lab
 
 
 def _scope(lab: Lab, vmid: int) -> Scope:

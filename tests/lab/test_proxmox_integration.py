@@ -22,11 +22,11 @@ from pveclean.core import config
 from pveclean.errors import PvecleanError
 from pveclean.host import configfile
 from pveclean.proxmox import chain, pveapi, pveconf
-from tests.lab.lxclab import Lab
-from tests.test_install import conf, other_hook, pveclean
-from tests.test_install import host as host  # the fixture
-from tests.test_pveapi import Cluster
-from tests.test_pveapi import cluster as cluster  # the fixture
+from tests.harness.lxclab import Lab
+from tests.lab.test_install import conf, other_hook, pveclean
+from tests.lab.test_install import host as host  # the fixture
+from tests.unit.test_pveapi import Cluster
+from tests.unit.test_pveapi import cluster as cluster  # the fixture
 
 HOOK = "local:snippets/pveclean-hook"
 

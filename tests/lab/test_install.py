@@ -13,10 +13,10 @@ import pytest
 
 from pveclean.commands.cli import run_app
 from pveclean.errors import PvecleanError
-from tests.lab import pvesh
-from tests.lab.lxclab import Lab
-from tests.test_pveapi import Cluster
-from tests.test_pveapi import cluster as cluster  # the fixture
+from tests.harness import pvesh
+from tests.harness.lxclab import Lab
+from tests.unit.test_pveapi import Cluster
+from tests.unit.test_pveapi import cluster as cluster  # the fixture
 
 HOOK = "local:snippets/pveclean-hook"
 ENABLE_HINT = "pvesm set local --content iso,vztmpl,backup,snippets"

@@ -31,7 +31,7 @@ import time
 from .lxclab import Lab, Workload
 
 SYSTEMCTL = r"""#!/bin/sh
-# lab stand-in for systemctl: see tests/lab/units.py
+# lab stand-in for systemctl: see tests/harness/fakesystemd.py
 CG=/sys/fs/cgroup
 UNITDIR=/etc/systemd/system
 STATE=/run/lab-systemd
@@ -103,7 +103,7 @@ exit $rc
 """
 
 RUNNER = r"""#!/bin/sh
-# lab stand-in for PID 1's part in one service (see tests/lab/units.py)
+# lab stand-in for PID 1's part in one service (see tests/harness/fakesystemd.py)
 u=$1
 CG=/sys/fs/cgroup
 STATE=/run/lab-systemd

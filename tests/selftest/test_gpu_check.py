@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.lxclab import Lab
+from tests.harness.lxclab import Lab
 
-SCRIPT = Path(__file__).resolve().parent / "gpu" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "gpu" / "gpu_check.py"
 
 
 @pytest.mark.skipif(Path("/dev/nvidiactl").exists(),

@@ -18,8 +18,8 @@ import pytest
 from pveclean.commands import gpus, render
 from pveclean.host import devnodes, hostscan, procscan
 from pveclean.proxmox import passthrough, pveconf
-from tests.lab.lxclab import Lab, LabUnavailable, cgroup2_root
-from tests.lab.scenarios import NCCL_MIB, OTHER_MIB, TP_MIB, VLLM_MIB, seeds
+from tests.harness.lxclab import Lab, LabUnavailable, cgroup2_root
+from tests.harness.scenarios import NCCL_MIB, OTHER_MIB, TP_MIB, VLLM_MIB, seeds
 
 HOST_MIB = 300
 LEAK_MIB = 1000
