@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import time
 from pathlib import Path
 
 from tests.harness.lxclab import Lab
@@ -47,7 +51,6 @@ def test_missing_syslog_socket_does_not_fail_a_run(lab: Lab, vmid: int, tmp_path
 
 
 def test_reports_table_filter_json_and_show(lab: Lab, vmid: int, vmid2: int) -> None:
-    import json
 
     lab.create_ct(vmid, gpus=(0,))
     lab.create_ct(vmid2, gpus=(0,), start=False)
@@ -83,8 +86,6 @@ def test_reports_table_filter_json_and_show(lab: Lab, vmid: int, vmid2: int) -> 
 
 
 def test_progress_on_a_terminal_and_plain_otherwise(lab: Lab, vmid: int) -> None:
-    import os
-    import subprocess
     import sys
 
     lab.write_config(grace_seconds=0.5)
@@ -114,3 +115,45 @@ def test_progress_on_a_terminal_and_plain_otherwise(lab: Lab, vmid: int) -> None
     lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
     plain = lab.pveclean("ct", str(vmid))  # stderr is a pipe: no progress lines
     assert plain.returncode == 0 and "..." not in plain.stderr
+
+
+def test_metrics_never_follow_a_symlink_and_the_lock_is_roots(lab: Lab, vmid: int) -> None:
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    secret = lab.root / "secret"
+    secret.write_text("pveclean_root_only_line 1\nshadow:$6$hash\n")
+    secret.chmod(0o600)
+    textdir = lab.root / "textfile"
+    textdir.mkdir()
+    prom = textdir / "pveclean.prom"
+    prom.symlink_to(secret)
+    lab.write_config(metrics_path=str(prom))
+    r = lab.pveclean("ct", str(vmid))
+    assert r.returncode == 0, r.stderr
+    assert secret.read_text().startswith("pveclean_root_only_line")  # untouched
+    for f in textdir.iterdir():  # nothing of the root-only file reached a readable file
+        if not f.is_symlink():
+            assert "shadow" not in f.read_text() and "root_only" not in f.read_text()
+    assert oct((textdir / "pveclean.prom.lock").stat().st_mode & 0o777) == oct(0o600)
+    prom.unlink()  # without the symlink, metrics are written
+    assert lab.pveclean("ct", str(vmid)).returncode == 0
+    assert f'vmid="{vmid}"' in prom.read_text() and not prom.is_symlink()
+
+
+def test_metrics_lock_held_by_someone_else_does_not_hang_the_run(
+        lab: Lab, vmid: int) -> None:
+    import fcntl
+
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    prom = lab.root / "textfile" / "pveclean.prom"
+    lab.write_config(metrics_path=str(prom), deadline_seconds=10)
+    prom.parent.mkdir()
+    lock = open(f"{prom}.lock", "a")  # noqa: SIM115 -- held for the whole run
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        t = time.monotonic()
+        r = lab.pveclean("ct", str(vmid))
+        assert time.monotonic() - t < 10
+        assert r.returncode == 0, r.stderr
+        assert "metrics not written" in r.stdout + r.stderr or not prom.exists()
+    finally:
+        lock.close()

@@ -1,12 +1,12 @@
-"""Proxmox as its source behaves (issue 14): the lab's pct/pvesh stand-ins mirror the cited
-Proxmox functions, and pveclean copes with what they do."""
+"""pveclean against the lab's pct/pvesh stand-ins, which mirror the cited Proxmox functions:
+config locks, hook environments, the API's config, snippets, reboots inside the guest and the
+systemd drop-in."""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
-import shlex
 import subprocess
 import sys
 import threading
@@ -15,18 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 import yaml
 
-from pveclean.core import config
-from pveclean.errors import PvecleanError
 from pveclean.host import configfile
-from pveclean.proxmox import chain, pveapi, pveconf
+from pveclean.proxmox import pveapi
 from tests.harness.lxclab import Lab
 from tests.lab.test_install import conf, other_hook, pveclean
 from tests.lab.test_install import host as host  # the fixture
-from tests.unit.test_pveapi import Cluster
-from tests.unit.test_pveapi import cluster as cluster  # the fixture
 
 HOOK = "local:snippets/pveclean-hook"
 
@@ -252,20 +247,6 @@ def test_gpu_lines_proxmox_accepts(host: Lab, vmid: int, vmid2: int) -> None:
     assert conf(host, vmid)["hookscript"] == HOOK
 
 
-def test_hook_parser_sees_every_gpu_of_the_container(tmp_path: Path) -> None:
-    from pveclean.commands.hook import _container_minors
-
-    (tmp_path / "lxc").mkdir()
-    (tmp_path / "lxc/100.conf").write_text(
-        "dev0: /dev/nvidia0,gid=44\ndev1: mode=0666,path=/dev/nvidia1\n"
-        "lxc.cgroup2.devices.allow = c 195:* rwm\n"
-        "lxc.mount.entry = /dev/nvidia2 dev/nvidia2 none bind,optional,create=file\n")
-    c = pveconf.read_config(str(tmp_path / "lxc"), 100)
-    assert _container_minors(c) == {0, 1, 2}
-    assert ("lxc.cgroup2.devices.allow", "c 195:* rwm") in c.lines
-    assert len(c.gpu_lines()) == 4
-
-
 def test_install_writes_where_content_dirs_points(host: Lab, vmid: int) -> None:
     host.create_ct(vmid, gpus=(0,), start=False)
     set_storage(host, "iso,vztmpl,backup,snippets", "\tcontent-dirs snippets=hooks\n")
@@ -296,13 +277,6 @@ def test_no_missing_warning_when_the_storage_lacks_snippets(host: Lab, vmid: int
     assert "missing on node" not in res.stdout
 
 
-def test_https_this_node_is_the_local_machine(cluster: Cluster,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pveapi, "nodename", lambda: "pve2")
-    api = pveapi.connect(configfile.load(cluster.config))
-    assert api.local_node() == "pve2"  # not pve1, the node api.host is
-
-
 def test_ct_for_a_vm_or_a_container_on_another_node(lab: Lab) -> None:
     pve = lab.root / "etc/pve"
     (pve / "qemu-server").mkdir()
@@ -322,81 +296,6 @@ def test_ct_for_a_vm_or_a_container_on_another_node(lab: Lab) -> None:
     assert res.returncode == 2 and "(QEMU) on node pve2" in res.stderr
     res = lab.pveclean("ct", "103")
     assert res.returncode == 3 and "CT 103 does not exist on this node" in res.stderr
-
-
-# ---- chained scripts as Proxmox runs them -------------------------------------------------
-@pytest.fixture
-def chained(tmp_path: Path) -> tuple[config.Config, Path]:
-    """A storage.cfg next to the configs, a chained script recorded for CT 100."""
-    pve = tmp_path / "etc/pve"
-    (pve / "lxc").mkdir(parents=True)
-    vz = tmp_path / "vz"
-    (vz / "snippets").mkdir(parents=True)
-    (pve / "storage.cfg").write_text(f"dir: local\n\tpath {vz}\n\tcontent snippets\n")
-    cfg = config.Config(pve_config_dir=str(pve / "lxc"), state_dir=str(tmp_path / "state"),
-                        deadline_seconds=1)
-    script = vz / "snippets/theirs.sh"
-    chain.write_record(cfg, 100, "local:snippets/theirs.sh", str(script))
-    return cfg, script
-
-
-def test_chained_script_has_no_timeout_and_no_owner_check(
-        chained: tuple[config.Config, Path], tmp_path: Path,
-        capfd: pytest.CaptureFixture[str]) -> None:
-    cfg, script = chained
-    out = tmp_path / "out"
-    script.write_text(f"#!/bin/sh\nsleep 1.5\necho \"$1 $2\" > {out}\nexit 7\n")
-    script.chmod(0o777)  # group/others may write: Proxmox runs it all the same
-    os.chown(script, 1234, 1234)  # not root's (NFS root_squash)
-    assert chain.run_chained(100, "pre-start", cfg) == 7  # not killed after 1 s
-    assert out.read_text() == "100 pre-start\n"
-    assert "exited 7" in capfd.readouterr().out
-
-
-def test_chained_path_resolved_on_every_run(chained: tuple[config.Config, Path],
-                                            tmp_path: Path) -> None:
-    cfg, script = chained
-    script.write_text("#!/bin/sh\nexit 0\n")  # where it was at install time
-    script.chmod(0o755)
-    moved = tmp_path / "vz/hooks/theirs.sh"
-    moved.parent.mkdir()
-    moved.write_text("#!/bin/sh\nexit 5\n")
-    moved.chmod(0o755)
-    storage = Path(cfg.pve_config_dir).parent / "storage.cfg"
-    storage.write_text(storage.read_text() + "\tcontent-dirs snippets=hooks\n")
-    assert chain.run_chained(100, "pre-start", cfg) == 5  # from where Proxmox looks now
-
-
-@pytest.mark.parametrize("kind", ["missing", "not-executable", "eio"])
-def test_bad_chained_script_is_one_line(chained: tuple[config.Config, Path], kind: str,
-                                        capfd: pytest.CaptureFixture[str]) -> None:
-    cfg, script = chained
-    if kind == "not-executable":
-        script.write_text("#!/bin/sh\nexit 0\n")
-        script.chmod(0o644)
-    elif kind == "eio":
-        script.write_text("#!/nonexistent/interpreter\n")  # exec fails with an OSError
-        script.chmod(0o755)
-    assert chain.run_chained(100, "pre-start", cfg) == 1
-    assert chain.run_chained(100, "post-stop", cfg) == 0
-    out = capfd.readouterr()
-    lines = out.out.splitlines()
-    assert len(lines) == 2 and all(ln.startswith("pveclean: CT 100 ") for ln in lines)
-    assert "Traceback" not in out.out + out.err
-
-
-def test_unreadable_storage_cfg_falls_back_to_the_recorded_path(
-        chained: tuple[config.Config, Path]) -> None:
-    cfg, script = chained
-    script.write_text("#!/bin/sh\nexit 3\n")
-    script.chmod(0o755)
-    (Path(cfg.pve_config_dir).parent / "storage.cfg").unlink()
-    assert chain.run_chained(100, "pre-start", cfg) == 3
-
-
-def test_read_config_error_is_a_pveclean_error(tmp_path: Path) -> None:
-    with pytest.raises(PvecleanError, match="does not exist on this node"):
-        pveconf.read_config(str(tmp_path), 100)
 
 
 # ---- every start and stop: the systemd drop-in --------------------------------------------
@@ -458,54 +357,3 @@ def test_without_the_dropin_a_reboot_inside_the_guest_fails_silently(lab: Lab,
     assert lab.pct("status", str(vmid)).stdout == "status: stopped\n"
     assert all(lab.alive(p) for p in left)
     assert "Failed creating cgroups" in (lab.root / "lxc" / str(vmid) / "unit.log").read_text()
-
-
-def test_unit_phases_never_fail_the_unit_but_by_a_refusal(tmp_path: Path,
-                                                         capfd: pytest.CaptureFixture[str],
-                                                         ) -> None:
-    from pveclean.commands import unit
-    from pveclean.proxmox import dropin
-
-    (tmp_path / "lxc").mkdir()
-    cfgfile = tmp_path / "pveclean.yaml"
-    cfgfile.write_text(f"pve_config_dir: {tmp_path / 'lxc'}\nstate_dir: {tmp_path / 's'}\n"
-                       f"report_dir: {tmp_path / 'r'}\nsyslog: false\n")
-    cfgfile.chmod(0o644)
-    for argv in (["-c", str(cfgfile), "100", "start-pre"],  # no such container
-                 ["-c", str(cfgfile), "100", "stop-post"],
-                 ["-c", str(cfgfile), "100", "bogus"],
-                 ["-c", str(cfgfile), "abc", "start-pre"],
-                 ["-c", str(tmp_path / "missing.yaml"), "100", "start-pre"]):
-        assert unit.from_argv(argv) == 0, argv
-    out = capfd.readouterr()
-    assert "Traceback" not in out.out + out.err
-    assert len(out.out.splitlines()) == 5
-    with pytest.raises(PvecleanError, match="cannot go into a systemd unit"):
-        dropin.dropin_text(100, "/opt/my pveclean/bin/pveclean", None)
-    text = dropin.dropin_text(100, "/usr/sbin/pveclean", None)
-    assert "ExecStartPre=/bin/sh -c '/usr/sbin/pveclean unit 100 start-pre;" in text
-
-
-@pytest.mark.parametrize(("script", "expect_rc", "warned"), [
-    (None, 0, True),  # pveclean gone (a removed package, a venv whose Python went away)
-    ("#!/nonexistent/python3\n", 0, True),  # its interpreter gone
-    ("#!/bin/sh\nexit 1\n", 0, True),  # a crash
-    ("#!/bin/sh\nkill -9 $$\n", 0, True),  # killed (OOM)
-    ("#!/bin/sh\nexit 0\n", 0, False),
-    ("#!/bin/sh\nexit 75\n", 75, False),  # the refuse decision, and only it, fails the unit
-])
-def test_dropin_start_pre_fails_the_unit_only_on_a_refusal(
-        tmp_path: Path, script: str | None, expect_rc: int, warned: bool) -> None:
-    """The ExecStartPre= line as systemd runs it ($$ is a literal $), with a pveclean that is
-    missing, broken, killed, fine or refusing."""
-    from pveclean.proxmox import dropin
-
-    exe = tmp_path / "pveclean"
-    if script is not None:
-        exe.write_text(script)
-        exe.chmod(0o755)
-    line = dropin.dropin_text(100, str(exe), None).split("ExecStartPre=", 1)[1].splitlines()[0]
-    argv = shlex.split(line.replace("$$", "$"))
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
-    assert res.returncode == expect_rc, res
-    assert ("WARNING: CT 100 start-pre" in res.stdout) == warned, res.stdout

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pveclean.errors import PvecleanError
 from pveclean.host import cgroupfs
 
 
@@ -91,3 +92,15 @@ def test_remove_empty_cgroups_is_iterative(tmp_path: Path) -> None:
     os.close(fd)
     removed = cgroupfs.remove_empty_cgroups(top)
     assert len(removed) == 1201 and not top.exists()
+
+
+def test_cgroup2_root_from_mounts(tmp_path: Path) -> None:
+    m = tmp_path / "mounts"
+    m.write_text("cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n"
+                 "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
+    assert cgroupfs.cgroup2_root(str(m)) == "/sys/fs/cgroup/unified"
+    m.write_text("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
+    assert cgroupfs.cgroup2_root(str(m)) == "/sys/fs/cgroup"
+    m.write_text("proc /proc proc rw 0 0\n")
+    with pytest.raises(PvecleanError, match="no cgroup v2"):
+        cgroupfs.cgroup2_root(str(m))

@@ -1,10 +1,11 @@
-"""Only a decision refuses a start: a broken pveclean, interpreter or config never blocks a
-container; the hook's own failures are one warning line and exit 0 (issue 13, point 1)."""
+"""The hookscript shim and hook entry point without a lab: a broken pveclean, interpreter or
+config never blocks a container; failures are one warning line and exit 0."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,8 @@ import pytest
 from pveclean.commands.hook import main as hook_main
 from pveclean.core.config import parse
 from pveclean.errors import ExitCode
-from pveclean.proxmox import chain
 from pveclean.proxmox.hookscript import stamp
-from tests.harness.lxclab import REPO, Lab
+from tests.harness.lxclab import REPO
 
 HOOK_ENV = {"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"}
 
@@ -101,50 +101,6 @@ def test_hook_main_never_raises(monkeypatch: pytest.MonkeyPatch,
     assert "chained hookscript not run: PermissionError" in capsys.readouterr().out
 
 
-def test_interpreter_gone_the_container_starts(lab: Lab, vmid: int) -> None:
-    """A Proxmox 8 -> 9 upgrade replaced the Python under pveclean's venv."""
-    lab.create_ct(vmid, gpus=(0,), start=False)
-    broken = lab.root / "broken-pveclean"
-    broken.write_text("#!/nonexistent/venv/bin/python3\n")
-    broken.chmod(0o755)
-    (lab.snippets / "pveclean-hook").write_text(stamp(
-        (REPO / "hookscripts/pveclean-hook").read_text(), str(broken), str(lab.config_path)))
-    (lab.snippets / "pveclean-hook").chmod(0o755)
-    lab.pct("set", str(vmid), "--hookscript", "local:snippets/pveclean-hook")
-    res = lab.pct("start", str(vmid), check=False)
-    assert res.returncode == 0, res.stderr
-    assert "pveclean-hook: WARNING: " in res.stdout
-    assert lab.pct("status", str(vmid)).stdout == "status: running\n"
-
-
-def test_broken_config_the_container_starts(lab: Lab, vmid: int) -> None:
-    lab.create_ct(vmid, gpus=(0,), start=False)
-    lab.install_hook(vmid)
-    lab.config_path.write_text("grace_seconds: [oops\n")
-    res = lab.pct("start", str(vmid), check=False)
-    assert res.returncode == 0, res.stderr
-    assert f"pveclean: CT {vmid} pre-start: config error, nothing done" in res.stdout
-    assert lab.pct("status", str(vmid)).stdout == "status: running\n"
-
-
-def test_failing_chained_script_is_a_refusal(lab: Lab, vmid: int) -> None:
-    """Proxmox would have aborted the start on the chained script's failure: so does pveclean."""
-    lab.create_ct(vmid, gpus=(0,), start=False)
-    lab.install_hook(vmid)
-    script = lab.snippets / "site-hook"
-    script.write_text('#!/bin/sh\n[ "$2" = pre-start ] && { echo "site: no"; exit 3; }\nexit 0\n')
-    script.chmod(0o755)
-    cfg = parse(lab.config_path.read_text())
-    chain.write_record(cfg, vmid, "local:snippets/site-hook", str(script))
-    res = lab.pct("start", str(vmid), check=False)
-    assert res.returncode != 0
-    assert "site: no" in res.stdout
-    assert f"pveclean: CT {vmid} pre-start: refusing to start: the chained hookscript exited 3" \
-        in res.stdout
-    assert lab.pct("status", str(vmid)).stdout == "status: stopped\n"
-    os.unlink(script)
-
-
 @pytest.mark.parametrize("argv,code", [
     (["ct", "129", "--dry-run"], None),  # whatever guarded() gives an internal error
     (["hook", "129", "pre-stop"], 0),
@@ -155,7 +111,6 @@ def test_a_fork_that_fails_is_one_line_and_no_leaked_fd(tmp_path: Path, argv: li
     """__main__ forks the run's worker before any command's error handling (prelude.py): out of
     processes, that is still one line, never a traceback, a hook still exits 0, and the
     worker's pipes are closed again."""
-    import sys
 
     cfg = tmp_path / "pveclean.yaml"
     cfg.write_text(f"pve_config_dir: {tmp_path}\nsyslog: false\nreport_dir: {tmp_path}\n")
@@ -182,3 +137,14 @@ def test_a_fork_that_fails_is_one_line_and_no_leaked_fd(tmp_path: Path, argv: li
     else:
         assert int(result[1]) != 0
     assert len(said) == 1 and "Resource temporarily unavailable" in said[0], said
+
+
+def test_hookscript_without_pveclean_warns_and_succeeds(tmp_path: Path) -> None:
+    script = tmp_path / "pveclean-hook"
+    text = (REPO / "hookscripts/pveclean-hook").read_text()
+    script.write_text(text.replace('PVECLEAN_BIN=""', f'PVECLEAN_BIN="{tmp_path}/missing"'))
+    script.chmod(0o755)
+    res = subprocess.run([str(script), "129", "pre-start"], capture_output=True, text=True,
+                         env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"},
+                         check=False)
+    assert res.returncode == 0 and "pveclean not found" in res.stdout

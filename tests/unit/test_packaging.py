@@ -247,3 +247,22 @@ def test_install_into_scratch_root(deb: Path, tmp_path: Path) -> None:
                         "pre-start"], capture_output=True, text=True, check=False, env=env)
     assert r.returncode == 2 and "invalid VMID" in r.stdout
     assert "typer" not in r.stderr and "proxmoxer" not in r.stderr
+
+
+def test_wheel_install_ships_the_hookscript(tmp_path: Path) -> None:
+    """A non-editable install (the README's way onto a host) carries the hookscript where
+    `pveclean install` looks for it: <prefix>/share/pveclean/hookscripts/."""
+    from pveclean.proxmox import hookscript
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    r = subprocess.run([str(venv / "bin/pip"), "install", "-q", "--no-deps", str(REPO)],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    prefix = subprocess.run([str(venv / "bin/python"), "-c", "import sys; print(sys.prefix)"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    shipped = Path(prefix) / "share/pveclean/hookscripts/pveclean-hook"
+    assert shipped.read_text() == (REPO / "hookscripts/pveclean-hook").read_text()
+    assert shipped.stat().st_mode & 0o111
+    rel = [t.relative_to(sys.prefix) for t in hookscript.TEMPLATES if t.is_relative_to(sys.prefix)]
+    assert Path("share/pveclean/hookscripts/pveclean-hook") in rel

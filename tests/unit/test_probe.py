@@ -1,16 +1,17 @@
-"""The probe's output is the container's: bounded bytes, lines and entries; redaction in
-linear time. Fuzzed with sizes and bytes."""
+"""The probe's output is the container's: bounded bytes, lines and entries, parsed without a
+crash. Fuzzed with sizes and bytes."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pveclean.core import config
-from pveclean.core.report import MAX_VALUE, Redactor
+from pveclean.proxmox import probe
 from pveclean.proxmox.pct import MAX_STDOUT, run_pct, start_pct
 from pveclean.proxmox.probe import MAX_PATHS, MAX_PIDS, PROBE_SCRIPT, finish_probe, parse_probe
 
@@ -97,25 +98,32 @@ def test_probe_script_says_when_ls_is_missing(tmp_path: object) -> None:
     assert res.missing == "ls" and not res.complete and proc.returncode == 127
 
 
-def _best(f: object, s: str) -> float:
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        f(s)  # type: ignore[operator]
-        best = min(best, time.perf_counter() - t)
-    return best
+def test_probe_output_parsing() -> None:
+    out = ("fd 12 /dev/nvidia0\nfd 12 /dev/nvidiactl\nmap 12 /dev/nvidia-uvm\n"
+           "garbage line\nfd x /dev/nvidia1\nmap 40 /dev/nvidia-uvm\nend\n")
+    res = probe.parse_probe(out)
+    assert res.complete and res.bad_lines == 2
+    assert res.holders == {12: ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm (mmap)"],
+                           40: ["/dev/nvidia-uvm (mmap)"]}
+    assert not probe.parse_probe("fd 1 /dev/nvidia0\n").complete  # cut short
 
 
-def test_redaction_grows_linearly_on_hostile_lines() -> None:
-    """The old patterns took ~20 s on 40 KB of dashes (quadratic): doubling the input must
-    not quadruple the time."""
-    r = Redactor(config.DEFAULT_REDACT)
-    for unit in ("-", "--token", "KEY", "://a:", "x--x", "--tokentoken"):
-        small, big = unit * (8000 // len(unit)), unit * (32000 // len(unit))
-        t_small, t_big = _best(r.text, small), _best(r.text, big)
-        assert t_big < max(8 * t_small, 0.05), (unit, t_small, t_big)
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=400))
+def test_probe_parser_never_crashes(text: str) -> None:
+    res = probe.parse_probe(text)
+    assert all(isinstance(k, int) for k in res.holders)
 
 
-def test_redaction_input_is_cut() -> None:
-    r = Redactor([r"(a)b"])
-    assert len(r.text("x" * (MAX_VALUE * 3))) == MAX_VALUE
+def test_probe_script_runs_in_plain_sh(tmp_path: Path) -> None:
+    """The probe itself, run here by /bin/sh: it finds this test's own open GPU-like node."""
+    node = tmp_path / "nvidia7"
+    os.mknod(node, 0o600 | 0o020000, os.makedev(1, 7)) if os.geteuid() == 0 else node.touch()
+    with open(node, "rb") as fh:
+        r = subprocess.run(
+            ["/bin/sh", "-c", probe.PROBE_SCRIPT, "probe", str(tmp_path) + "/nvidia*"],
+            capture_output=True, text=True, check=True, timeout=60)
+        res = probe.parse_probe(r.stdout)
+        assert res.complete
+        assert str(node) in res.holders.get(os.getpid(), []), r.stdout[-500:]
+        del fh

@@ -183,3 +183,10 @@ def test_local_backend_without_pvesh(tmp_path: Path, monkeypatch: pytest.MonkeyP
     api = pveapi.connect(configfile.load(write_config(tmp_path, backend="local")))
     with pytest.raises(PvecleanError, match=r"pvesh not found: api\.backend local runs pvesh"):
         api.nodes()
+
+
+def test_https_this_node_is_the_local_machine(cluster: Cluster,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pveapi, "nodename", lambda: "pve2")
+    api = pveapi.connect(configfile.load(cluster.config))
+    assert api.local_node() == "pve2"  # not pve1, the node api.host is
