@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -14,12 +13,7 @@ from pveclean.proxmox.pct import run_pct
 from pveclean.proxmox.probe import parse_probe, probe_argv
 from tests.harness.lxclab import MINIMAL_APPLETS, Lab
 from tests.harness.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
-
-
-def run_json(lab: Lab, *args: str | int) -> tuple[int, dict[str, Any]]:
-    r = lab.pveclean("ct", *map(str, args), "--json")
-    assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
-    return r.returncode, json.loads(r.stdout)
+from tests.helpers import run_json
 
 
 def holder_by_pid(rep: dict[str, Any], pid: int) -> dict[str, Any]:

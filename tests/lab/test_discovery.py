@@ -5,7 +5,6 @@ deep, and names the container chose that protect nothing."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import time
@@ -18,26 +17,7 @@ from pveclean.cleanup import clean
 from pveclean.host import cgroupfs, devnodes, procfs
 from pveclean.host.configfile import load
 from tests.harness.lxclab import Lab, Workload
-
-
-def run_json(lab: Lab, *args: str | int, env: dict[str, str] | None = None
-             ) -> tuple[int, dict[str, Any]]:
-    r = lab.pveclean("ct", *map(str, args), "--json", env=env)
-    assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
-    return r.returncode, json.loads(r.stdout)
-
-
-def start_in_ct(lab: Lab, vmid: int, name: str, flags: list[str], pre: str = "") -> Workload:
-    """Like Lab.run_in_ct, with any holder flags and a shell prelude run before it."""
-    tag, ready = lab.ct_holder(vmid, name, kind="x")
-    argv = [f"/opt/lab/bin/{name}", *flags, "--ready", ready, "--exit-after", "900"]
-    quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
-    lab.pct("exec", str(vmid), "--", "/bin/sh", "-c",
-            f"{pre}{quoted} </dev/null >/dev/null 2>&1 &")
-    w = Workload(vmid, tag, lab.rootfs(vmid) / ready.lstrip("/"))
-    lab.workloads.append(w)
-    lab._wait_ready(w, 1)
-    return w
+from tests.helpers import run_json, start_in_ct
 
 
 def host_pid_of_ready(lab: Lab, w: Workload) -> int:

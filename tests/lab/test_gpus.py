@@ -20,6 +20,7 @@ from pveclean.commands import gpus
 from pveclean.host import devnodes, hostscan, procscan
 from tests.harness.lxclab import Lab, LabUnavailable, cgroup2_root
 from tests.harness.scenarios import NCCL_MIB, OTHER_MIB, TP_MIB, VLLM_MIB, seeds
+from tests.helpers import fake_host_pci
 
 HOST_MIB = 300
 LEAK_MIB = 1000
@@ -58,39 +59,6 @@ def _wedged_scan(scope: Any, skip: frozenset[int], stall: float | None) -> Any:
 
 def _never_answers(*_args: Any) -> Any:
     time.sleep(60)  # no note: the reader is given up on at the end, not as a stall
-
-
-def _pci(root: Path, addr: str, cls: str, driver: str | None, vendor: str = "0x10de") -> None:
-    d = root / "devices" / addr
-    d.mkdir(parents=True)
-    (d / "vendor").write_text(vendor + "\n")
-    (d / "class").write_text(cls + "\n")
-    (d / "device").write_text("0x2330\n")
-    if driver:
-        (root / "drivers" / driver).mkdir(parents=True, exist_ok=True)
-        (d / "driver").symlink_to(root / "drivers" / driver)
-
-
-def fake_host_pci(tmp: Path, pve: Path) -> Path:
-    """Five NVIDIA functions: two GPUs on vfio-pci (one by address, one by a resource
-    mapping), one on the nvidia driver, one without a driver, and a GPU's audio function."""
-    sysfs = tmp / "sys"
-    _pci(sysfs, "0000:41:00.0", "0x030200", "vfio-pci")
-    _pci(sysfs, "0000:41:00.1", "0x040300", "vfio-pci")  # audio of the same card: not a GPU
-    _pci(sysfs, "0000:42:00.0", "0x030200", "nvidia")
-    _pci(sysfs, "0000:43:00.0", "0x030000", None)
-    _pci(sysfs, "0000:44:00.0", "0x030200", "vfio-pci")
-    _pci(sysfs, "0000:45:00.0", "0x030000", "vfio-pci", vendor="0x1002")  # not NVIDIA
-    (pve / "qemu-server").mkdir(parents=True, exist_ok=True)
-    (pve / "qemu-server/200.conf").write_text(
-        "name: trainer\nhostpci0: 0000:41:00,pcie=1,x-vga=1\n[snap]\nhostpci1: 43:00.0\n")
-    (pve / "qemu-server/201.conf").write_text("name: win\nhostpci0: mapping=bigone,pcie=1\n")
-    (pve / "qemu-server/202.conf").write_text("hostpci0: host=0000:44:00.0\n")
-    (pve / "mapping").mkdir(exist_ok=True)
-    (pve / "mapping/pci.cfg").write_text(
-        f"bigone\n\tmap id=10de:2330,node={os.uname().nodename},path=0000:44:00.0\n"
-        "\tmap id=10de:2330,node=othernode,path=0000:41:00.0\n")
-    return sysfs / "devices"
 
 
 # ---- in real containers ------------------------------------------------------------------

@@ -16,7 +16,7 @@ import yaml
 
 from tests.harness.hangfs import HangFs
 from tests.harness.lxclab import Lab
-from tests.lab.test_hook import hook, reports
+from tests.helpers import ct_json, hook, reports
 
 MARGIN = 1.0  # s: what a run may take past deadline_seconds (report writing, teardown)
 START_UP = 1.0  # s: interpreter start-up of a `pveclean` process on a loaded test machine
@@ -33,13 +33,6 @@ def test_ct_on_a_stopped_container_never_touches_nvml(lab: Lab, vmid: int) -> No
         code, rep, took = ct_json(lab, str(vmid), *args)
         assert code == 0 and took < 2 + START_UP, (took, rep)
         assert rep["sources"]["nvml"].startswith("not needed"), rep["sources"]
-
-
-def ct_json(lab: Lab, *args: str) -> tuple[int, dict[str, Any], float]:
-    t0 = time.monotonic()
-    r = lab.pveclean("ct", *args, "--json")
-    took = time.monotonic() - t0
-    return r.returncode, json.loads(r.stdout), took
 
 
 def holds(pid: int, path: Path) -> bool:

@@ -3,44 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import time
-from typing import Any
-
-import yaml
 
 from pveclean.core.config import Config, parse
 from pveclean.proxmox import chain
 from pveclean.proxmox.hookscript import stamp
 from tests.harness.lxclab import REPO, Lab
 from tests.harness.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
-
-
-def reports(lab: Lab, vmid: int, phase: str) -> list[dict[str, Any]]:
-    files = sorted(lab.report_dir.glob(f"{vmid}-{phase}-*.yaml"))
-    return [yaml.safe_load(f.read_text()) for f in files]
-
-
-def wait_for(pred: Any, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def hook(lab: Lab, vmid: int | str, phase: str) -> subprocess.CompletedProcess[str]:
-    """Run the installed hookscript the way Proxmox does: cleared env, closed stdin."""
-    script = lab.snippets / "pveclean-hook"
-    r, w = os.pipe()
-    os.close(w)
-    try:
-        return subprocess.run([str(script), str(vmid), phase], stdin=r, capture_output=True,
-                              text=True, timeout=60, check=False,
-                              env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"})
-    finally:
-        os.close(r)
+from tests.helpers import hook, reports, wait_for
 
 
 def leftover_after_stop(lab: Lab, vmid: int, **holder: object) -> list[int]:

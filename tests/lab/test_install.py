@@ -4,46 +4,13 @@ proxmoxer's local backend."""
 from __future__ import annotations
 
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.harness import pvesh
 from tests.harness.lxclab import Lab
+from tests.helpers import HOOK, conf, other_hook, pveclean
 
-HOOK = "local:snippets/pveclean-hook"
 ENABLE_HINT = "pvesm set local --content iso,vztmpl,backup,snippets"
-
-
-@pytest.fixture
-def host(lab: Lab) -> Lab:
-    """The lab as a Proxmox host for install: a pvesh stand-in, pveclean's state in the lab."""
-    pvesh.install(lab.root)
-    lab.write_config(state_dir=str(lab.root / "state"))
-    return lab
-
-
-def pveclean(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:
-    env = lab.env()
-    env["PATH"] = f"{lab.root / 'bin'}:{env['PATH']}"
-    return lab.pveclean(*args, env=env)
-
-
-def conf(lab: Lab, vmid: int) -> dict[str, str]:
-    text = (lab.root / "etc/pve/lxc" / f"{vmid}.conf").read_text()
-    return dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
-
-
-def other_hook(lab: Lab, vmid: int, name: str = "other.sh") -> Path:
-    """Someone else's hookscript: logs every phase it runs in."""
-    log = lab.root / f"{name}.log"
-    script = lab.snippets / name
-    script.write_text(f'#!/bin/sh\necho "$1 $2" >> {log}\nexit 0\n')
-    script.chmod(0o755)
-    lab.pct("set", str(vmid), "--hookscript", f"local:snippets/{name}")
-    return log
 
 
 def test_install_on_host_needs_snippets_then_registers_a_working_hook(host: Lab,

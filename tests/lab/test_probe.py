@@ -3,22 +3,13 @@ said, and the host's environment never enters the container."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-from typing import Any
 
 import pytest
 
 from tests.harness.lxclab import Lab, Workload
-
-
-def run_json(lab: Lab, *args: str | int, env: dict[str, str] | None = None
-             ) -> tuple[int, dict[str, Any]]:
-    r = lab.pveclean("ct", *map(str, args), "--json", env=env)
-    assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
-    return r.returncode, json.loads(r.stdout)
-
+from tests.helpers import run_json
 
 # ---- the probe is bounded -----------------------------------------------------------------
 

@@ -20,19 +20,7 @@ import yaml
 from pveclean.host import configfile
 from pveclean.proxmox import pveapi
 from tests.harness.lxclab import Lab
-from tests.lab.test_install import conf, other_hook, pveclean
-from tests.lab.test_install import host as host  # the fixture
-
-HOOK = "local:snippets/pveclean-hook"
-
-
-def wait_for(pred: object, timeout: float = 15.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
+from tests.helpers import HOOK, conf, other_hook, pveclean, wait_for
 
 
 @contextmanager
@@ -118,7 +106,7 @@ def test_hooks_inherit_the_callers_environment_and_post_stop_holds_the_lock_via_
 
     lab.pct("start", str(vmid))
     lab.pct("exec", str(vmid), "--", "/bin/poweroff")  # from inside: no vm_stop, no lock
-    assert wait_for(lambda: len(phases(log)) == 7)
+    assert wait_for(lambda: len(phases(log)) == 7, 15)
     assert phases(log)[4:] == ["pre-start", "post-start", "post-stop"]
     assert log.read_text().splitlines()[6].startswith("post-stop free ")
 
@@ -191,7 +179,7 @@ def test_reboot_inside_the_guest_runs_no_hook_phase(lab: Lab, vmid: int) -> None
     lab.pct("start", str(vmid))
     init = lab.init_pid(vmid)
     lab.pct("exec", str(vmid), "--", "/bin/reboot")
-    assert wait_for(lambda: lab.init_pid(vmid) not in (None, init))
+    assert wait_for(lambda: lab.init_pid(vmid) not in (None, init), 15)
     assert lab.pct("status", str(vmid)).stdout == "status: running\n"
     time.sleep(0.5)
     assert phases(log) == ["pre-start", "post-start"]  # nothing for the reboot

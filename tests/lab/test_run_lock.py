@@ -10,18 +10,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from tests.harness.lxclab import Lab
-
-
-def ct_json(lab: Lab, *args: str) -> tuple[int, dict[str, Any], float]:
-    t0 = time.monotonic()
-    r = lab.pveclean("ct", *args, "--json")
-    took = time.monotonic() - t0
-    return r.returncode, json.loads(r.stdout), took
+from tests.helpers import ct_json
 
 
 def test_dry_run_stuck_mid_run_never_blocks_a_cleanup(lab: Lab, vmid: int) -> None:

@@ -6,10 +6,7 @@ import json
 
 from tests.harness.lxclab import Lab
 from tests.harness.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
-from tests.lab.test_install import host as host
-from tests.lab.test_install import pveclean
-
-HOOK = "local:snippets/pveclean-hook"
+from tests.helpers import HOOK, pveclean
 
 
 def test_status_on_the_lab_shows_gpus_holders_hook_and_last_report(host: Lab, vmid: int,

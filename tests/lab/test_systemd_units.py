@@ -7,17 +7,10 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from tests.harness import fakesystemd as labsd
 from tests.harness.lxclab import Lab
-
-
-# ---- in real containers ------------------------------------------------------------------
-def run_json(lab: Lab, *args: str | int) -> tuple[int, dict[str, Any]]:
-    r = lab.pveclean("ct", *map(str, args), "--json")
-    assert r.stdout.strip(), f"no JSON on stdout; stderr: {r.stderr}"
-    return r.returncode, json.loads(r.stdout)
+from tests.helpers import run_json
 
 
 def test_stop_units_ends_a_respawn_loop_that_plain_ct_leaves_residual(lab: Lab,
@@ -122,7 +115,7 @@ def test_a_hostile_unit_name_is_never_passed_to_systemctl(lab: Lab, vmid: int) -
 
 def test_status_and_the_report_name_each_holders_unit(lab: Lab, vmid: int) -> None:
     from tests.harness import pvesh
-    from tests.lab.test_install import pveclean as pveclean_on_host
+    from tests.helpers import pveclean as pveclean_on_host
 
     pvesh.install(lab.root)
     lab.create_ct(vmid, gpus=(0,))

@@ -2,21 +2,8 @@
 
 from __future__ import annotations
 
-from tests.harness.lxclab import Lab, Workload
-
-
-def start_in_ct(lab: Lab, vmid: int, name: str, flags: list[str], pre: str = "") -> Workload:
-    """Like Lab.run_in_ct, with any holder flags and a shell prelude run before it."""
-    tag, ready = lab.ct_holder(vmid, name, kind="x")
-    argv = [f"/opt/lab/bin/{name}", *flags, "--ready", ready, "--exit-after", "900"]
-    quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
-    lab.pct("exec", str(vmid), "--", "/bin/sh", "-c",
-            f"{pre}{quoted} </dev/null >/dev/null 2>&1 &")
-    w = Workload(vmid, tag, lab.rootfs(vmid) / ready.lstrip("/"))
-    lab.workloads.append(w)
-    lab._wait_ready(w, 1)
-    return w
-
+from tests.harness.lxclab import Lab
+from tests.helpers import start_in_ct
 
 # ---- container text is data ---------------------------------------------------------------
 

@@ -12,22 +12,6 @@ from pveclean.core import config
 from pveclean.proxmox import chain
 
 
-# ---- chained scripts as Proxmox runs them -------------------------------------------------
-@pytest.fixture
-def chained(tmp_path: Path) -> tuple[config.Config, Path]:
-    """A storage.cfg next to the configs, a chained script recorded for CT 100."""
-    pve = tmp_path / "etc/pve"
-    (pve / "lxc").mkdir(parents=True)
-    vz = tmp_path / "vz"
-    (vz / "snippets").mkdir(parents=True)
-    (pve / "storage.cfg").write_text(f"dir: local\n\tpath {vz}\n\tcontent snippets\n")
-    cfg = config.Config(pve_config_dir=str(pve / "lxc"), state_dir=str(tmp_path / "state"),
-                        deadline_seconds=1)
-    script = vz / "snippets/theirs.sh"
-    chain.write_record(cfg, 100, "local:snippets/theirs.sh", str(script))
-    return cfg, script
-
-
 def test_chained_script_has_no_timeout_and_no_owner_check(
         chained: tuple[config.Config, Path], tmp_path: Path,
         capfd: pytest.CaptureFixture[str]) -> None:

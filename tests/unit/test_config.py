@@ -17,8 +17,7 @@ from pveclean.core import config
 from pveclean.errors import PvecleanError
 from pveclean.host import configfile
 from pveclean.proxmox import pveconf
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def test_shipped_config_equals_builtin_defaults() -> None:

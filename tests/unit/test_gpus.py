@@ -3,7 +3,6 @@ the rendered table, and which host PIDs are shown."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 from pveclean.commands import render
 from pveclean.host import hostscan
 from pveclean.proxmox import passthrough, pveconf
+from tests.helpers import fake_host_pci
 
 
 def _conf(text: str) -> pveconf.CtConfig:
@@ -29,39 +29,6 @@ def _conf(text: str) -> pveconf.CtConfig:
 ])
 def test_which_containers_need_a_scan(text: str, may: bool) -> None:
     assert pveconf.may_use_gpus(_conf(text), frozenset()) is may
-
-
-def _pci(root: Path, addr: str, cls: str, driver: str | None, vendor: str = "0x10de") -> None:
-    d = root / "devices" / addr
-    d.mkdir(parents=True)
-    (d / "vendor").write_text(vendor + "\n")
-    (d / "class").write_text(cls + "\n")
-    (d / "device").write_text("0x2330\n")
-    if driver:
-        (root / "drivers" / driver).mkdir(parents=True, exist_ok=True)
-        (d / "driver").symlink_to(root / "drivers" / driver)
-
-
-def fake_host_pci(tmp: Path, pve: Path) -> Path:
-    """Five NVIDIA functions: two GPUs on vfio-pci (one by address, one by a resource
-    mapping), one on the nvidia driver, one without a driver, and a GPU's audio function."""
-    sysfs = tmp / "sys"
-    _pci(sysfs, "0000:41:00.0", "0x030200", "vfio-pci")
-    _pci(sysfs, "0000:41:00.1", "0x040300", "vfio-pci")  # audio of the same card: not a GPU
-    _pci(sysfs, "0000:42:00.0", "0x030200", "nvidia")
-    _pci(sysfs, "0000:43:00.0", "0x030000", None)
-    _pci(sysfs, "0000:44:00.0", "0x030200", "vfio-pci")
-    _pci(sysfs, "0000:45:00.0", "0x030000", "vfio-pci", vendor="0x1002")  # not NVIDIA
-    (pve / "qemu-server").mkdir(parents=True, exist_ok=True)
-    (pve / "qemu-server/200.conf").write_text(
-        "name: trainer\nhostpci0: 0000:41:00,pcie=1,x-vga=1\n[snap]\nhostpci1: 43:00.0\n")
-    (pve / "qemu-server/201.conf").write_text("name: win\nhostpci0: mapping=bigone,pcie=1\n")
-    (pve / "qemu-server/202.conf").write_text("hostpci0: host=0000:44:00.0\n")
-    (pve / "mapping").mkdir(exist_ok=True)
-    (pve / "mapping/pci.cfg").write_text(
-        f"bigone\n\tmap id=10de:2330,node={os.uname().nodename},path=0000:44:00.0\n"
-        "\tmap id=10de:2330,node=othernode,path=0000:41:00.0\n")
-    return sysfs / "devices"
 
 
 def test_gpus_bound_to_vfio_are_shown_as_passed_to_their_vm(tmp_path: Path) -> None:

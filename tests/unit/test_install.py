@@ -10,8 +10,7 @@ import pytest
 
 from pveclean.commands.cli import run_app
 from pveclean.errors import PvecleanError
-from tests.unit.test_pveapi import Cluster
-from tests.unit.test_pveapi import cluster as cluster  # the fixture
+from tests.helpers import HOOK, Cluster
 
 
 def test_install_refuses_a_config_or_binary_others_can_change(tmp_path: Path) -> None:
@@ -35,8 +34,6 @@ def test_install_refuses_a_config_or_binary_others_can_change(tmp_path: Path) ->
         trusted(str(exe), None)
     exe.chmod(0o755)
     trusted(str(exe), None)
-
-HOOK = "local:snippets/pveclean-hook"
 
 
 # ---- across a cluster: fakepve over https ------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="not a Debian system")
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from pveclean import errors
 from pveclean.commands.cli import run_app
@@ -17,52 +14,7 @@ from pveclean.core import config
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import configfile
 from pveclean.proxmox import pveapi
-
-GPU_LXC = [["lxc.cgroup2.devices.allow", "c 195:* rwm"],
-           ["lxc.mount.entry", "/dev/nvidia0 dev/nvidia0 none bind,optional,create=file"]]
-
-
-@dataclass
-class Cluster:
-    pve: Any  # fakepve.FakePve
-    config: Path
-    local: Path  # the path of storage 'local' (not shared)
-    shared: Path  # the path of storage 'shared'
-    tmp: Path
-
-
-def write_config(tmp: Path, **api: object) -> Path:
-    (tmp / "lxc").mkdir(exist_ok=True)
-    data = {"report_dir": str(tmp / "reports"), "state_dir": str(tmp / "state"),
-            "pve_config_dir": str(tmp / "lxc"), "syslog": False, "api": api}
-    path = tmp / "pveclean.yaml"
-    path.write_text(yaml.safe_dump(data))
-    path.chmod(0o644)
-    return path
-
-
-@pytest.fixture
-def cluster(fakepve: Any, fakepve_cafile: str, tmp_path: Path,
-            monkeypatch: pytest.MonkeyPatch) -> Cluster:
-    """Two nodes: pve1 (the one the API runs on, and this machine) with CT 101 (GPUs,
-    running) and CT 102, pve2 with CT 201 (GPUs); storage 'local' per node, 'shared' on all."""
-    monkeypatch.setattr(pveapi, "nodename", lambda: "pve1")  # this machine is node pve1
-    pve = fakepve
-    pve.add_node("pve2")
-    local, shared = tmp_path / "vz", tmp_path / "shared"
-    pve.storages["local"]["path"] = str(local)
-    pve.storages["shared"] = {"type": "dir", "path": str(shared), "shared": 1, "active": 1,
-                              "content": "vztmpl,snippets", "files": set()}
-    pve.add_ct(101, node="pve1", status="running",
-               config={"dev0": "/dev/nvidia0,gid=44", "dev1": "/dev/nvidiactl,gid=44"})
-    pve.add_ct(102, node="pve1")
-    pve.add_ct(201, node="pve2", config={"lxc": GPU_LXC})
-    pw = tmp_path / "password"
-    pw.write_text("secret\n")
-    pw.chmod(0o600)
-    cfg = write_config(tmp_path, backend="https", host=pve.url.removeprefix("https://"),
-                       password_file=str(pw), verify_ssl=fakepve_cafile)
-    return Cluster(pve, cfg, local, shared, tmp_path)
+from tests.helpers import GPU_LXC, Cluster, write_config
 
 
 def api_of(cluster: Cluster) -> pveapi.Api:

@@ -27,22 +27,6 @@ def test_hook_parser_sees_every_gpu_of_the_container(tmp_path: Path) -> None:
     assert len(c.gpu_lines()) == 4
 
 
-# ---- chained scripts as Proxmox runs them -------------------------------------------------
-@pytest.fixture
-def chained(tmp_path: Path) -> tuple[config.Config, Path]:
-    """A storage.cfg next to the configs, a chained script recorded for CT 100."""
-    pve = tmp_path / "etc/pve"
-    (pve / "lxc").mkdir(parents=True)
-    vz = tmp_path / "vz"
-    (vz / "snippets").mkdir(parents=True)
-    (pve / "storage.cfg").write_text(f"dir: local\n\tpath {vz}\n\tcontent snippets\n")
-    cfg = config.Config(pve_config_dir=str(pve / "lxc"), state_dir=str(tmp_path / "state"),
-                        deadline_seconds=1)
-    script = vz / "snippets/theirs.sh"
-    chain.write_record(cfg, 100, "local:snippets/theirs.sh", str(script))
-    return cfg, script
-
-
 def test_unreadable_storage_cfg_falls_back_to_the_recorded_path(
         chained: tuple[config.Config, Path]) -> None:
     cfg, script = chained

@@ -10,10 +10,7 @@ from pveclean.commands.cli import run_app
 from pveclean.commands.status import collect
 from pveclean.host import configfile
 from pveclean.proxmox import pveapi
-from tests.unit.test_pveapi import Cluster
-from tests.unit.test_pveapi import cluster as cluster
-
-HOOK = "local:snippets/pveclean-hook"
+from tests.helpers import HOOK, Cluster
 
 
 def test_cluster_status_kinds_and_missing_snippet_warnings(cluster: Cluster) -> None:
