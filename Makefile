@@ -45,7 +45,7 @@ test: lab-deps venv lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 demo: lab-deps venv
-	$(BIN)/python -m tests.lab.demo
+	$(BIN)/python -m tests.harness.demo
 
 bench: lab-deps venv
 	$(BIN)/python -m tests.bench.run
@@ -66,4 +66,4 @@ deb-check: venv
 	$(BIN)/python packaging/deb_check.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info tests/lab/build .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info tests/harness/build .mypy_cache .ruff_cache .pytest_cache

@@ -1,5 +1,6 @@
-"""Shared fixtures. Lab tests need root and LXC; elsewhere they skip with the reason, but
-under CI=true a skipped lab test is reported as a failure."""
+"""Shared fixtures: the lab (root and LXC; elsewhere a lab test skips with the reason, but
+under CI=true a skipped lab test is reported as a failure), fresh VMIDs, the lab as a Proxmox
+host, a fake cluster over fakepve, and a chained hookscript record."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.lab.lxclab import Lab, LabUnavailable, cgroup2_root, lab_unavailable_reason
+from pveclean.core import config
+from pveclean.proxmox import chain, pveapi
+from tests.harness import pvesh
+from tests.harness.lxclab import Lab, LabUnavailable, cgroup2_root, lab_unavailable_reason
+from tests.helpers import GPU_LXC, Cluster, write_config
 
 CI = os.environ.get("CI") == "true"
 _next_vmid = [990300 + (os.getpid() % 200) * 20]
@@ -66,3 +72,50 @@ def vmid() -> int:
 def vmid2(vmid: int) -> int:
     _next_vmid[0] += 1
     return _next_vmid[0]
+
+
+@pytest.fixture
+def host(lab: Lab) -> Lab:
+    """The lab as a Proxmox host for install: a pvesh stand-in, pveclean's state in the lab."""
+    pvesh.install(lab.root)
+    lab.write_config(state_dir=str(lab.root / "state"))
+    return lab
+
+
+@pytest.fixture
+def cluster(fakepve: Any, fakepve_cafile: str, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    """Two nodes: pve1 (the one the API runs on, and this machine) with CT 101 (GPUs,
+    running) and CT 102, pve2 with CT 201 (GPUs); storage 'local' per node, 'shared' on all."""
+    monkeypatch.setattr(pveapi, "nodename", lambda: "pve1")  # this machine is node pve1
+    pve = fakepve
+    pve.add_node("pve2")
+    local, shared = tmp_path / "vz", tmp_path / "shared"
+    pve.storages["local"]["path"] = str(local)
+    pve.storages["shared"] = {"type": "dir", "path": str(shared), "shared": 1, "active": 1,
+                              "content": "vztmpl,snippets", "files": set()}
+    pve.add_ct(101, node="pve1", status="running",
+               config={"dev0": "/dev/nvidia0,gid=44", "dev1": "/dev/nvidiactl,gid=44"})
+    pve.add_ct(102, node="pve1")
+    pve.add_ct(201, node="pve2", config={"lxc": GPU_LXC})
+    pw = tmp_path / "password"
+    pw.write_text("secret\n")
+    pw.chmod(0o600)
+    cfg = write_config(tmp_path, backend="https", host=pve.url.removeprefix("https://"),
+                       password_file=str(pw), verify_ssl=fakepve_cafile)
+    return Cluster(pve, cfg, local, shared, tmp_path)
+
+
+@pytest.fixture
+def chained(tmp_path: Path) -> tuple[config.Config, Path]:
+    """A storage.cfg next to the configs, a chained script recorded for CT 100."""
+    pve = tmp_path / "etc/pve"
+    (pve / "lxc").mkdir(parents=True)
+    vz = tmp_path / "vz"
+    (vz / "snippets").mkdir(parents=True)
+    (pve / "storage.cfg").write_text(f"dir: local\n\tpath {vz}\n\tcontent snippets\n")
+    cfg = config.Config(pve_config_dir=str(pve / "lxc"), state_dir=str(tmp_path / "state"),
+                        deadline_seconds=1)
+    script = vz / "snippets/theirs.sh"
+    chain.write_record(cfg, 100, "local:snippets/theirs.sh", str(script))
+    return cfg, script

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pveclean.proxmox.hookscript import stamp
-from tests.lab.lxclab import REPO, Lab, cgroup2_root
+from tests.harness.lxclab import REPO, Lab, cgroup2_root
 
 KINDS = ("sigterm-ignoring", "respawning", "frozen", "deep", "mapping-only")
 FAULTS = ("none", "report-dir-full", "nvml-absent", "nvml-hanging", "pct-exec-hanging",

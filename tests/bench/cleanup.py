@@ -1,6 +1,6 @@
 """Whole cleanup of the seeds' situation: pveclean against the seeds' one-liners.
 
-Every run gets a fresh lab with the seeds' situation (tests/lab/scenarios.py): in the target
+Every run gets a fresh lab with the seeds' situation (tests/harness/scenarios.py): in the target
 container four python3 tensor-parallel workers and a vllm-worker that exit `term_delay_ms`
 after SIGTERM, an nccl-helper that ignores SIGTERM, an unrelated python3 without GPU; another
 container's worker and a host daemon on GPU 0.
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.lab.lxclab import Lab
-from tests.lab.scenarios import Seeds, seeds
+from tests.harness.lxclab import Lab
+from tests.harness.scenarios import Seeds, seeds
 
 from .discovery import pveclean_exe
 from .measure import GpuReading, VmidPool, median, new_lab, nvml_reading, shielded, timed

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.lab.hangfs import HangFs
-from tests.lab.lxclab import Lab, cgroup2_root
+from tests.harness.hangfs import HangFs
+from tests.harness.lxclab import Lab, cgroup2_root
 
 
 def _vmid() -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.lab.lxclab import Lab
+from tests.harness.lxclab import Lab
 
 from .load import HostLoad
 from .measure import Timed, median, timed

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from tests.lab.lxclab import Lab, LabUnavailable, cgroup2_root
+from tests.harness.lxclab import Lab, LabUnavailable, cgroup2_root
 
 HOOK_ENV = {"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"}
 

@@ -32,7 +32,7 @@ from types import FrameType
 from typing import Any
 
 import pveclean
-from tests.lab.lxclab import REPO, LabUnavailable, cgroup2_root, lab_unavailable_reason
+from tests.harness.lxclab import REPO, LabUnavailable, cgroup2_root, lab_unavailable_reason
 
 from .cleanup import bench_cleanup
 from .discovery import bench_discovery, bench_growth
