@@ -161,7 +161,7 @@ def test_cgroup_walk_past_its_cap_is_residual_with_the_reason(
         monkeypatch.setattr(cgroupfs, "MAX_CGROUPS", 40)
         res = clean(vmid, load(lab.config_path), write_report=True)
         assert res.verdict == "residual"
-        (h,) = res.report["holders"]
+        (h,) = res.report.as_dict()["holders"]
         assert "more than 40 cgroups" in h["protected"]
         assert lab.alive(pid)  # not seen, so not signalled: and the verdict says so
         assert res.path is not None and res.path.exists()
