@@ -180,7 +180,8 @@ def install(
 
     Example: pveclean install --all-gpu --dry-run
     """
-    from pveclean.commands.install import apply_install, carry_out, plan_install
+    from pveclean.commands.install import apply_install, plan_install
+    from pveclean.commands.installplan import carry_out
     from pveclean.proxmox.pveapi import connect
     from pveclean.proxmox.pveconf import parse_vmid
 
@@ -210,7 +211,8 @@ def uninstall(
 
     Examples: pveclean uninstall 129 | pveclean uninstall --all --dry-run
     """
-    from pveclean.commands.install import apply_uninstall, carry_out, plan_uninstall
+    from pveclean.commands.install import apply_uninstall, plan_uninstall
+    from pveclean.commands.installplan import carry_out
     from pveclean.proxmox.pveapi import connect
     from pveclean.proxmox.pveconf import parse_vmid
 

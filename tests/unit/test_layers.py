@@ -22,7 +22,6 @@ PENDING = {
     "pveclean.core.records imports pathlib", "pveclean.core.records imports time",
     "pveclean.core.report imports os", "pveclean.core.report imports pathlib",
     "pveclean.core.report imports time",
-    "install.py is too long",
 }
 
 
