@@ -122,3 +122,66 @@ def test_the_command_exits_with_main_s_code_and_its_output_flushed(
         assert r.returncode == code, r
         assert r.stdout.removeprefix("buffered").startswith(out) and r.stderr.startswith(err), r
         assert "buffered" in r.stdout or cmd[1] == "-m"
+
+
+@pytest.mark.parametrize(("raised", "code", "said"), [
+    (KeyboardInterrupt(), 130, "pveclean: interrupted\n"),
+    (BrokenPipeError(32, "Broken pipe"), 141, ""),
+    (RuntimeError("boom"), 3, "pveclean: internal error: RuntimeError: boom\n"),
+])
+def test_the_typer_app_maps_errors_through_guarded(
+        monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+        raised: BaseException, code: int, said: str) -> None:
+    """A Ctrl-C or a closed stdout inside a command is said as guarded() says it (click would
+    answer the one with a silent 130, the other with exit 1, which is `residual` here)."""
+    from pveclean.commands import ct
+    from pveclean.commands.cli import run_app
+
+    def boom(*_a: object) -> int:
+        raise raised
+
+    monkeypatch.setattr(ct, "run", boom)
+    saved = os.dup(1)  # guarded() points a broken stdout at /dev/null
+    try:
+        assert run_app(["ct", "129"]) == code
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    assert capfd.readouterr().err == said
+
+
+def test_the_nvml_worker_forks_early_only_when_asked(tmp_path: Path) -> None:
+    from pveclean.core.config import Config
+    from pveclean.host.prelude import NvmlWorker, forks_early
+
+    assert [forks_early(a) for a in (["ct", "129"], ["hook", "129", "pre-stop"],
+                                     ["hook", "129", "post-stop"], ["hook", "129", "pre-start"],
+                                     ["unit", "129", "stop-post"], ["gpus"], [])] == [
+        True, True, True, False, False, False, False]
+    cfg = Config(cgroup_root=str(tmp_path), nvml_library="/nonexistent/libnvidia-ml.so.1")
+    with NvmlWorker() as lazy:
+        w = lazy.warm(cfg, 129)
+        assert (w.pid, w.started, w.init["nvml_library"]) == (None, 0, cfg.nvml_library)
+    with NvmlWorker(early=True) as early:
+        assert early.worker.pid is not None
+        w = early.warm(cfg, 129)  # and its init is under way: one fork, no other
+        assert (w.started, w.init["nvml_library"]) == (1, cfg.nvml_library)
+    assert early.worker.pid is None  # closed at the exit
+
+
+def test_an_early_fork_that_failed_is_tried_again_in_warm(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    """Out of processes before the command's error handling: nothing said yet; the command
+    says it, in its own one line, when warm() forks again."""
+    from pveclean.core.config import Config
+    from pveclean.host.prelude import NvmlWorker
+
+    def nofork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", nofork)
+    nvml = NvmlWorker(early=True)
+    assert nvml.worker.pid is None
+    with pytest.raises(BlockingIOError):
+        nvml.warm(Config(cgroup_root=str(tmp_path)), 129)
+    nvml.close()
