@@ -1,7 +1,8 @@
-"""Entry point. `pveclean hook ...` and `pveclean unit ...` take a lean path (no typer, no
-proxmoxer): they run on every container start and stop. `pveclean ct ...`, `gpus`,
-`gpus --json` and `--version` skip typer too when their arguments are the common ones
-(typer's import is most of a dry run's time); anything else goes through the typer app."""
+"""Entry point: makes the run's NVML worker (forked at once for `ct` and the pre-stop and
+post-stop hooks, before any heavy import: host/prelude.py), then runs the command.
+`pveclean hook VMID PHASE` and `pveclean unit [-c FILE] VMID PHASE` take a fixed argv from
+Proxmox and systemd on every container start and stop: they skip typer (and proxmoxer).
+Every other command goes through the typer app (commands/cli.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import contextlib
 import os
 import sys
 
-from pveclean.errors import guarded
+from pveclean.host.prelude import NvmlWorker, forks_early
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -18,55 +19,18 @@ if TYPE_CHECKING:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args and args[0] == "hook":
-        from pveclean.host import prelude
-
-        # pre-stop, post-stop: the worker is forked before the hook's imports (prelude.py)
-        early = (prelude.begin_early() if len(args) == 3 and args[2] in prelude.NVML_PHASES
-                 else None)
-        try:
+    with NvmlWorker(early=forks_early(args)) as nvml:
+        if args[:1] == ["hook"]:
             from pveclean.commands.hook import main as hook_main
 
-            return hook_main(args[1:], early)
-        finally:
-            if early is not None:
-                early.close()
-    if args and args[0] == "unit":  # the systemd drop-in: every start and stop, lean too
-        from pveclean.commands.unit import from_argv
+            return hook_main(args[1:], nvml)
+        if args[:1] == ["unit"]:
+            from pveclean.commands.unit import from_argv
 
-        return from_argv(args[1:])
-    if args == ["--version"]:
-        from pveclean import __version__
+            return from_argv(args[1:], nvml)
+        from pveclean.commands.cli import run_app
 
-        print(f"pveclean {__version__}")
-        return 0
-    if args and args[0] == "ct":
-        from pveclean.host import prelude
-
-        wk = prelude.begin_early()  # forked before the run's imports (prelude.py)
-        try:
-            from pveclean.commands import ct
-            from pveclean.errors import PvecleanError
-
-            try:
-                parsed = ct.parse(args[1:])
-            except PvecleanError:  # a bad --grace: typer says it the usual way
-                parsed = None
-            if parsed is not None:
-                return guarded(lambda: ct.run(parsed, wk))
-        finally:
-            if wk is not None:
-                wk.close()
-    if args in (["gpus"], ["gpus", "--json"]):  # the usual look at the GPUs, lean too
-        from pveclean.commands.gpus import show
-        from pveclean.host.configfile import load
-
-        # Its worker is forked once gpus.py is imported: one forked before would have to
-        # import it (and nvidia-ml-py) after the request, which measured slower.
-        return guarded(lambda: show(load(None), as_json=len(args) == 2))
-    from pveclean.commands.cli import run_app
-
-    return run_app(args)
+        return run_app(args, nvml)
 
 
 def entry() -> NoReturn:

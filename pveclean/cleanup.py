@@ -94,10 +94,6 @@ def reserve_for(cfg: Config) -> float:
     return min(0.5, cfg.deadline_seconds * 0.1)
 
 
-def new_worker(cfg: Config) -> Worker:
-    return Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds))
-
-
 def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
                  wait: float = 0.0) -> list[Holder]:
     """Merge the probe if it has arrived (or arrives within `wait`); returns holders only it
@@ -238,24 +234,25 @@ def _parents(reads: Reads, hs: list[Holder], end: float) -> dict[int, str]:
 def clean(
     vmid: int,
     cfg: Config,
+    worker: Worker,
     phase: str = "manual",
     dry_run: bool = False,
     grace: float | None = None,
     progress: Progress | None = None,
     write_report: bool = True,
-    worker: Worker | None = None,
     deadline: Deadline | None = None,
     stop_units: bool = False,
 ) -> RunResult:
     """One run. A cleanup holds the container's lock (a second one reports `busy`); a dry run
     only reads and takes no lock, so it can never hold up a cleanup. One deadline covers the
     whole run, the lock wait included; the report is written in the time kept back for it.
-    With `stop_units`, the holders' systemd units are stopped before any signal."""
+    With `stop_units`, the holders' systemd units are stopped before any signal. `worker`:
+    NVML's, the entry point's to make and close (host/prelude.py)."""
     started = time.time()
     deadline = deadline or start_deadline(cfg.deadline_seconds)
     raise_open_files_limit()
     scan = Worker()  # the run's reads of /proc and /etc/pve (discover.Reads)
-    wk = worker or new_worker(cfg)
+    wk = worker
     try:
         ctconf = read_ct_config(cfg, vmid, scan, deadline)
         if dry_run:
@@ -277,8 +274,6 @@ def clean(
         return res
     finally:
         scan.close()
-        if worker is None:
-            wk.close()
 
 
 def read_ct_config(cfg: Config, vmid: int, wk: Worker, deadline: Deadline) -> pveconf.CtConfig:

@@ -7,16 +7,15 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from pveclean import __version__
 from pveclean.core.config import dump
-from pveclean.errors import ConfigError, ExitCode, PvecleanError
+from pveclean.errors import ExitCode, PvecleanError, guarded
 from pveclean.host.configfile import load
-
-TYPE_CHECKING = False
-
-
+from pveclean.host.prelude import NvmlWorker
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 clean, nothing to do or dry run; 1 GPU holders or their memory remain; "
@@ -25,8 +24,25 @@ EXIT_CODES_HELP = (
     "141 standard output closed early (| head)."
 )
 
+class _Passed(Exception):
+    """Carries a Ctrl-C or a closed stdout past click's own handling of them, to guarded()."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+class _Group(TyperGroup):
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (KeyboardInterrupt, BrokenPipeError) as exc:
+            raise _Passed(exc) from None
+
+
 app = typer.Typer(
     name="pveclean",
+    cls=_Group,
     help="Find, stop and verify the GPU holders of one Proxmox LXC container.\n\n"
     + EXIT_CODES_HELP,
     no_args_is_help=True,
@@ -71,6 +87,7 @@ def _finite(value: float | None) -> float | None:
 
 @app.command()
 def ct(
+    ctx: typer.Context,
     vmid: Annotated[str, typer.Argument(help="Container ID, e.g. 129.")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Find and report; signal nothing.")]
     = False,
@@ -96,11 +113,12 @@ def ct(
     from pveclean.commands.ct import CtArgs, run
 
     raise typer.Exit(run(CtArgs(vmid, dry_run, as_json, grace, stop_units,
-                                str(config) if config else None)))
+                                str(config) if config else None), ctx.obj))
 
 
 @app.command()
 def hook(
+    ctx: typer.Context,
     vmid: Annotated[str, typer.Argument(help="Container ID.")],
     phase: Annotated[str, typer.Argument(help="pre-start, post-start, pre-stop or post-stop.")],
 ) -> None:
@@ -110,11 +128,12 @@ def hook(
     """
     from pveclean.commands.hook import main as hook_main
 
-    raise typer.Exit(hook_main([vmid, phase]))
+    raise typer.Exit(hook_main([vmid, phase], ctx.obj))
 
 
 @app.command()
 def unit(
+    ctx: typer.Context,
     vmid: Annotated[str, typer.Argument(help="Container ID.")],
     phase: Annotated[str, typer.Argument(help="start-pre or stop-post.")],
     config: ConfigOpt = None,
@@ -126,7 +145,7 @@ def unit(
     """
     from pveclean.commands.unit import main as unit_main
 
-    raise typer.Exit(unit_main([vmid, phase], str(config) if config else None))
+    raise typer.Exit(unit_main([vmid, phase], ctx.obj, str(config) if config else None))
 
 
 @app.command()
@@ -161,7 +180,8 @@ def install(
 
     Example: pveclean install --all-gpu --dry-run
     """
-    from pveclean.commands.install import apply_install, carry_out, plan_install
+    from pveclean.commands.install import apply_install, plan_install
+    from pveclean.commands.installplan import carry_out
     from pveclean.proxmox.pveapi import connect
     from pveclean.proxmox.pveconf import parse_vmid
 
@@ -191,7 +211,8 @@ def uninstall(
 
     Examples: pveclean uninstall 129 | pveclean uninstall --all --dry-run
     """
-    from pveclean.commands.install import apply_uninstall, carry_out, plan_uninstall
+    from pveclean.commands.install import apply_uninstall, plan_uninstall
+    from pveclean.commands.installplan import carry_out
     from pveclean.proxmox.pveapi import connect
     from pveclean.proxmox.pveconf import parse_vmid
 
@@ -340,28 +361,33 @@ def config_check(
     typer.echo(f"config OK ({cfg.source})", err=True)
 
 
-def run_app(args: list[str]) -> int:
-    """Run the typer app; every expected failure becomes one line and an exit code (the
-    mapping is the lean commands' own, `__main__.guarded`; click's are added here)."""
-    from pveclean.errors import ExitCode, fail, guarded
+def run_app(args: list[str], nvml: NvmlWorker | None = None) -> int:
+    """Run the typer app: the exit code, and every failure one line through guarded(), the
+    one mapping of errors (click's usage errors, a Ctrl-C and a closed stdout included).
+    `nvml`: the run's NVML worker, made by __main__ (`ct` and the hook commands use it); a
+    caller without one (a test) gets one made here, forked on its first call."""
+    if nvml is None:
+        with NvmlWorker() as own:
+            return run_app(args, own)
 
     def go() -> int:
         try:
-            rv = app(args=args, prog_name="pveclean", standalone_mode=False)
+            rv = app(args=args, prog_name="pveclean", standalone_mode=False, obj=nvml)
+        except _Passed as exc:
+            raise exc.original from None
         except typer.Exit as exc:
             return int(exc.exit_code)
         except SystemExit:
-            # click answers a broken stdout pipe with exit 1, which means `residual` here
+            # click's answer to a stdout closed while it wrote (its help): exit 1, `residual`
             if type(sys.stdout).__name__ == "PacifyFlushWrapper":
-                return ExitCode.PIPE
-            raise
-        except (ConfigError, PvecleanError, KeyboardInterrupt):
+                raise BrokenPipeError from None
             raise
         except Exception as exc:  # click's usage errors (typer may vendor click)
             if type(exc).__name__ == "Abort":
-                return fail("aborted", 130)
+                raise PvecleanError("aborted", ExitCode.INTERRUPTED) from None
             if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-                return fail(f"{exc.format_message()} (see 'pveclean --help')", ExitCode.USAGE)
+                raise PvecleanError(f"{exc.format_message()} (see 'pveclean --help')",
+                                    ExitCode.USAGE) from None
             raise
         # click returns the code of typer.Exit without raising
         return rv if isinstance(rv, int) else ExitCode.OK

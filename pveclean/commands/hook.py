@@ -12,19 +12,19 @@ import re
 import sys
 import time
 
-from pveclean.cleanup import cgroup_root, clean, finish, new_worker, reserve_for
+from pveclean.cleanup import cgroup_root, clean, finish, reserve_for
 from pveclean.core.config import PHASES, Config
 from pveclean.core.discovery import stall_for
 from pveclean.core.report import Report, RunResult, find_leaks, gpus_used
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
-from pveclean.host import cgroupfs, prelude, reportfiles
+from pveclean.host import cgroupfs, reportfiles
 from pveclean.host.clock import start_deadline
 from pveclean.host.configfile import load
 from pveclean.host.nvml import Nvml
+from pveclean.host.prelude import NvmlWorker
 from pveclean.host.reads import Reads
-from pveclean.host.worker import Worker
 from pveclean.proxmox import chain, pveconf
 
 TYPE_CHECKING = False
@@ -43,10 +43,8 @@ def _where(res: RunResult) -> str:
     return f"report NOT written: {res.report_error}"
 
 
-def pre_stop(vmid: int, cfg: Config, early: Worker | None = None) -> int:
-    if early is not None:
-        prelude.warm(early, cfg, vmid)
-    res = clean(vmid, cfg, phase="pre-stop", worker=early)
+def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
+    res = clean(vmid, cfg, phase="pre-stop", worker=nvml.warm(cfg, vmid))
     rep = res.report
     if rep.busy:
         return _busy(vmid, "pre-stop", res)
@@ -102,15 +100,14 @@ def _container_minors(ctconf: pveconf.CtConfig | None) -> set[int]:
     return {int(m.group(1)) for p in paths if (m := re.fullmatch(r"/dev/nvidia(\d+)", p))}
 
 
-def post_stop(vmid: int, cfg: Config, early: Worker | None = None,
-              via: str | None = None) -> int:
+def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) -> int:
     """The container's processes are gone: is the GPU memory they had released?
     NVML is asked in the run's worker, within the run's deadline (see worker.py). `via`:
     what ran it, in its report, when not the hookscript (the systemd drop-in)."""
     deadline = start_deadline(cfg.deadline_seconds)
-    if early is not None:
-        prelude.warm(early, cfg, vmid)  # its settings; no init for a stopped container
-    with early or new_worker(cfg) as wk:
+    # its settings, no init for a stopped container; closed once NVML has answered, before
+    # the report is written
+    with nvml.warm(cfg, vmid) as wk:
         res = clean(vmid, cfg, phase="post-stop", write_report=False, worker=wk,
                     deadline=deadline)
         rep = res.report.ran_by(via)
@@ -144,11 +141,10 @@ def _busy(vmid: int, phase: str, res: RunResult) -> int:
     return 0
 
 
-def pre_start(vmid: int, cfg: Config, early: Worker | None = None,
-              via: str | None = None) -> int:
-    """`early` is always None: a start forks no worker ahead (it asks NVML nothing unless
-    something is left, see prelude.NVML_PHASES). `via`: as post_stop's."""
-    res = clean(vmid, cfg, phase="pre-start", write_report=False)
+def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) -> int:
+    """`nvml` was not forked ahead: a start asks NVML nothing unless something is left (see
+    prelude.forks_early). `via`: as post_stop's."""
+    res = clean(vmid, cfg, phase="pre-start", write_report=False, worker=nvml.warm(cfg, vmid))
     rep = res.report.ran_by(via)
     if rep.busy:
         res = finish(rep, cfg)
@@ -187,14 +183,14 @@ def pre_start(vmid: int, cfg: Config, early: Worker | None = None,
 HANDLERS = {"pre-stop": pre_stop, "post-stop": post_stop, "pre-start": pre_start}
 
 
-def main(argv: list[str], early: Worker | None = None) -> int:
+def main(argv: list[str], nvml: NvmlWorker) -> int:
     """Never raises: every failure is one line in the task log. Only pre-start can return
     ExitCode.REFUSE (a decision); the shim turns every other non-zero status into a warning.
-    `early`: the worker of a pre-stop or post-stop, forked by __main__ before this module
-    was imported (prelude.py); else forked here."""
+    `nvml`: the run's NVML worker, made by __main__ (a pre-stop's or post-stop's forked
+    before this module was imported, see prelude.py)."""
     phase = argv[1] if len(argv) == 2 else "?"
     try:
-        return _main(argv, early)
+        return _main(argv, nvml)
     except KeyboardInterrupt:
         say(f"pveclean: hook {phase}: interrupted; nothing more done")
     except SystemExit as exc:  # a library calling sys.exit(): never a refusal
@@ -214,7 +210,7 @@ def _chained(vmid: int, phase: str, cfg: Config) -> int:
         return 0
 
 
-def _main(argv: list[str], early: Worker | None) -> int:
+def _main(argv: list[str], nvml: NvmlWorker) -> int:
     if len(argv) != 2:
         say("usage: pveclean hook VMID PHASE")
         return ExitCode.USAGE
@@ -227,14 +223,10 @@ def _main(argv: list[str], early: Worker | None) -> int:
     if phase not in PHASES:
         say(f"pveclean: CT {vmid}: unknown hook phase '{phase}'; nothing to do")
         return 0
-    if early is not None or phase not in prelude.NVML_PHASES:
-        return _phase(vmid, phase, early)
-    # the worker imports nvidia-ml-py while the config is read (and the chained script runs)
-    with prelude.begin() as own:
-        return _phase(vmid, phase, own)
+    return _phase(vmid, phase, nvml)
 
 
-def _phase(vmid: int, phase: str, early: Worker | None) -> int:
+def _phase(vmid: int, phase: str, nvml: NvmlWorker) -> int:
     try:
         cfg = load()
     except ConfigError as exc:
@@ -253,7 +245,7 @@ def _phase(vmid: int, phase: str, early: Worker | None) -> int:
     if not cfg.phase_enabled(phase) or phase not in HANDLERS:
         return ExitCode.REFUSE if refused else 0
     try:
-        code = HANDLERS[phase](vmid, cfg, early)
+        code = HANDLERS[phase](vmid, cfg, nvml)
     except PvecleanError as exc:
         say(f"pveclean: CT {vmid} {phase}: {safe(exc, 300)}")
         code = 0

@@ -6,7 +6,7 @@ quoting them) goes through `text.safe`: escaped, cut, and measured by displayed 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from pveclean.core.gpumap import owner_label
 from pveclean.core.text import ljust, safe, width
@@ -22,10 +22,13 @@ def _n(mib: int | None) -> str:
     return "-" if mib is None else f"{mib:,}"
 
 
-def _gpus_table(rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                             for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
+def _table(rows: Sequence[tuple[str, ...]], indent: str = "",
+           right: Collection[int] = ()) -> list[str]:
+    """Columns two spaces apart, each as wide as its widest cell in displayed columns (a wide
+    character takes two); the columns in `right` aligned right; no trailing spaces."""
+    widths = [max(width(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(" " * (w - width(c)) + c if i in right else ljust(c, w)
+                               for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
             for r in rows]
 
 
@@ -55,7 +58,7 @@ def render_gpus(data: dict[str, Any]) -> str:
         if g["leak_mib"]:
             rows.append(("LEAK: no process", _n(g["leak_mib"]), "-", "-", "-", "-"))
         if len(rows) > 1:
-            lines += _gpus_table(rows, {1})
+            lines += _table(rows, "  ", right={1})
         else:
             lines.append("  no process holds this GPU")
         share = [f"{safe(k, 30)} " + (f"{_n(v)} MiB" if v else "nodes only")
@@ -74,7 +77,7 @@ def render_gpus(data: dict[str, Any]) -> str:
             devs = ",".join(d.split(" ")[0] for d in p["devices"]) or "-"
             rows.append((_owner(p, hostnames), str(p["host_pid"]), str(p["ct_pid"] or "-"),
                          safe(p["name"], 20), safe(p["unit"] or "-", 40), safe(devs, 40)))
-        lines += _gpus_table(rows, set())
+        lines += _table(rows, "  ")
     if data["vfio"]:
         lines += ["", "NVIDIA GPUs not on the nvidia driver (NVML does not see them):"]
         for v in data["vfio"]:
@@ -99,12 +102,6 @@ LONG = 300  # cut for free-text values (cmdline, warnings) on their own line
 def _mib(h: dict[str, Any]) -> str:
     vals = [v for v in (h.get("gpu_memory_mib") or {}).values() if v is not None]
     return str(sum(vals)) if vals else "-"
-
-
-def _table(rows: Sequence[tuple[str, ...]], indent: str = "") -> list[str]:
-    widths = [max(width(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [indent + "  ".join(ljust(c, w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in rows]
 
 
 def holders_table(rep: dict[str, Any]) -> list[str]:

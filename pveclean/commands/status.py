@@ -30,9 +30,12 @@ def last_report(cfg: Config, vmid: int) -> dict[str, Any] | None:
 def holders(cfg: Config, vmid: int) -> dict[str, Any]:
     """Current GPU holders of a container on this node (a dry run: nothing is signalled)."""
     from pveclean.cleanup import clean
+    from pveclean.host.prelude import NvmlWorker
 
     try:
-        rep = clean(vmid, cfg, phase="status", dry_run=True, write_report=False).report
+        with NvmlWorker() as nvml:  # each container's run its own, as its count of kills
+            rep = clean(vmid, cfg, nvml.warm(cfg, vmid), phase="status", dry_run=True,
+                        write_report=False).report
     except PvecleanError as exc:
         return {"holders_error": str(exc)}
     hs = [{"host_pid": h.host_pid, "ct_pid": h.ct_pid, "name": h.name, "unit": h.unit,

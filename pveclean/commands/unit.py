@@ -12,12 +12,9 @@ from pveclean.core.config import Config
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
 from pveclean.host import reportfiles
 from pveclean.host.configfile import load
+from pveclean.host.prelude import NvmlWorker
 from pveclean.proxmox import pveconf
 from pveclean.proxmox.dropin import PHASES
-
-TYPE_CHECKING = False
-
-
 
 
 def _stamp_path(cfg: Config, vmid: int) -> Path:
@@ -38,7 +35,7 @@ def _hook_checked_this_stop(cfg: Config, vmid: int) -> bool:
     return False
 
 
-def start_pre(vmid: int, cfg: Config) -> int:
+def start_pre(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     from pveclean.commands.hook import pre_start
 
     with contextlib.suppress(OSError):
@@ -46,15 +43,15 @@ def start_pre(vmid: int, cfg: Config) -> int:
         stamp.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp.write_text("")
         os.utime(stamp)
-    code = pre_start(vmid, cfg, via=via(vmid, "ExecStartPre"))
+    code = pre_start(vmid, cfg, nvml, via=via(vmid, "ExecStartPre"))
     return ExitCode.REFUSE if code == ExitCode.REFUSE else 0
 
 
-def stop_post(vmid: int, cfg: Config) -> int:
+def stop_post(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     from pveclean.commands.hook import post_stop
 
     if not _hook_checked_this_stop(cfg, vmid):
-        post_stop(vmid, cfg, via=via(vmid, "ExecStopPost"))
+        post_stop(vmid, cfg, nvml, via=via(vmid, "ExecStopPost"))
     return 0
 
 
@@ -63,8 +60,9 @@ def via(vmid: int, line: str) -> str:
     return f"systemd drop-in (pve-container@{vmid}.service {line}=)"
 
 
-def from_argv(argv: list[str]) -> int:
-    """`pveclean unit [-c FILE] VMID PHASE` without typer (see __main__)."""
+def from_argv(argv: list[str], nvml: NvmlWorker) -> int:
+    """`pveclean unit [-c FILE] VMID PHASE` without typer: systemd gives it a fixed argv
+    (see __main__). `nvml`: the run's NVML worker, made by __main__."""
     args = list(argv)
     config = None
     if len(args) >= 2 and args[0] in ("-c", "--config"):
@@ -74,10 +72,10 @@ def from_argv(argv: list[str]) -> int:
     if args and args[0] in ("-h", "--help"):
         print("usage: pveclean unit [-c FILE] VMID start-pre|stop-post")
         return 0
-    return main(args, config)
+    return main(args, nvml, config)
 
 
-def main(argv: list[str], config: str | None = None) -> int:
+def main(argv: list[str], nvml: NvmlWorker, config: str | None = None) -> int:
     """`pveclean unit VMID start-pre|stop-post`. Non-zero (ExitCode.REFUSE) only for a refusal."""
     if len(argv) != 2 or argv[1] not in PHASES:
         print("usage: pveclean unit VMID start-pre|stop-post")
@@ -97,8 +95,8 @@ def main(argv: list[str], config: str | None = None) -> int:
         return 0
     try:
         if phase == "start-pre":
-            return start_pre(vmid, cfg)
-        return stop_post(vmid, cfg)
+            return start_pre(vmid, cfg, nvml)
+        return stop_post(vmid, cfg, nvml)
     except PvecleanError as exc:
         print(f"pveclean: CT {vmid} unit {phase}: {exc}")
     except Exception as exc:  # the unit must never fail for pveclean's own trouble

@@ -148,16 +148,9 @@ def _check_redact(patterns: list[str], where: str) -> None:
 
 
 def parse(text: str, source: str = "<string>") -> Config:
-    """Parse and validate config text; raises ConfigError with key and line. A config in the
-    plain subset of YAML is read without PyYAML (minyaml: the same result, tested), since
-    importing PyYAML costs more than a hook with nothing to clean."""
-    from pveclean.core.minyaml import config_entries
-
-    entries = config_entries(text)
-    if entries is None:
-        entries = _pyyaml_entries(text, source)
+    """Parse and validate config text; raises ConfigError with key and line."""
     values: dict[str, Any] = {}
-    for key, line, value in entries:
+    for key, line, value in _pyyaml_entries(text, source):
         if key not in _SCHEMA:
             import difflib  # only for the error message
 
@@ -219,4 +212,6 @@ def dump(cfg: Config) -> str:
     import yaml
 
     header = f"# effective configuration (from {cfg.source})\n"
-    return header + yaml.safe_dump(cfg.as_dict(), sort_keys=False, default_flow_style=False)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return header + yaml.dump(cfg.as_dict(), Dumper=dumper, sort_keys=False,
+                              default_flow_style=False)

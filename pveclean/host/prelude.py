@@ -8,7 +8,9 @@ the run's modules; NVML's init takes seconds on a host without nvidia-persistenc
 needs nothing from the parent but the config's `nvml_library`. So __main__ forks the worker
 before it imports the run, the worker imports at once, and inits NVML as soon as the parent
 has read the config.
-This module imports nothing but the worker: it is imported before the fork.
+__main__ makes the one NvmlWorker of a command; the command warms it with the config and hands
+its worker to cleanup.clean. This module imports nothing but the worker at first: it is
+imported before the fork.
 """
 
 from __future__ import annotations
@@ -25,39 +27,58 @@ if TYPE_CHECKING:
 NVML_PHASES = ("pre-stop", "post-stop")  # the hook phases that ask NVML
 
 
-def begin() -> worker.Worker:
-    """The run's worker, forked now; it imports meanwhile (see _prepare)."""
-    return worker.Worker(_prepare).start()
+def forks_early(argv: list[str]) -> bool:
+    """Does this command line ask NVML for sure, so that its worker is forked at once: `ct`,
+    and the pre-stop and post-stop hooks (a start asks NVML nothing unless something is
+    left in the container)?"""
+    return argv[:1] == ["ct"] or (len(argv) == 3 and argv[0] == "hook"
+                                  and argv[2] in NVML_PHASES)
 
 
-def begin_early() -> worker.Worker | None:
-    """begin() for __main__, before a command's own error handling: None when the fork fails
-    (out of processes or memory); the command then forks its worker itself where its errors
-    are handled, and says why in one line if that fails too."""
-    try:
-        return begin()
-    except OSError:
-        return None
+class NvmlWorker:
+    """The run's NVML worker: made once at the entry point, handed to the command, closed at
+    the exit. With `early` it is forked now, before the command's imports; else on its first
+    call, if there is one."""
+
+    def __init__(self, early: bool = False) -> None:
+        self.early = early
+        self.worker = worker.Worker(_prepare)
+        if early:
+            # Out of processes or memory: not here, before the command's error handling; the
+            # fork is tried again by warm(), where a failure is said in the command's one line.
+            with contextlib.suppress(OSError):
+                self.worker.start()
+
+    def warm(self, cfg: Config, vmid: int) -> worker.Worker:
+        """The worker with the config's NVML settings (a worker started again after a kill
+        gets them too). One forked early also inits NVML now, while the parent goes on (its
+        first call reads past it), unless there is nothing left in the container (a run then
+        asks NVML nothing, see cgroupfs.nothing_left)."""
+        from pveclean.host import cgroupfs
+        from pveclean.host.nvml import Nvml, w_warm
+
+        settings = Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)
+        self.worker.init.update(settings)
+        if self.early:
+            root = cfg.cgroup_root or cgroupfs.cgroup2_root()
+            idle = cgroupfs.nothing_left(cgroupfs.container_cgroup(root, vmid),
+                                         cgroupfs.monitor_running(root, vmid))
+            self.worker.submit(w_warm, settings, not idle, timeout=1.0, what="NVML init")
+        return self.worker
+
+    def close(self) -> None:
+        self.worker.close()
+
+    def __enter__(self) -> NvmlWorker:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 def _prepare() -> None:
     """In the worker, once: its calls are NVML's (the host scan has a worker of its own,
-    forked later from the parent, see discover.Reads)."""
+    forked later from the parent, see host/reads.py)."""
     with contextlib.suppress(ImportError):  # no nvidia-ml-py: the run says so, as ever
         import pynvml  # noqa: F401
     from pveclean.host import nvml  # noqa: F401
-
-
-def warm(wk: worker.Worker, cfg: Config, vmid: int) -> None:
-    """Give the worker its settings, and have it init NVML while the parent goes on (its
-    first call reads past it) unless there is nothing left in the container (a run then asks
-    NVML nothing, see procfs.nothing_left)."""
-    from pveclean.host import cgroupfs
-    from pveclean.host.nvml import Nvml, w_warm
-
-    settings = Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)
-    wk.init.update(settings)  # a worker started again after a kill gets them too
-    root = cfg.cgroup_root or cgroupfs.cgroup2_root()
-    idle = cgroupfs.nothing_left(cgroupfs.container_cgroup(root, vmid),
-                               cgroupfs.monitor_running(root, vmid))
-    wk.submit(w_warm, settings, not idle, timeout=1.0, what="NVML init")

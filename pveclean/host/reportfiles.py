@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
+import re
 import time
 from pathlib import Path
 
@@ -41,13 +43,41 @@ def iso(t: float) -> str:
     return f"{d[:4]}-{d[4:6]}-{d[6:8]}T{d[8:10]}:{d[10:12]}:{d[12:]}.{us // 1000:03d}+00:00"
 
 
-def to_yaml(report: dict[str, Any], terminal: bool = False) -> str:
-    """The report as YAML (minyaml: PyYAML's block layout, without importing PyYAML on every
-    run). For a terminal everything but printable ASCII is escaped: bidi overrides and other
-    format characters are printable to YAML but not safe on a screen."""
-    from pveclean.core import minyaml
+WIDTH = 2**31 - 1  # columns: a long string is never folded over lines
+_SURROGATES = re.compile("[\ud800-\udfff]")  # os.fsdecode's stand-ins for undecodable bytes
+_BREAKS = re.compile("[\r\x85\u2028\u2029]")  # line breaks besides \n
 
-    return minyaml.dump(report, terminal=terminal)
+
+def to_yaml(report: dict[str, Any], terminal: bool = False) -> str:
+    """The report as YAML in block layout (PyYAML's safe dumper, libyaml's where present);
+    multi-line text as a literal block where it can be one verbatim. For a terminal
+    everything but printable ASCII is escaped: bidi overrides and other format characters
+    are printable to YAML but not safe on a screen."""
+    import yaml
+
+    return yaml.dump(report, Dumper=_dumper(), sort_keys=False, default_flow_style=False,
+                     allow_unicode=not terminal, width=WIDTH)
+
+
+@functools.cache
+def _dumper() -> Any:
+    """The safe dumper, writing a lone surrogate as U+FFFD (libyaml can neither encode one
+    nor read its escape back), multi-line text as `|`, and text with a line break other than
+    \n escaped in double quotes (PyYAML reads one back from single quotes as a space)."""
+    import yaml
+
+    class Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+        pass
+
+    def text(dumper: Any, s: str) -> Any:
+        style = "|" if "\n" in s else None
+        if "\r" in s or not s.isascii():
+            s = _SURROGATES.sub("\ufffd", s)
+            style = '"' if _BREAKS.search(s) else style
+        return dumper.represent_scalar("tag:yaml.org,2002:str", s, style=style)
+
+    Dumper.add_representer(str, text)
+    return Dumper
 
 
 def ensure_dir(report_dir: str) -> Path:

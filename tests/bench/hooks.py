@@ -39,8 +39,8 @@ PHASES = ("pre-start", "post-start", "pre-stop")
 # forked readers; pathlib; re for the config).
 FLOORS = {
     "ct --dry-run's imports alone (no work)":
-        "import pveclean.__main__, pveclean.host.prelude, pveclean.commands.ct, "
-        "pveclean.core.minyaml, pveclean.cleanup, pveclean.commands.render, shlex",
+        "import pveclean.__main__, pveclean.host.prelude, pveclean.commands.cli, "
+        "pveclean.commands.ct, yaml, pveclean.cleanup, pveclean.commands.render, shlex",
     "of which the standard library's": "import contextlib, dataclasses, fcntl, glob, pathlib, "
         "pickle, re, resource, select, shlex, signal, struct, unicodedata",
 }

@@ -15,6 +15,7 @@ def test_unit_phases_never_fail_the_unit_but_by_a_refusal(tmp_path: Path,
                                                          capfd: pytest.CaptureFixture[str],
                                                          ) -> None:
     from pveclean.commands import unit
+    from pveclean.host.prelude import NvmlWorker
     from pveclean.proxmox import dropin
 
     (tmp_path / "lxc").mkdir()
@@ -27,7 +28,8 @@ def test_unit_phases_never_fail_the_unit_but_by_a_refusal(tmp_path: Path,
                  ["-c", str(cfgfile), "100", "bogus"],
                  ["-c", str(cfgfile), "abc", "start-pre"],
                  ["-c", str(tmp_path / "missing.yaml"), "100", "start-pre"]):
-        assert unit.from_argv(argv) == 0, argv
+        with NvmlWorker() as nvml:
+            assert unit.from_argv(argv, nvml) == 0, argv
     out = capfd.readouterr()
     assert "Traceback" not in out.out + out.err
     assert len(out.out.splitlines()) == 5

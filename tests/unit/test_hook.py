@@ -13,6 +13,7 @@ import pytest
 from pveclean.commands.hook import main as hook_main
 from pveclean.core.config import parse
 from pveclean.errors import ExitCode
+from pveclean.host.prelude import NvmlWorker
 from pveclean.proxmox.hookscript import stamp
 from tests.harness.lxclab import REPO
 
@@ -76,7 +77,7 @@ def test_an_exported_config_does_not_reach_an_unstamped_hook(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("vmid", ["1²9", "١٢٩", "１２９", "12 9", ""])
 def test_hook_vmid_is_ascii_digits_only(vmid: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert hook_main([vmid, "pre-start"]) == ExitCode.USAGE
+    assert hook_main([vmid, "pre-start"], NvmlWorker()) == ExitCode.USAGE
     out = capsys.readouterr().out
     assert out.startswith("pveclean: invalid VMID") and out.count("\n") == 1
 
@@ -89,7 +90,7 @@ def test_hook_main_never_raises(monkeypatch: pytest.MonkeyPatch,
         raise MemoryError("no memory")
 
     monkeypatch.setattr(hook, "load", boom)
-    assert hook_main(["129", "pre-start"]) == 0
+    assert hook_main(["129", "pre-start"], NvmlWorker()) == 0
     assert "internal error: MemoryError: no memory" in capsys.readouterr().out
 
     def chain_breaks(*_a: object) -> int:
@@ -97,7 +98,7 @@ def test_hook_main_never_raises(monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setattr(hook, "load", lambda: parse("phases: {pre-start: false}\n"))
     monkeypatch.setattr(hook.chain, "run_chained", chain_breaks)
-    assert hook_main(["129", "pre-start"]) == 0
+    assert hook_main(["129", "pre-start"], NvmlWorker()) == 0
     assert "chained hookscript not run: PermissionError" in capsys.readouterr().out
 
 

@@ -14,16 +14,11 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "pveclean"
 MAX_LINES = 450
-# Breaches being mended while the house is rebuilt; each one removed as it is mended. The
-# tests fail for any breach not listed here and for a listed one that is gone.
-PENDING = {
-    "install.py is too long",
-}
 
 
 def _settle(breaches: list[str]) -> None:
-    new = [b for b in breaches if b not in PENDING]
-    assert not new, "\n".join(new)
+    assert not breaches, "\n".join(breaches)
+
 
 # What each layer may import of pveclean (by prefix); anything else of pveclean is a breach.
 MAY_IMPORT: dict[str, tuple[str, ...]] = {
@@ -169,20 +164,9 @@ def test_no_import_circle() -> None:
 def test_each_module_is_small_and_says_what_it_is_for(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     lines = text.count("\n")
-    if lines > MAX_LINES:
-        _settle([f"{path.name} is too long"])
+    assert lines <= MAX_LINES, f"{path.name}: {lines} lines (at most {MAX_LINES})"
     doc = ast.get_docstring(ast.parse(text))
     assert doc and len(doc.splitlines()[0]) > 20, f"{path.name}: no first docstring line"
-
-
-def test_pending_breaches_still_exist() -> None:
-    """A mended breach leaves PENDING, so that it cannot come back unnoticed."""
-    inner, outer = _graph()
-    seen = {f"{m} imports {t}" for m, ts in inner.items() for t in ts}
-    seen |= {f"{m} imports {x}" for m, xs in outer.items() for x in xs}
-    seen |= {f"{p.name} is too long" for p in PKG.rglob("*.py")
-             if p.read_text(encoding="utf-8").count("\n") > MAX_LINES}
-    assert not PENDING - seen, f"mended, remove from PENDING: {sorted(PENDING - seen)}"
 
 
 if __name__ == "__main__":

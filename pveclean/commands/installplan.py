@@ -1,0 +1,119 @@
+"""The plan of an install or uninstall (what it would change, and the problems that stop it),
+how it reads, and carrying it out: print it, stop at its problems, apply it unless a dry run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pveclean.errors import ExitCode
+
+
+@dataclass
+class Step:
+    vmid: int
+    node: str
+    action: str  # set, chain, unchanged, restore, delete, skip
+    before: str | None = None  # the hookscript now
+    after: str | None = None  # the hookscript it gets
+    chained: str | None = None  # the script the hook runs too (install --chain)
+    chained_path: str | None = None
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    command: str  # install or uninstall
+    storage: str | None = None
+    file: Path | None = None
+    file_action: str = "none"  # create, update, unchanged, keep, none
+    text: str = ""
+    enable_snippets: list[str] | None = None  # the storage's new content list
+    remove_files: list[Path] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    # systemd drop-ins (install --systemd): (vmid, path, create|update|unchanged|remove, text)
+    dropins: list[tuple[int, Path, str, str]] = field(default_factory=list)
+    problems: list[tuple[str, int]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def problem(self, message: str, code: int = ExitCode.USAGE) -> None:
+        self.problems.append((message, code))
+
+    @property
+    def exit_code(self) -> int:
+        return max((c for _, c in self.problems), default=0)
+
+    @property
+    def changes(self) -> int:
+        return (sum(s.action in ("set", "chain", "restore", "delete") for s in self.steps)
+                + (self.file_action in ("create", "update")) + bool(self.remove_files)
+                + (self.enable_snippets is not None)
+                + sum(a != "unchanged" for _, _, a, _ in self.dropins))
+
+
+@dataclass
+class Outcome:
+    done: list[str] = field(default_factory=list)
+    errors: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return max((c for _, c in self.errors), default=0)
+
+
+def describe(plan: Plan) -> list[str]:
+    """The plan, one line per thing it does or leaves alone."""
+    lines = []
+    if plan.enable_snippets is not None:
+        lines.append(f"storage '{plan.storage}': add content 'snippets' "
+                     f"(content {','.join(plan.enable_snippets)})")
+    if plan.file is not None and plan.file_action != "none":
+        lines.append(f"{plan.file}: {plan.file_action}")
+    for s in plan.steps:
+        who = f"CT {s.vmid} ({s.node})"
+        if s.action == "set":
+            extra = f", replacing {s.before}" if s.before else ""
+            extra += f"; keeps running {s.chained}" if s.chained else ""
+            lines.append(f"{who}: set hookscript {s.after}{extra}")
+        elif s.action == "chain":
+            lines.append(f"{who}: set hookscript {s.after}; chain {s.chained} "
+                         "(pveclean runs it in every phase)")
+        elif s.action == "unchanged":
+            extra = f" (runs {s.chained} too)" if s.chained else ""
+            lines.append(f"{who}: unchanged, hookscript is {s.after}{extra}")
+        elif s.action == "restore":
+            lines.append(f"{who}: restore hookscript {s.after} (instead of {s.before})")
+        elif s.action == "delete":
+            lines.append(f"{who}: delete hookscript {s.before}")
+        else:
+            lines.append(f"{who}: left alone, {s.note}")
+    for vmid, path, action, _text in plan.dropins:
+        lines.append(f"CT {vmid}: systemd drop-in {path}: {action}")
+    lines += [f"remove {p}" for p in plan.remove_files]
+    lines += [f"note: {n}" for n in plan.notes]
+    return lines
+
+
+def carry_out(plan: Plan, dry_run: bool, apply: Callable[[], Outcome],
+              echo: Callable[[str, bool], None]) -> int:
+    """Print the plan; stop at its problems; apply it unless a dry run. Returns the exit code."""
+    for line in describe(plan):
+        echo(line, False)
+    for message, _code in plan.problems:
+        echo(f"pveclean: {message}", True)
+    if plan.problems:
+        echo(f"pveclean: nothing changed ({len(plan.problems)} problem(s))", True)
+        return plan.exit_code
+    if dry_run:
+        echo(f"dry run: {plan.changes} change(s) planned, nothing changed", False)
+        return ExitCode.OK
+    if not plan.changes:
+        echo("nothing to change", False)
+        return ExitCode.OK
+    outcome = apply()
+    for line in outcome.done:
+        echo(f"done: {line}", False)
+    for message, _code in outcome.errors:
+        echo(f"pveclean: {message}", True)
+    return outcome.exit_code
