@@ -1,45 +1,13 @@
-"""text.safe: what a container controls is shown as inert, printable, bounded text."""
+"""commands/render: tables aligned by displayed width, and what containers control shown
+escaped."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from typing import Any
 
+from pveclean.commands import render
 from pveclean.commands.render import holders_table
-from pveclean.core.text import safe, width
-from pveclean.host.notify import label
-
-
-def test_control_and_bidi_characters_are_escaped() -> None:
-    assert safe("a\x1b[2J\x1b[31m X") == "a\\x1b[2J\\x1b[31m X"
-    assert safe("\x9b31m") == "\\x9b31m"  # C1 CSI
-    assert safe("x\x7f") == "x\\x7f"
-    assert safe("ab\u202ecd\u2066") == "ab\\u202ecd\\u2066"
-    assert safe("tab\there\nnl") == "tab\\x09here\\x0anl"
-    assert safe("a\\x1b") == "a\\\\x1b"  # a literal backslash cannot forge an escape
-    assert safe("über 日本") == "über 日本"
-    assert safe(129) == "129"
-
-
-def test_long_values_are_cut_by_displayed_width() -> None:
-    assert safe("x" * 100, 10) == "x" * 9 + "…"
-    assert width(safe("日本" * 50, 10)) <= 10 and safe("日本" * 50, 10).endswith("…")
-    assert safe("\x1b" * 100, 10) == "\\x1b\\x1b…"  # escapes are never split
-    assert safe("x" * 100, None) == "x" * 100
-    assert len(safe("a" * 10**7)) == 80  # a huge value costs no more than its cut
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.text(max_size=300), st.integers(min_value=1, max_value=120))
-def test_output_is_printable_and_bounded(s: str, limit: int) -> None:
-    out = safe(s, limit)
-    assert out.isprintable()
-    assert width(out) <= limit
-    assert safe(s, None).isprintable()
-
-
-def test_metrics_label_is_escaped() -> None:
-    assert label('a"b\\c\nd') == 'a\\"b\\\\c\\x0ad'
+from pveclean.core.text import width
 
 
 def test_table_alignment_counts_displayed_width() -> None:
@@ -52,3 +20,22 @@ def test_table_alignment_counts_displayed_width() -> None:
     lines = holders_table(rep)
     cols = [width(ln[: ln.index("/dev/nvidia")]) for ln in lines[1:]]
     assert cols[0] == cols[1] == width(lines[0][: lines[0].index("DEVICES")])
+
+
+def test_render_escapes_what_containers_control() -> None:
+    proc = {"host_pid": 5, "name": "evil\x1b[2J", "owner": "ct", "vmid": 129, "ct_pid": 2,
+            "unit": None, "cgroup": "/lxc/129/ns", "devices": ["/dev/nvidia0\n (195:0)"],
+            "gpu_memory_mib": {0: 10}, "memory_mib": 10}
+    data: dict[str, Any] = {
+        "host": "h", "time": "2026-01-01T00:00:00.000+00:00",
+        "gpus": [{"index": 0, "name": "G\x07", "uuid": "U", "pci_bus_id": None, "minor": 0,
+                  "total_mib": 100, "used_mib": 10, "reserved_mib": 1, "processes": [proc],
+                  "by_owner_mib": {"CT 129": 10}, "unaccounted_mib": 0, "leak_mib": 0}],
+        "other_holders": [{**proc, "name": "x\r\x1b]0;t\x07"}], "vfio": [],
+        "containers": {"129": {"hostname": "h\x1b[31m"}},
+        "scan": {"containers_scanned": [129], "containers_skipped_no_gpu": [],
+                 "host_processes": 1, "seconds": 0.01}, "sources": {"nvml": "ok"},
+        "warnings": []}
+    text = render.render_gpus(data)
+    assert not any(c in text for c in "\x1b\x07\r")
+    assert "evil\\x1b[2J" in text and "h\\x1b[31m" in text

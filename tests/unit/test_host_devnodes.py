@@ -1,5 +1,6 @@
-"""host/devnodes through a fake /proc under tmp_path: which fds and mappings lead to a GPU
-node (the real /dev/null stands in for one), and that nothing on FUSE is ever stat()ed."""
+"""host/devnodes through a fake /proc under tmp_path: NVIDIA's majors from /proc/devices, which
+fds and mappings lead to a GPU node (the real /dev/null stands in for one), and that nothing on
+FUSE is ever stat()ed."""
 
 from __future__ import annotations
 
@@ -198,3 +199,10 @@ def test_maps_of_a_zombie_leader_are_read_from_a_thread(proc: Path, tmp_path: Pa
     (proc / "93" / "maps").write_text("")
     maps_task(proc / "93" / "task", 94, tmp_path)
     assert devnodes.device_maps(93, DEVICES) == [f"/dev/nvidia0 (mmap {HIT[1:]}"]
+
+
+def test_nvidia_majors_from_proc_devices(tmp_path: Path) -> None:
+    f = tmp_path / "devices"
+    f.write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n195 nvidia\n"
+                 "508 nvidia-uvm\n509 nvidia-caps\n10 misc\n\nBlock devices:\n 259 nvidia-x\n")
+    assert devnodes.nvidia_majors(str(f)) == frozenset({195, 508, 509})

@@ -1,5 +1,5 @@
 """host/hostscan (gpus' view of the host's own processes) on a fake cgroup tree and a fake
-/proc under tmp_path, read in process and by real forked readers."""
+/proc under tmp_path, read in process and by real forked readers; which host PIDs are shown."""
 
 from __future__ import annotations
 
@@ -178,3 +178,13 @@ def test_a_reader_given_up_on_names_its_share(proc: Path, tmp_path: Path,
 ])
 def test_full_name_continues_a_cut_comm_from_argv0(comm: str, cmdline: str, name: str) -> None:
     assert full_name(comm, cmdline) == name
+
+
+def test_host_pids_leave_out_only_proxmox_containers(tmp_path: Path) -> None:
+    for rel, procs in {"": "1\n2\n", "system.slice/a.service": "10\n", "lxc": "",
+                       "lxc/129/ns/system.slice/x.service": "20\n", "lxc/plain": "30\n",
+                       "lxc.monitor/129": "40\n"}.items():
+        (tmp_path / rel).mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel / "cgroup.procs").write_text(procs)
+    assert hostscan.host_pids(tmp_path) == {1: "/", 2: "/", 10: "/system.slice/a.service",
+                                        30: "/lxc/plain", 40: "/lxc.monitor/129"}
