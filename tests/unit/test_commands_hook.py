@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pveclean.commands.hook import _container_minors
 from pveclean.commands.hook import main as hook_main
 from pveclean.core.config import parse
 from pveclean.errors import ExitCode
@@ -153,8 +154,6 @@ def test_hookscript_without_pveclean_warns_and_succeeds(tmp_path: Path) -> None:
 
 
 def test_hook_parser_sees_every_gpu_of_the_container(tmp_path: Path) -> None:
-    from pveclean.commands.hook import _container_minors
-
     (tmp_path / "lxc").mkdir()
     (tmp_path / "lxc/100.conf").write_text(
         "dev0: /dev/nvidia0,gid=44\ndev1: mode=0666,path=/dev/nvidia1\n"

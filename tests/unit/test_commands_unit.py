@@ -6,15 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from pveclean.commands import unit
 from pveclean.errors import PvecleanError
+from pveclean.proxmox import dropin
 
 
 def test_unit_phases_never_fail_the_unit_but_by_a_refusal(tmp_path: Path,
                                                          capfd: pytest.CaptureFixture[str],
                                                          ) -> None:
-    from pveclean.commands import unit
-    from pveclean.proxmox import dropin
-
     (tmp_path / "lxc").mkdir()
     cfgfile = tmp_path / "pveclean.yaml"
     cfgfile.write_text(f"pve_config_dir: {tmp_path / 'lxc'}\nstate_dir: {tmp_path / 's'}\n"

@@ -277,9 +277,6 @@ def test_a_written_report_reads_back_equal(tmp_path: Path) -> None:
 
 
 def test_leaks_only_on_the_containers_gpus() -> None:
-    from pveclean.core.records import GpuMemory
-    from pveclean.core.report import find_leaks
-
     gpus = [GpuMemory(i, f"GPU-{i}", "H100", 81559, 512, used, minor=i)
             for i, used in enumerate([5000, 3000, 2000])]
     procs = {111: {0: 5000}, 222: {1: 1000}}  # GPU 1: 2000 unaccounted; GPU 2: 2000

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pveclean.core import units
-from pveclean.core.records import Holder
+from tests.helpers import unit_holder
 
 
 @pytest.mark.parametrize(("name", "kind"), [
@@ -98,19 +98,13 @@ def test_shell_command_lists_every_unit() -> None:
         "pct exec 7 -- systemctl stop a.service b@c.service"
 
 
-def _holder(pid: int, cgroup: str, protected: str | None = None) -> Holder:
-    return Holder(host_pid=pid, starttime=1, ct_pid=pid, name="python3", exe=None, cmdline="",
-                  uid=0, user="root", state="S", ppid=1, cgroup=cgroup, protected=protected,
-                  unit=units.unit_of(cgroup))
-
-
 def test_collect_groups_holders_by_unit() -> None:
     holders = [
-        _holder(10, "/lxc/129/ns/system.slice/a.service"),
-        _holder(11, "/lxc/129/ns/system.slice/a.service/worker"),
-        _holder(12, "/lxc/129/ns/system.slice/b.service", protected="nvidia-persistenced"),
-        _holder(13, "/lxc/129/ns"),  # no unit
-        _holder(14, "/lxc/129/ns/init.scope"),
+        unit_holder(10, "/lxc/129/ns/system.slice/a.service"),
+        unit_holder(11, "/lxc/129/ns/system.slice/a.service/worker"),
+        unit_holder(12, "/lxc/129/ns/system.slice/b.service", protected="nvidia-persistenced"),
+        unit_holder(13, "/lxc/129/ns"),  # no unit
+        unit_holder(14, "/lxc/129/ns/init.scope"),
     ]
     found = units._collect(holders, None)
     assert sorted(found) == ["a.service", "b.service", "init.scope"]

@@ -12,16 +12,14 @@ from pathlib import Path
 import pytest
 
 from pveclean.errors import PvecleanError
-from pveclean.host import cgroupfs, procfs
+from pveclean.host import cgroupfs
 
 
 @pytest.fixture
-def proc(tmp_path: Path) -> Iterator[Path]:
-    old = procfs.PROC
-    procfs.set_root(str(tmp_path / "proc"))
-    (tmp_path / "proc" / "self").mkdir(parents=True)
-    yield tmp_path / "proc"
-    procfs.set_root(old)
+def proc(proc: Path) -> Path:
+    """conftest's fake /proc, with a self/ directory."""
+    (proc / "self").mkdir(parents=True)
+    return proc
 
 
 def cgroups(root: Path, tree: dict[str, str | None]) -> Path:

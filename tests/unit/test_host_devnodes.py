@@ -6,28 +6,18 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pveclean.core.records import GpuDevices
-from pveclean.host import devnodes, procfs
+from pveclean.host import devnodes
+from tests.helpers import DEVICES, NULL
 
-NULL = os.stat("/dev/null").st_rdev  # a character device every host has: the "GPU" here
-DEVICES = GpuDevices({NULL: "/dev/nvidia0"}, frozenset())
 HIT = f"({os.major(NULL)}:{os.minor(NULL)})"
 MOUNTINFO = ("25 1 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw\n"
              "26 1 253:1 / / rw,relatime shared:1 - ext4 /dev/mapper/root rw\n"
              "27 26 0:42 / /mnt/fuse rw - fuse.sshfs me@far:/ rw\n")
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> Iterator[Path]:
-    old = procfs.PROC
-    procfs.set_root(str(tmp_path / "proc"))
-    yield tmp_path / "proc"
-    procfs.set_root(old)
 
 
 @pytest.fixture

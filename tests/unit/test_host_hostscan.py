@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,19 +12,10 @@ import pytest
 from pveclean.core.discovery import stall_problem
 from pveclean.core.gpumap import full_name
 from pveclean.core.records import GpuDevices
-from pveclean.host import devnodes, hostscan, procfs
+from pveclean.host import devnodes, hostscan
+from tests.helpers import DEVICES, NULL
 
-NULL = os.stat("/dev/null").st_rdev  # stands in for a GPU node
-DEVICES = GpuDevices({NULL: "/dev/nvidia0"}, frozenset())
 NODE = f"/dev/null ({os.major(NULL)}:{os.minor(NULL)})"
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> Iterator[Path]:
-    old = procfs.PROC
-    procfs.set_root(str(tmp_path / "proc"))  # readers forked from now on read it too
-    yield tmp_path / "proc"
-    procfs.set_root(old)
 
 
 def cgroups(root: Path, tree: dict[str, str]) -> Path:

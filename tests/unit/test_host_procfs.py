@@ -5,7 +5,6 @@ error."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,6 @@ from hypothesis import strategies as st
 
 from pveclean.core.records import ProcStatus
 from pveclean.host import procfs
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> Iterator[Path]:
-    old = procfs.PROC
-    procfs.set_root(str(tmp_path / "proc"))
-    yield tmp_path / "proc"
-    procfs.set_root(old)
 
 
 def stat_line(pid: int, comm: str, state: str = "S", ppid: int = 1, starttime: int = 500

@@ -148,8 +148,6 @@ def test_dropin_start_pre_fails_the_unit_only_on_a_refusal(
         tmp_path: Path, script: str | None, expect_rc: int, warned: bool) -> None:
     """The ExecStartPre= line as systemd runs it ($$ is a literal $), with a pveclean that is
     missing, broken, killed, fine or refusing."""
-    from pveclean.proxmox import dropin
-
     exe = tmp_path / "pveclean"
     if script is not None:
         exe.write_text(script)

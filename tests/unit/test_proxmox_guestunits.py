@@ -8,15 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pveclean.core import units
-from pveclean.core.records import Holder
 from pveclean.proxmox import guestunits
-
-
-def _holder(pid: int, cgroup: str, protected: str | None = None) -> Holder:
-    return Holder(host_pid=pid, starttime=1, ct_pid=pid, name="python3", exe=None, cmdline="",
-                  uid=0, user="root", state="S", ppid=1, cgroup=cgroup, protected=protected,
-                  unit=units.unit_of(cgroup))
+from tests.helpers import unit_holder
 
 
 def _fake_pct(tmp_path: Path, body: str) -> str:
@@ -37,11 +30,11 @@ def _cgroups(tmp_path: Path, procs: dict[str, str]) -> Path:
 def test_stop_units_stops_only_stoppable_units_and_judges_from_the_host(tmp_path: Path) -> None:
     root = _cgroups(tmp_path, {"lxc/129/ns/system.slice/a.service": "",
                                "lxc/129/ns/system.slice/b.service": "4242\n"})
-    hs = [_holder(10, "/lxc/129/ns/system.slice/a.service"),
-          _holder(11, "/lxc/129/ns/system.slice/b.service"),
-          _holder(12, "/lxc/129/ns/init.scope"),
-          _holder(13, "/lxc/129/ns/system.slice/p.service", protected="protected name 'x'"),
-          _holder(14, "/lxc/129/ns/.lxc")]
+    hs = [unit_holder(10, "/lxc/129/ns/system.slice/a.service"),
+          unit_holder(11, "/lxc/129/ns/system.slice/b.service"),
+          unit_holder(12, "/lxc/129/ns/init.scope"),
+          unit_holder(13, "/lxc/129/ns/system.slice/p.service", protected="protected name 'x'"),
+          unit_holder(14, "/lxc/129/ns/.lxc")]
     out = guestunits.stop_units(129, hs, None, root, _fake_pct(tmp_path, "exit 0"), 5)
     assert (tmp_path / "argv").read_text() == \
         "exec 129 -- systemctl stop -- a.service b.service\n"
@@ -56,7 +49,7 @@ def test_stop_units_stops_only_stoppable_units_and_judges_from_the_host(tmp_path
 def test_stop_units_is_bounded_and_says_so(tmp_path: Path) -> None:
     root = _cgroups(tmp_path, {"lxc/129/ns/system.slice/a.service": "77\n"})
     t0 = time.monotonic()
-    out = guestunits.stop_units(129, [_holder(10, "/lxc/129/ns/system.slice/a.service")], None,
+    out = guestunits.stop_units(129, [unit_holder(10, "/lxc/129/ns/system.slice/a.service")], None,
                            root, _fake_pct(tmp_path, "exec sleep 30"), 0.5)
     assert time.monotonic() - t0 < 5
     assert out["units"][0]["action"] == "timed out"
@@ -66,11 +59,11 @@ def test_a_container_without_systemctl_gets_one_clear_line(tmp_path: Path) -> No
     root = _cgroups(tmp_path, {"lxc/129/ns/system.slice/a.service": "77\n"})
     pct = _fake_pct(tmp_path, "echo 'lxc-attach: 129: attach.c: Failed to exec \"systemctl\"' "
                               ">&2; exit 127")
-    out = guestunits.stop_units(129, [_holder(10, "/lxc/129/ns/system.slice/a.service")], None,
+    out = guestunits.stop_units(129, [unit_holder(10, "/lxc/129/ns/system.slice/a.service")], None,
                            root, pct, 5)
     assert out["units"][0]["action"] == "failed" and "exit 127" in out["note"]
     assert "cleaning up as usual" in out["note"]
-    out = guestunits.stop_units(129, [_holder(10, "/lxc/129/ns")], None, root, pct, 5)
+    out = guestunits.stop_units(129, [unit_holder(10, "/lxc/129/ns")], None, root, pct, 5)
     assert out["units"] == [] and "no GPU holder of CT 129 runs in a systemd unit" in out["note"]
     out = guestunits.stop_units(129, [], None, root, pct, 5)
     assert out["units"] == [] and out["note"] == "CT 129 has no GPU holders: no unit to stop"

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from pveclean.core import config
 from pveclean.core.config import Config, parse
 from pveclean.errors import ExitCode, PvecleanError
+from pveclean.host import configfile
 from pveclean.host.configfile import DEFAULT_PATH
 from pveclean.proxmox import hookscript
+from pveclean.proxmox.hookscript import TEMPLATES, config_file, stamp, trusted
 
 TEMPLATE = 'head\nPVECLEAN_BIN=""\nPVECLEAN_CONFIG_FILE=""\nx=1\nPVECLEAN_BIN=""\n'
 
@@ -133,9 +136,6 @@ def test_trusted_as_root_checks_the_config(tmp_path: Path) -> None:
 
 
 def test_install_refuses_a_config_or_binary_others_can_change(tmp_path: Path) -> None:
-    from pveclean.errors import PvecleanError
-    from pveclean.proxmox.hookscript import trusted
-
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o1777)
@@ -156,10 +156,6 @@ def test_install_refuses_a_config_or_binary_others_can_change(tmp_path: Path) ->
 
 
 def test_stamp_and_config_file(tmp_path: Path) -> None:
-    from pveclean.core import config
-    from pveclean.host import configfile
-    from pveclean.proxmox.hookscript import TEMPLATES, config_file, stamp
-
     text = TEMPLATES[0].read_text()
     out = stamp(text, "/opt/pveclean/bin/pveclean", "/srv/pc.yaml")
     assert 'PVECLEAN_BIN="/opt/pveclean/bin/pveclean"' in out
