@@ -1,6 +1,6 @@
 """Shared fixtures: the lab (root and LXC; elsewhere a lab test skips with the reason, but
 under CI=true a skipped lab test is reported as a failure), fresh VMIDs, the lab as a Proxmox
-host, a fake cluster over fakepve, and a chained hookscript record."""
+host, a fake cluster over fakepve, and a chained hookscript record, and a fake /proc."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pveclean.core import config
+from pveclean.host import procfs
 from pveclean.proxmox import chain, pveapi
 from tests.harness import pvesh
 from tests.harness.lxclab import Lab, LabUnavailable, cgroup2_root, lab_unavailable_reason
@@ -104,6 +105,16 @@ def cluster(fakepve: Any, fakepve_cafile: str, tmp_path: Path,
     cfg = write_config(tmp_path, backend="https", host=pve.url.removeprefix("https://"),
                        password_file=str(pw), verify_ssl=fakepve_cafile)
     return Cluster(pve, cfg, local, shared, tmp_path)
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Iterator[Path]:
+    """A fake /proc under tmp_path, set as procfs's root (workers forked from now on read it
+    too) and set back afterwards."""
+    old = procfs.PROC
+    procfs.set_root(str(tmp_path / "proc"))
+    yield tmp_path / "proc"
+    procfs.set_root(old)
 
 
 @pytest.fixture

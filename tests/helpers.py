@@ -1,5 +1,6 @@
 """Helpers shared by test modules: running pveclean and the hookscript in the lab, reading
-their JSON and reports, waiting, and the fake cluster and sysfs that unit tests build."""
+their JSON and reports, waiting, and what unit tests build: the fake cluster and sysfs, the
+stand-in GPU node of fake /proc trees, a holder in a cgroup."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from pveclean.core import units
+from pveclean.core.records import GpuDevices, Holder
 from tests.harness.lxclab import Lab, Workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +45,16 @@ def write_config(tmp: Path, **api: object) -> Path:
 
 
 HOOK = "local:snippets/pveclean-hook"
+
+NULL = os.stat("/dev/null").st_rdev  # a character device every host has: the "GPU node"
+DEVICES = GpuDevices({NULL: "/dev/nvidia0"}, frozenset())  # fake /proc trees hold it
+
+
+def unit_holder(pid: int, cgroup: str, protected: str | None = None) -> Holder:
+    """A GPU holder in `cgroup`, with the systemd unit read from it."""
+    return Holder(host_pid=pid, starttime=1, ct_pid=pid, name="python3", exe=None, cmdline="",
+                  uid=0, user="root", state="S", ppid=1, cgroup=cgroup, protected=protected,
+                  unit=units.unit_of(cgroup))
 
 
 def pveclean(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:

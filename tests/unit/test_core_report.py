@@ -1,9 +1,11 @@
-"""The run's report as a typed record: its dict (keys, order, plain values), the phases'
-amendments, redaction, and the leak check."""
+"""core.report: the run's report as a typed record: its dict (keys, order, plain values), the
+phases' amendments, redaction of secrets (bounded work on hostile lines), and the leak check
+(only on the container's GPUs)."""
 
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -12,11 +14,12 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pveclean.core import gpumap
+from pveclean.core import config, gpumap
 from pveclean.core.config import Config
 from pveclean.core.records import Discovery, GpuMemory, Holder
 from pveclean.core.report import (
     LEAK_SLACK_MIB,
+    MAX_VALUE,
     Findings,
     Redactor,
     Report,
@@ -271,3 +274,49 @@ def test_a_written_report_reads_back_equal(tmp_path: Path) -> None:
     d = full_report().with_leaks([], None).as_dict()
     path = reportfiles.write(d, str(tmp_path))
     assert reportfiles.load(path) == {k: v for k, v in d.items() if k != "_started"}
+
+
+def test_leaks_only_on_the_containers_gpus() -> None:
+    gpus = [GpuMemory(i, f"GPU-{i}", "H100", 81559, 512, used, minor=i)
+            for i, used in enumerate([5000, 3000, 2000])]
+    procs = {111: {0: 5000}, 222: {1: 1000}}  # GPU 1: 2000 unaccounted; GPU 2: 2000
+    leaks = find_leaks(gpus, procs, minors={1}, used_by_ct=set())
+    assert [(x["index"], x["unaccounted_mib"]) for x in leaks] == [(1, 2000)]
+    assert {x["index"] for x in find_leaks(gpus, procs, set(), set())} == {1, 2}
+    assert [x["index"] for x in find_leaks(gpus, procs, set(), {2})] == [2]
+    v1 = [GpuMemory(0, "GPU-0", "H100", 81559, None, 9000, minor=0)]
+    assert find_leaks(v1, {}, {0}, set()) == []  # v1: reserved is inside used, cannot tell
+
+
+def test_redaction_defaults() -> None:
+    r = Redactor(config.DEFAULT_REDACT)
+    line = ("python3 serve --hf-token hf_1 --db-password=pw2 --api-key k3 OPENAI_API_KEY=k4 "
+            "HF_TOKEN=t5 https://u:p6@host/x --model llama")
+    out = r.text(line)
+    for secret in ("hf_1", "pw2", "k3", "k4", "t5", "p6"):
+        assert secret not in out
+    assert out.endswith("--model llama") and "https://u:***@host/x" in out
+
+
+def _best(f: object, s: str) -> float:
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        f(s)  # type: ignore[operator]
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def test_redaction_grows_linearly_on_hostile_lines() -> None:
+    """The old patterns took ~20 s on 40 KB of dashes (quadratic): doubling the input must
+    not quadruple the time."""
+    r = Redactor(config.DEFAULT_REDACT)
+    for unit in ("-", "--token", "KEY", "://a:", "x--x", "--tokentoken"):
+        small, big = unit * (8000 // len(unit)), unit * (32000 // len(unit))
+        t_small, t_big = _best(r.text, small), _best(r.text, big)
+        assert t_big < max(8 * t_small, 0.05), (unit, t_small, t_big)
+
+
+def test_redaction_input_is_cut() -> None:
+    r = Redactor([r"(a)b"])
+    assert len(r.text("x" * (MAX_VALUE * 3))) == MAX_VALUE

@@ -1,25 +1,25 @@
-"""host/cgroupfs on fake cgroup trees and a fake /proc under tmp_path: the bounded walk, the
-mount point, a process's cgroup and the freezer."""
+"""host/cgroupfs on fake cgroup trees and a fake /proc under tmp_path: the bounded walk (also on
+trees thousands deep, past PATH_MAX), removing empty cgroups, the mount point, a process's
+cgroup and the freezer."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pveclean.errors import PvecleanError
-from pveclean.host import cgroupfs, procfs
+from pveclean.host import cgroupfs
 
 
 @pytest.fixture
-def proc(tmp_path: Path) -> Iterator[Path]:
-    old = procfs.PROC
-    procfs.set_root(str(tmp_path / "proc"))
-    (tmp_path / "proc" / "self").mkdir(parents=True)
-    yield tmp_path / "proc"
-    procfs.set_root(old)
+def proc(proc: Path) -> Path:
+    """conftest's fake /proc, with a self/ directory."""
+    (proc / "self").mkdir(parents=True)
+    return proc
 
 
 def cgroups(root: Path, tree: dict[str, str | None]) -> Path:
@@ -186,3 +186,95 @@ def test_frozen_by_a_v1_freezer(tmp_path: Path, proc: Path, state: str, frozen: 
     (proc / "42").mkdir()
     (proc / "42" / "cgroup").write_text("7:freezer:/lxc/129\n0::/lxc/129/ns\n")
     assert cgroupfs.frozen(42) is frozen
+
+
+def rm_deep(top: Path) -> None:
+    """Remove a tree of any depth and path length, bottom-up through directory fds."""
+    fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
+    names: list[str] = []
+    while fds:
+        entries = list(os.scandir(fds[-1]))
+        sub = next((e.name for e in entries if e.is_dir(follow_symlinks=False)), None)
+        if sub is not None:
+            fds.append(os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+            names.append(sub)
+            continue
+        for e in entries:
+            os.unlink(e.name, dir_fd=fds[-1])
+        os.close(fds.pop())
+        if fds:
+            os.rmdir(names.pop(), dir_fd=fds[-1])
+    os.rmdir(top)
+
+
+@pytest.fixture
+def deep_tmp() -> Iterator[Path]:
+    """A directory for trees too deep for tmp_path's clean-up (shutil.rmtree recurses and
+    would fail on them later), removed here without recursion."""
+    top = Path(tempfile.mkdtemp(prefix="pveclean-walk-"))
+    try:
+        yield top
+    finally:
+        if top.exists():
+            rm_deep(top)
+
+
+def _nest(root: Path, depth: int, name: str = "d") -> Path:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir(name, dir_fd=fd)
+            new = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = new
+        with open(os.open("cgroup.procs", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd),
+                  "w") as fh:
+            fh.write("4242\n")
+    finally:
+        os.close(fd)
+    return root
+
+
+def test_walk_is_iterative(deep_tmp: Path) -> None:
+    _nest(deep_tmp, 1500)  # os.walk recursion failed past ~1000
+    tree = cgroupfs.tree_pids(deep_tmp)
+    assert tree.truncated is None and tree[4242] == "/".join(["d"] * 1500)
+
+
+def test_walk_past_its_cap_says_why(deep_tmp: Path) -> None:
+    _nest(deep_tmp, 30)
+    tree = cgroupfs.tree_pids(deep_tmp, limit=10)
+    assert tree.truncated and "more than 10 cgroups" in tree.truncated
+    assert 4242 not in tree and bool(tree)  # not empty-looking: part of it was not seen
+
+
+def test_path_too_long_is_a_reason_not_an_error(deep_tmp: Path) -> None:
+    _nest(deep_tmp, 40, "x" * 200)  # 8 KB: past PATH_MAX
+    tree = cgroupfs.tree_pids(deep_tmp)
+    assert tree.truncated and "too long" in tree.truncated and len(tree.truncated) < 400
+
+
+def test_remove_empty_cgroups_is_iterative(deep_tmp: Path) -> None:
+    top = deep_tmp / "ct"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1200):
+        os.mkdir("d", dir_fd=fd)
+        new = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = new
+    os.close(fd)
+    removed = cgroupfs.remove_empty_cgroups(top)
+    assert len(removed) == 1201 and not top.exists()
+
+
+def test_cgroup2_root_from_mounts(tmp_path: Path) -> None:
+    m = tmp_path / "mounts"
+    m.write_text("cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n"
+                 "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n")
+    assert cgroupfs.cgroup2_root(str(m)) == "/sys/fs/cgroup/unified"
+    m.write_text("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
+    assert cgroupfs.cgroup2_root(str(m)) == "/sys/fs/cgroup"
+    m.write_text("proc /proc proc rw 0 0\n")
+    with pytest.raises(PvecleanError, match="no cgroup v2"):
+        cgroupfs.cgroup2_root(str(m))

@@ -1,32 +1,23 @@
-"""host/devnodes through a fake /proc under tmp_path: which fds and mappings lead to a GPU
-node (the real /dev/null stands in for one), and that nothing on FUSE is ever stat()ed."""
+"""host/devnodes through a fake /proc under tmp_path: NVIDIA's majors from /proc/devices, which
+fds and mappings lead to a GPU node (the real /dev/null stands in for one), and that nothing on
+FUSE is ever stat()ed."""
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pveclean.core.records import GpuDevices
-from pveclean.host import devnodes, procfs
+from pveclean.host import devnodes
+from tests.helpers import DEVICES, NULL
 
-NULL = os.stat("/dev/null").st_rdev  # a character device every host has: the "GPU" here
-DEVICES = GpuDevices({NULL: "/dev/nvidia0"}, frozenset())
 HIT = f"({os.major(NULL)}:{os.minor(NULL)})"
 MOUNTINFO = ("25 1 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw\n"
              "26 1 253:1 / / rw,relatime shared:1 - ext4 /dev/mapper/root rw\n"
              "27 26 0:42 / /mnt/fuse rw - fuse.sshfs me@far:/ rw\n")
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> Iterator[Path]:
-    old = procfs.PROC
-    procfs.set_root(str(tmp_path / "proc"))
-    yield tmp_path / "proc"
-    procfs.set_root(old)
 
 
 @pytest.fixture
@@ -198,3 +189,10 @@ def test_maps_of_a_zombie_leader_are_read_from_a_thread(proc: Path, tmp_path: Pa
     (proc / "93" / "maps").write_text("")
     maps_task(proc / "93" / "task", 94, tmp_path)
     assert devnodes.device_maps(93, DEVICES) == [f"/dev/nvidia0 (mmap {HIT[1:]}"]
+
+
+def test_nvidia_majors_from_proc_devices(tmp_path: Path) -> None:
+    f = tmp_path / "devices"
+    f.write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n195 nvidia\n"
+                 "508 nvidia-uvm\n509 nvidia-caps\n10 misc\n\nBlock devices:\n 259 nvidia-x\n")
+    assert devnodes.nvidia_majors(str(f)) == frozenset({195, 508, 509})

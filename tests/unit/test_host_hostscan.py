@@ -1,11 +1,10 @@
 """host/hostscan (gpus' view of the host's own processes) on a fake cgroup tree and a fake
-/proc under tmp_path, read in process and by real forked readers."""
+/proc under tmp_path, read in process and by real forked readers; which host PIDs are shown."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,19 +12,10 @@ import pytest
 from pveclean.core.discovery import stall_problem
 from pveclean.core.gpumap import full_name
 from pveclean.core.records import GpuDevices
-from pveclean.host import devnodes, hostscan, procfs
+from pveclean.host import devnodes, hostscan
+from tests.helpers import DEVICES, NULL
 
-NULL = os.stat("/dev/null").st_rdev  # stands in for a GPU node
-DEVICES = GpuDevices({NULL: "/dev/nvidia0"}, frozenset())
 NODE = f"/dev/null ({os.major(NULL)}:{os.minor(NULL)})"
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> Iterator[Path]:
-    old = procfs.PROC
-    procfs.set_root(str(tmp_path / "proc"))  # readers forked from now on read it too
-    yield tmp_path / "proc"
-    procfs.set_root(old)
 
 
 def cgroups(root: Path, tree: dict[str, str]) -> Path:
@@ -178,3 +168,13 @@ def test_a_reader_given_up_on_names_its_share(proc: Path, tmp_path: Path,
 ])
 def test_full_name_continues_a_cut_comm_from_argv0(comm: str, cmdline: str, name: str) -> None:
     assert full_name(comm, cmdline) == name
+
+
+def test_host_pids_leave_out_only_proxmox_containers(tmp_path: Path) -> None:
+    for rel, procs in {"": "1\n2\n", "system.slice/a.service": "10\n", "lxc": "",
+                       "lxc/129/ns/system.slice/x.service": "20\n", "lxc/plain": "30\n",
+                       "lxc.monitor/129": "40\n"}.items():
+        (tmp_path / rel).mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel / "cgroup.procs").write_text(procs)
+    assert hostscan.host_pids(tmp_path) == {1: "/", 2: "/", 10: "/system.slice/a.service",
+                                        30: "/lxc/plain", 40: "/lxc.monitor/129"}

@@ -1,4 +1,5 @@
-"""notify: the syslog line, metrics labels, and the textfile metrics written under a lock."""
+"""host/notify: the syslog line, metrics labels (escaped), and the textfile metrics written under
+a lock."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from pveclean.core.verdicts import VERDICTS
 from pveclean.host import notify
+from pveclean.host.notify import label
 
 
 def _rep(vmid: Any = 129, verdict: str = "clean", **extra: Any) -> dict[str, Any]:
@@ -206,3 +208,7 @@ def test_publish_sends_syslog_when_asked(log_socket: tuple[socket.socket, str]) 
     sock, path = log_socket
     assert notify.publish(_rep(), "/r.yaml", True, path, None) == []
     assert "vmid=129" in sock.recv(4096).decode()
+
+
+def test_metrics_label_is_escaped() -> None:
+    assert label('a"b\\c\nd') == 'a\\"b\\\\c\\x0ad'

@@ -1,24 +1,18 @@
-"""host/procfs through a fake /proc under tmp_path (procfs.set_root): what a process's files
-say, and that a process gone mid-read is None, never an error."""
+"""host/procfs through a fake /proc under tmp_path (procfs.set_root): parsing stat and status
+(fuzzed too), what a process's files say, and that a process gone mid-read is None, never an
+error."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pveclean.core.records import ProcStatus
 from pveclean.host import procfs
-
-
-@pytest.fixture
-def proc(tmp_path: Path) -> Iterator[Path]:
-    old = procfs.PROC
-    procfs.set_root(str(tmp_path / "proc"))
-    yield tmp_path / "proc"
-    procfs.set_root(old)
 
 
 def stat_line(pid: int, comm: str, state: str = "S", ppid: int = 1, starttime: int = 500
@@ -141,3 +135,29 @@ def test_readlink_and_listdir_turn_a_vanished_entry_into_none(tmp_path: Path) ->
     assert procfs.listdir(str(tmp_path / "gone")) is None
     (tmp_path / "d").mkdir()
     assert procfs.listdir(str(tmp_path / "d")) == []
+
+
+def test_stat_and_status_parsing() -> None:
+    stat = "123 (we ird) name)) S 1 123 123 0 -1 4194560 " + " ".join(["0"] * 12) + " 98765 0"
+    assert procfs.parse_stat(stat) == ("S", 1, 98765)
+    assert procfs.parse_stat("garbage") is None
+    st = procfs.parse_status("Name:\tpython3\nNSpid:\t4242\t17\t2\nUid:\t0\t0\t0\t0\n")
+    assert st["NSpid"] == "4242\t17\t2" and st["Name"] == "python3"
+
+
+def test_status_parsing_of_the_needed_keys_matches_the_whole_parse() -> None:
+    for pid in ("self", "1"):
+        text = Path(f"/proc/{pid}/status").read_text()
+        whole = procfs.parse_status(text)
+        assert procfs.parse_status(text, procfs.STATUS_KEYS) == {
+            k: whole[k] for k in procfs.STATUS_KEYS}
+    assert procfs.read_status(os.getpid()) == procfs.read_status(os.getpid())
+    st = procfs.read_status(os.getpid())
+    assert st is not None and st.nspid[0] == os.getpid() and st.uid == os.getuid()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300))
+def test_proc_parsers_never_crash(text: str) -> None:
+    procfs.parse_stat(text)
+    procfs.parse_status(text)

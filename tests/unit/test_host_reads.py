@@ -15,7 +15,7 @@ import pytest
 
 from pveclean.core.discovery import stall_problem
 from pveclean.core.records import GpuDevices, Holder, Scope
-from pveclean.host import procfs, worker
+from pveclean.host import worker
 from pveclean.host.clock import start_deadline
 from pveclean.host.reads import Reader, Reads, Unread, stalled_on
 from pveclean.host.worker import Worker, WorkerError
@@ -197,14 +197,6 @@ def test_stalled_on_only_a_stall_pinned_to_a_pid() -> None:
 
 
 # ---- the run's reads on a fake /proc with a read that hangs --------------------------------
-@pytest.fixture
-def proc(tmp_path: Path) -> Iterator[Path]:
-    old = procfs.PROC
-    procfs.set_root(str(tmp_path / "proc"))  # a worker forked from now on reads it too
-    yield tmp_path / "proc"
-    procfs.set_root(old)
-
-
 def fake_process(proc: Path, pid: int, starttime: int = 500, cgroup: str = "/lxc/129/ns"
                  ) -> Path:
     d = proc / str(pid)

@@ -1,8 +1,11 @@
-"""dropin: the systemd drop-in's text (paths systemd would interpret refused) and its files."""
+"""proxmox/dropin: the systemd drop-in's text (paths systemd would interpret refused), its files,
+and its ExecStartPre= line as systemd runs it: it fails the unit only on a refusal."""
 
 from __future__ import annotations
 
+import shlex
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -131,3 +134,26 @@ def test_remove_dropin_failure_is_an_access_error(tmp_path: Path) -> None:
 
 def test_daemon_reload_only_for_systemds_real_directories(tmp_path: Path) -> None:
     assert dropin.daemon_reload(Config(systemd_dir=str(tmp_path))) is None
+
+
+@pytest.mark.parametrize(("script", "expect_rc", "warned"), [
+    (None, 0, True),  # pveclean gone (a removed package, a venv whose Python went away)
+    ("#!/nonexistent/python3\n", 0, True),  # its interpreter gone
+    ("#!/bin/sh\nexit 1\n", 0, True),  # a crash
+    ("#!/bin/sh\nkill -9 $$\n", 0, True),  # killed (OOM)
+    ("#!/bin/sh\nexit 0\n", 0, False),
+    ("#!/bin/sh\nexit 75\n", 75, False),  # the refuse decision, and only it, fails the unit
+])
+def test_dropin_start_pre_fails_the_unit_only_on_a_refusal(
+        tmp_path: Path, script: str | None, expect_rc: int, warned: bool) -> None:
+    """The ExecStartPre= line as systemd runs it ($$ is a literal $), with a pveclean that is
+    missing, broken, killed, fine or refusing."""
+    exe = tmp_path / "pveclean"
+    if script is not None:
+        exe.write_text(script)
+        exe.chmod(0o755)
+    line = dropin.dropin_text(100, str(exe), None).split("ExecStartPre=", 1)[1].splitlines()[0]
+    argv = shlex.split(line.replace("$$", "$"))
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    assert res.returncode == expect_rc, res
+    assert ("WARNING: CT 100 start-pre" in res.stdout) == warned, res.stdout

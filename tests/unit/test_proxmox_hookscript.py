@@ -1,4 +1,5 @@
-"""hookscript: the paths stamped into the guest hookscript, which config it names, whose it is."""
+"""proxmox/hookscript: the paths stamped into the guest hookscript, which config it names, and
+whose it is (a program or config others can change is refused)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from pveclean.core import config
 from pveclean.core.config import Config, parse
 from pveclean.errors import ExitCode, PvecleanError
+from pveclean.host import configfile
 from pveclean.host.configfile import DEFAULT_PATH
 from pveclean.proxmox import hookscript
+from pveclean.proxmox.hookscript import TEMPLATES, config_file, stamp, trusted
 
 TEMPLATE = 'head\nPVECLEAN_BIN=""\nPVECLEAN_CONFIG_FILE=""\nx=1\nPVECLEAN_BIN=""\n'
 
@@ -129,3 +133,36 @@ def test_trusted_as_root_checks_the_config(tmp_path: Path) -> None:
     exe.chmod(0o755)
     with pytest.raises(PvecleanError, match="config file"):
         hookscript.trusted(str(exe), str(tmp_path / "missing.yaml"))
+
+
+def test_install_refuses_a_config_or_binary_others_can_change(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    cfg = shared / "x.yaml"
+    cfg.write_text("grace_seconds: 1\n")
+    cfg.chmod(0o644)
+    exe = tmp_path / "pveclean"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    with pytest.raises(PvecleanError, match="writable by group or others") as e:
+        trusted(str(exe), str(cfg))
+    assert e.value.exit_code == 2
+    exe.chmod(0o775)
+    with pytest.raises(PvecleanError, match="pveclean command"):
+        trusted(str(exe), None)
+    exe.chmod(0o755)
+    trusted(str(exe), None)
+
+
+def test_stamp_and_config_file(tmp_path: Path) -> None:
+    text = TEMPLATES[0].read_text()
+    out = stamp(text, "/opt/pveclean/bin/pveclean", "/srv/pc.yaml")
+    assert 'PVECLEAN_BIN="/opt/pveclean/bin/pveclean"' in out
+    assert 'PVECLEAN_CONFIG_FILE="/srv/pc.yaml"' in out
+    assert 'PVECLEAN_CONFIG_FILE=""' in stamp(text, "/usr/sbin/pveclean", None)
+    with pytest.raises(PvecleanError, match="cannot go into a shell script"):
+        stamp(text, '/tmp/x"; rm -rf /; "', None)
+    assert config_file(config.Config()) is None
+    assert config_file(config.parse("", str(configfile.DEFAULT_PATH))) is None
+    assert config_file(config.parse("", str(tmp_path / "c.yaml"))) == str(tmp_path / "c.yaml")

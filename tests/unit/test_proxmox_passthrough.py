@@ -1,4 +1,5 @@
-"""passthrough: GPUs given to VMs, from hostpci lines, PCI resource mappings and a fake sysfs."""
+"""proxmox/passthrough: GPUs given to VMs, from hostpci lines, PCI resource mappings and a fake
+sysfs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pveclean.proxmox import passthrough
+from tests.helpers import fake_host_pci
 
 
 @pytest.mark.parametrize(("text", "ids"), [
@@ -149,3 +151,23 @@ def test_a_device_with_unreadable_attributes_is_skipped(tmp_path: Path) -> None:
     devices = tmp_path / "sys/devices"
     (devices / "0000:41:00.0").mkdir(parents=True)  # no vendor, no class
     assert passthrough.vfio_gpus(devices, tmp_path, tmp_path / "pci.cfg") == []
+
+
+def test_gpus_bound_to_vfio_are_shown_as_passed_to_their_vm(tmp_path: Path) -> None:
+    pve = tmp_path / "etc/pve"
+    sysfs = fake_host_pci(tmp_path, pve)
+    got = passthrough.vfio_gpus(sysfs, pve / "qemu-server", pve / "mapping/pci.cfg")
+    assert got == [
+        {"pci_bus_id": "0000:41:00.0", "device": "10de:2330", "driver": "vfio-pci",
+         "vms": [{"vmid": 200, "name": "trainer"}]},
+        {"pci_bus_id": "0000:43:00.0", "device": "10de:2330", "driver": None, "vms": []},
+        {"pci_bus_id": "0000:44:00.0", "device": "10de:2330", "driver": "vfio-pci",
+         "vms": [{"vmid": 201, "name": "win"}, {"vmid": 202, "name": ""}]},
+    ]
+
+
+def test_hostpci_ids() -> None:
+    assert passthrough._pci_ids("01:00") == [("0000:01:00.", True)]
+    assert passthrough._pci_ids("0000:01:00.0;0000:02:00.1") == [("0000:01:00.0", False),
+                                                         ("0000:02:00.1", False)]
+    assert passthrough._pci_ids("garbage;;") == []

@@ -1,5 +1,6 @@
-"""pct: every call bounded in time and output, with a real `/bin/sh -c` child standing in for pct
-(small limits through the parameters, so each case runs in milliseconds)."""
+"""proxmox/pct: every call bounded in time and output, with a real `/bin/sh -c` child standing in
+for pct (small limits through the parameters, so most cases run in milliseconds; floods and
+long lines are cut)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pveclean.proxmox.pct import PCT_ENV, PctMissing, PctReader, run_pct, start_pct, wait_pct
+from pveclean.proxmox.pct import (
+    MAX_STDOUT,
+    PCT_ENV,
+    PctMissing,
+    PctReader,
+    run_pct,
+    start_pct,
+    wait_pct,
+)
 
 SH = "/bin/sh -c"
 
@@ -159,3 +170,27 @@ def test_pct_command_is_split_like_a_shell(tmp_path: Path) -> None:
     pct.chmod(0o755)
     r = run_pct(f"'{pct}' --flag", ["exec", "129"], 10)
     assert r.stdout == "--flag exec 129\n"
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(min_value=0, max_value=8 * MAX_STDOUT), st.sampled_from([1, 17, 4000]))
+def test_wait_pct_keeps_at_most_the_cap(size: int, line: int) -> None:
+    r = run_pct("/bin/sh -c", [f"yes {'x' * line} | head -c {size}"], 20)
+    assert len(r.stdout.encode()) <= MAX_STDOUT
+    if size > MAX_STDOUT:
+        assert r.over_limit and r.returncode is None
+    else:
+        assert r.over_limit is None and r.returncode == 0 and len(r.stdout) == size
+
+
+def test_long_line_and_stderr_flood_are_over_limit() -> None:
+    r = run_pct("/bin/sh -c", ["head -c 100000 /dev/zero | tr '\\0' -"], 20)
+    assert r.over_limit and "line" in r.over_limit
+    r = run_pct("/bin/sh -c", ["yes err >&2"], 20)
+    assert r.over_limit and r.over_limit.startswith("stderr")
+
+
+def test_endless_flood_is_cut_without_waiting_for_the_timeout() -> None:
+    t = time.monotonic()
+    r = run_pct("/bin/sh -c", ["yes 'fd 1 /dev/nvidia0'"], 60)
+    assert r.over_limit and time.monotonic() - t < 30

@@ -1,10 +1,13 @@
-"""pveconf: container configs read as Proxmox writes them, and where a VMID lives in /etc/pve."""
+"""proxmox/pveconf: container configs read as Proxmox writes them (GPU lines, fuzzed), which
+containers may use GPUs, VMIDs, and where a VMID lives in /etc/pve."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.proxmox import pveconf
@@ -264,3 +267,55 @@ def test_list_vmids_sorted_numeric_configs_only(tmp_path: Path) -> None:
 
 def test_list_vmids_of_a_missing_directory_is_empty(tmp_path: Path) -> None:
     assert pveconf.list_vmids(str(tmp_path / "nope")) == []
+
+
+def test_container_config_gpu_lines() -> None:
+    text = (
+        "arch: amd64\nhookscript: local:snippets/pveclean-hook\n"
+        "dev0: /dev/nvidia0,gid=44\ndev1: path=/dev/nvidia-uvm,mode=0666\n"
+        "dev2: /dev/dri/card0\n"
+        "lxc.cgroup2.devices.allow: c 195:* rwm\nlxc.cgroup2.devices.allow: c 508:* rwm\n"
+        "lxc.cgroup2.devices.allow: c 226:* rwm\n"
+        "lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file\n"
+        "[snap1]\ndev9: /dev/nvidia9\n"
+    )
+    cfg = pveconf.parse_config(text, 129)
+    assert cfg.hookscript == "local:snippets/pveclean-hook"
+    assert cfg.gpu_lines(frozenset({508})) == [
+        "dev0: /dev/nvidia0,gid=44", "dev1: path=/dev/nvidia-uvm,mode=0666",
+        "lxc.cgroup2.devices.allow: c 195:* rwm", "lxc.cgroup2.devices.allow: c 508:* rwm",
+        "lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file",
+    ]
+    assert cfg.gpu_paths() == ["/dev/nvidia0", "/dev/nvidia-uvm", "/dev/nvidia1"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=400))
+def test_container_config_parser_never_crashes(text: str) -> None:
+    cfg = pveconf.parse_config(text, 100)
+    cfg.gpu_lines()
+    cfg.gpu_paths()
+
+
+@pytest.mark.parametrize("bad", ["abc", "", "99", "1000000000", "-5", "0129", "12 3", "1e3"])
+def test_bad_vmids(bad: str) -> None:
+    with pytest.raises(PvecleanError) as exc:
+        pveconf.parse_vmid(bad)
+    assert exc.value.exit_code == 2
+
+
+def _conf(text: str) -> pveconf.CtConfig:
+    return pveconf.parse_config(text, 129)
+
+
+@pytest.mark.parametrize(("text", "may"), [
+    ("dev0: /dev/nvidia0,gid=44\n", True),
+    ("lxc.cgroup2.devices.allow: c 195:* rwm\n", True),
+    ("lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file\n", True),
+    ("lxc.cgroup2.devices.allow: a\n", True),  # every device: it may open GPU nodes
+    ("lxc.cgroup2.devices.allow: c *:* rwm\n", True),
+    ("lxc.cgroup2.devices.allow: c 10:200 rwm\nhostname: web\n", False),
+    ("hostname: web\nmemory: 512\n", False),
+])
+def test_which_containers_need_a_scan(text: str, may: bool) -> None:
+    assert pveconf.may_use_gpus(_conf(text), frozenset()) is may

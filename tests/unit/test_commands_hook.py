@@ -1,5 +1,6 @@
-"""The hookscript shim and hook entry point without a lab: a broken pveclean, interpreter or
-config never blocks a container; failures are one warning line and exit 0."""
+"""commands/hook without a lab: the hookscript shim and the hook entry point (a broken pveclean,
+interpreter or config never blocks a container; failures are one warning line and exit 0), and
+the GPUs the hook reads from a container's config."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from pveclean.commands.hook import _container_minors
 from pveclean.commands.hook import main as hook_main
 from pveclean.core.config import parse
 from pveclean.errors import ExitCode
 from pveclean.host.prelude import NvmlWorker
+from pveclean.proxmox import pveconf
 from pveclean.proxmox.hookscript import stamp
 from tests.harness.lxclab import REPO
 
@@ -149,3 +152,15 @@ def test_hookscript_without_pveclean_warns_and_succeeds(tmp_path: Path) -> None:
                          env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"},
                          check=False)
     assert res.returncode == 0 and "pveclean not found" in res.stdout
+
+
+def test_hook_parser_sees_every_gpu_of_the_container(tmp_path: Path) -> None:
+    (tmp_path / "lxc").mkdir()
+    (tmp_path / "lxc/100.conf").write_text(
+        "dev0: /dev/nvidia0,gid=44\ndev1: mode=0666,path=/dev/nvidia1\n"
+        "lxc.cgroup2.devices.allow = c 195:* rwm\n"
+        "lxc.mount.entry = /dev/nvidia2 dev/nvidia2 none bind,optional,create=file\n")
+    c = pveconf.read_config(str(tmp_path / "lxc"), 100)
+    assert _container_minors(c) == {0, 1, 2}
+    assert ("lxc.cgroup2.devices.allow", "c 195:* rwm") in c.lines
+    assert len(c.gpu_lines()) == 4

@@ -1,0 +1,41 @@
+"""commands/render: tables aligned by displayed width, and what containers control shown
+escaped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pveclean.commands import render
+from pveclean.commands.render import holders_table
+from pveclean.core.text import width
+
+
+def test_table_alignment_counts_displayed_width() -> None:
+    rep = {"holders": [
+        {"host_pid": 1, "ct_pid": 2, "name": "日本語", "devices": ["/dev/nvidia0 (195:0)"],
+         "outcome": "killed", "signals": []},
+        {"host_pid": 3, "ct_pid": 4, "name": "a\x1bb", "devices": ["/dev/nvidia1 (195:1)"],
+         "outcome": "killed", "signals": []},
+    ]}
+    lines = holders_table(rep)
+    cols = [width(ln[: ln.index("/dev/nvidia")]) for ln in lines[1:]]
+    assert cols[0] == cols[1] == width(lines[0][: lines[0].index("DEVICES")])
+
+
+def test_render_escapes_what_containers_control() -> None:
+    proc = {"host_pid": 5, "name": "evil\x1b[2J", "owner": "ct", "vmid": 129, "ct_pid": 2,
+            "unit": None, "cgroup": "/lxc/129/ns", "devices": ["/dev/nvidia0\n (195:0)"],
+            "gpu_memory_mib": {0: 10}, "memory_mib": 10}
+    data: dict[str, Any] = {
+        "host": "h", "time": "2026-01-01T00:00:00.000+00:00",
+        "gpus": [{"index": 0, "name": "G\x07", "uuid": "U", "pci_bus_id": None, "minor": 0,
+                  "total_mib": 100, "used_mib": 10, "reserved_mib": 1, "processes": [proc],
+                  "by_owner_mib": {"CT 129": 10}, "unaccounted_mib": 0, "leak_mib": 0}],
+        "other_holders": [{**proc, "name": "x\r\x1b]0;t\x07"}], "vfio": [],
+        "containers": {"129": {"hostname": "h\x1b[31m"}},
+        "scan": {"containers_scanned": [129], "containers_skipped_no_gpu": [],
+                 "host_processes": 1, "seconds": 0.01}, "sources": {"nvml": "ok"},
+        "warnings": []}
+    text = render.render_gpus(data)
+    assert not any(c in text for c in "\x1b\x07\r")
+    assert "evil\\x1b[2J" in text and "h\\x1b[31m" in text
