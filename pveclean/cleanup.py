@@ -17,14 +17,16 @@ from pveclean.core.records import Deadline, Discovery, Holder, ProcIdentity, Sco
 from pveclean.core.report import Findings, Report, RunResult, build_report, busy_report
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.errors import ExitCode, PvecleanError
-from pveclean.host import cgroupfs, devnodes, notify, reportfiles
+from pveclean.host import cgroupfs, devnodes, notify, pidfds, reportfiles
 from pveclean.host.clock import stamp, start_deadline
+from pveclean.host.lock import Busy, container_lock
 from pveclean.host.nvml import Nvml
 from pveclean.host.pidfds import fd_budget, raise_open_files_limit
 from pveclean.host.procscan import w_make_holders, w_parents
 from pveclean.host.reads import Reads
 from pveclean.host.worker import RemoteError, Worker, WorkerError
-from pveclean.proxmox import pveconf
+from pveclean.proxmox import guestunits, pveconf
+from pveclean.proxmox.pct import PctReader
 from pveclean.proxmox.probe import finish_probe, start_probe
 
 TYPE_CHECKING = False
@@ -54,7 +56,6 @@ def discover(
     elif not running:
         sources["probe"] = "container not running"
     else:
-        from pveclean.proxmox.pct import PctReader
 
         try:
             probing = PctReader(start_probe(scope, pct_command))
@@ -151,8 +152,6 @@ def stop_and_verify(
 ) -> tuple[list[Holder], bool, int, float | None]:
     """Returns (all holders handled, verified-free, rounds used, last exit, monotonic).
     Every read goes through the worker; the parent holds the pidfds and signals."""
-    from pveclean.host import pidfds  # here: a dry run or a run with nothing to stop needs none
-
     all_holders = list(disc.holders)
     handled: set[ProcIdentity] = {h.identity for h in all_holders}
     targets = [h for h in all_holders if not h.protected]
@@ -259,7 +258,6 @@ def clean(
             res = _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
                          deadline, started, stop_units, scan)
         else:
-            from pveclean.host.lock import Busy, container_lock  # here: a dry run takes no lock
 
             wait = min(cfg.lock_wait_seconds, max(0.0, deadline.remaining() - reserve_for(cfg)))
             try:
@@ -330,7 +328,6 @@ def _clean(
             progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
         unit_stops = None
         if stop_units:
-            from pveclean.proxmox import guestunits
 
             unit_stops = guestunits.before_stop(vmid, cfg, scope, disc, deadline, dry_run, progress)
         rounds = 0
@@ -372,7 +369,6 @@ def _clean(
         rep = build_report(stamp(started, deadline.elapsed()), vmid, phase, dry_run, found,
                            ctconf.gpu_lines(), cfg)
         if unit_stops is not None or holders:  # else there is nothing to say of units
-            from pveclean.proxmox import guestunits
 
             if phase == "manual" and last_exit is not None:
                 # a stopping container's units stop with it: hooks do not wait for restarts

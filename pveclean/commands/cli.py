@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -78,8 +79,6 @@ def main(
 def _finite(value: float | None) -> float | None:
     """Reject nan and inf: every comparison with a NaN is false, so a range check alone
     lets it through (--grace nan sent SIGTERM, then the stop raised)."""
-    import math
-
     if value is not None and not math.isfinite(value):
         raise typer.BadParameter(f"{value} is not a finite number")
     return value

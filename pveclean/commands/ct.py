@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 
 from pveclean.cleanup import clean
+from pveclean.commands.render import render_run
 from pveclean.core.text import safe
 from pveclean.host.configfile import load
 from pveclean.host.prelude import NvmlWorker
+from pveclean.host.reportfiles import to_yaml
 from pveclean.proxmox.pveconf import parse_vmid
 
 
@@ -37,11 +40,9 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
     result = clean(vid, cfg, worker, dry_run=args.dry_run, grace=args.grace,
                    progress=progress, stop_units=args.stop_units)
     if args.as_json:
-        import json
 
         print(json.dumps(result.report.as_dict(), indent=2, default=str))
     else:
-        from pveclean.commands.render import render_run
 
         print(render_run(result.report.as_dict()))
         if result.path:
@@ -50,7 +51,6 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
     if result.report_error:
         print(f"pveclean: {result.report_error}", file=sys.stderr)
         if not args.as_json:
-            from pveclean.host.reportfiles import to_yaml
 
             print("--- report (not saved) ---", file=sys.stderr)
             print(to_yaml(result.report.as_dict(), terminal=True), file=sys.stderr)

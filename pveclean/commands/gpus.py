@@ -14,7 +14,9 @@ cgroup, so a process with GPU memory is never missed, wherever it runs.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -23,13 +25,14 @@ from pveclean.core.config import Config
 from pveclean.core.discovery import stall_for
 from pveclean.core.gpumap import Proc, _from_holder, _gpu_entry, _gpu_indices, _minors, _order
 from pveclean.core.records import GpuDevices, GpuMemory, Scope
+from pveclean.core.report import iso
 from pveclean.errors import ExitCode, PvecleanError
-from pveclean.host import cgroupfs, devnodes, reportfiles
+from pveclean.host import cgroupfs, devnodes, worker
 from pveclean.host.hostscan import HostScan
 from pveclean.host.nvml import Nvml, NvmlUnavailable
 from pveclean.host.procscan import _attribute, w_scan
 from pveclean.host.reads import Reader, Unread
-from pveclean.host.worker import Worker
+from pveclean.host.worker import RemoteError, Worker, WorkerError
 from pveclean.proxmox import pveconf
 from pveclean.proxmox.passthrough import PCI_DEVICES, vfio_gpus
 from pveclean.proxmox.pveconf import may_use_gpus
@@ -48,10 +51,6 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
     """`pveclean gpus`: read the host in a worker bounded by deadline_seconds, print, and
     with `watch` do it again every `watch` seconds (`count` times; 0: until Ctrl-C).
     Exit code 0, or PvecleanError (exit 3) when the host could not be read in time."""
-    import sys
-
-    from pveclean.host.worker import RemoteError, Worker, WorkerError
-
     tty = sys.stdout.isatty()
     shown = 0
     limit = cfg.deadline_seconds
@@ -61,12 +60,7 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
                 # its forked readers are given up on first, so that the rest is still shown
                 end = time.monotonic() + limit * READERS_SHARE
                 data = wk.call(w_collect, cfg, pci_root, end, timeout=limit, what="gpus")
-                if as_json:
-                    import json
-
-                    text = json.dumps(data, indent=2, default=str)
-                else:
-                    text = render_gpus(data)
+                text = json.dumps(data, indent=2, default=str) if as_json else render_gpus(data)
                 if watch and tty and not as_json:
                     text = "\x1b[H\x1b[2J" + text  # redraw in place
                 print(text, flush=True)
@@ -93,8 +87,6 @@ def w_collect(cfg: Config, pci_root: Path, end: float | None = None) -> dict[str
     answering, /proc/PID/maps of a process wedged in the GPU driver, NVML) hangs the worker,
     which the command gives up on at its deadline, not the command. The NVML session lives
     in the worker's state across --watch refreshes."""
-    from pveclean.host import worker
-
     return collect(cfg, Nvml.in_worker(worker.state()), pci_root,
                    exclude={os.getpid(), os.getppid()}, end=end)
 
@@ -202,7 +194,7 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
     data = {
         "pveclean_gpus": 1,
         "host": os.uname().nodename,
-        "time": reportfiles.iso(time.time()),
+        "time": iso(time.time()),
         "gpus": [_gpu_entry(g, buses.get(g.index), procs.values()) for g in gpus],
         "other_holders": [p.as_dict() for p in sorted(procs.values(), key=_order)
                           if not _gpu_indices(p, gpus)],

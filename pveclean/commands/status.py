@@ -3,9 +3,11 @@ and hookscript; this node's also with their current GPU holders and their last r
 
 from __future__ import annotations
 
+from pveclean.cleanup import clean
 from pveclean.core.config import Config
 from pveclean.errors import PvecleanError
 from pveclean.host import devnodes, reportfiles
+from pveclean.host.prelude import NvmlWorker
 from pveclean.proxmox import chain
 from pveclean.proxmox.hookscript import is_pveclean
 from pveclean.proxmox.pveapi import Api, Container, Storage
@@ -29,9 +31,6 @@ def last_report(cfg: Config, vmid: int) -> dict[str, Any] | None:
 
 def holders(cfg: Config, vmid: int) -> dict[str, Any]:
     """Current GPU holders of a container on this node (a dry run: nothing is signalled)."""
-    from pveclean.cleanup import clean
-    from pveclean.host.prelude import NvmlWorker
-
     try:
         with NvmlWorker() as nvml:  # each container's run its own, as its count of kills
             rep = clean(vmid, cfg, nvml.warm(cfg, vmid), phase="status", dry_run=True,

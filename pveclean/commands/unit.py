@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from pveclean.commands.hook import post_stop, pre_start
 from pveclean.core.config import Config
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
 from pveclean.host import reportfiles
@@ -36,7 +37,6 @@ def _hook_checked_this_stop(cfg: Config, vmid: int) -> bool:
 
 
 def start_pre(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
-    from pveclean.commands.hook import pre_start
 
     with contextlib.suppress(OSError):
         stamp = _stamp_path(cfg, vmid)
@@ -48,7 +48,6 @@ def start_pre(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
 
 
 def stop_post(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
-    from pveclean.commands.hook import post_stop
 
     if not _hook_checked_this_stop(cfg, vmid):
         post_stop(vmid, cfg, nvml, via=via(vmid, "ExecStopPost"))

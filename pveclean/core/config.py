@@ -6,6 +6,8 @@ config that controls SIGKILL must never silently fall back to a default.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field, fields, replace
 
 from pveclean.errors import ConfigError
@@ -75,8 +77,6 @@ class Config:
 def _is_number(v: object) -> bool:
     """A finite number: YAML's .nan and .inf are floats too, and every comparison with a
     NaN is false, so range checks alone would let them through."""
-    import math
-
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -136,7 +136,6 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
 
 
 def _check_redact(patterns: list[str], where: str) -> None:
-    import re
 
     for p in patterns:
         try:

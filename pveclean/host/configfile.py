@@ -4,6 +4,7 @@ root makes before it believes a file that steers what it kills."""
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from pveclean.core.config import HOOK_PATH, Config, parse
@@ -78,8 +79,6 @@ def _executable(command: str) -> str | None:
     """The file `command` (a pct_command) runs, looked up as start_pct looks it up (exec
     searches the PATH of pct's environment): shutil.which, without importing shutil (and
     its compression modules) on every run."""
-    import shlex
-
 
     try:
         argv = shlex.split(command)

@@ -9,7 +9,7 @@ from pathlib import Path
 from pveclean.core.gpumap import Proc, full_name
 from pveclean.core.records import GpuDevices
 from pveclean.core.units import unit_of
-from pveclean.host import cgroupfs, devnodes, procfs
+from pveclean.host import cgroupfs, devnodes, procfs, worker
 from pveclean.host.reads import Reader, Unread
 from pveclean.host.worker import Worker
 
@@ -104,8 +104,6 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices, own_ns: str |
     """In a reader: the GPU holders among `pids` (host PID, cgroup). Each PID is marked
     before its /proc files are read, so a read that hangs is pinned to its PID (a mark, not a
     note: there are thousands; the reader's receive() bounds each by `stall`)."""
-    from pveclean.host import worker
-
     out = []
     cache: dict[str, str | None] = {}
     mounts = devnodes.ScanCache()

@@ -23,7 +23,7 @@ from pveclean.core.records import (
     Holder,
 )
 from pveclean.core.verdicts import Outcome
-from pveclean.host import cgroupfs, devnodes, procfs
+from pveclean.host import cgroupfs, devnodes, procfs, worker
 
 
 def raise_open_files_limit() -> None:
@@ -113,8 +113,6 @@ def check_identities(holders: list[Holder], vmid: int, devices: GpuDevices, runn
                      ) -> list[str | None]:
     """_check_identity for each (in the worker: each PID announced first, see worker.py); a
     PID in `skip` hung in an earlier read and is not looked at again."""
-    from pveclean.host import worker
-
     out: list[str | None] = []
     for h in holders:
         if h.host_pid in skip:
@@ -127,8 +125,6 @@ def check_identities(holders: list[Holder], vmid: int, devices: GpuDevices, runn
 
 def describe(pids: list[int]) -> dict[int, tuple[str | None, str | None, bool]]:
     """(state, wchan, frozen) of processes that survived (in the worker: /proc reads)."""
-    from pveclean.host import worker
-
     out: dict[int, tuple[str | None, str | None, bool]] = {}
     for pid in pids:
         worker.note(("pid", pid), None)

@@ -4,6 +4,7 @@ mid-read (returns None), because the host is live while we look at it."""
 from __future__ import annotations
 
 import os
+import pwd
 
 from pveclean.core.records import ProcStatus
 
@@ -157,7 +158,6 @@ def _bases(pid: int, kind: str) -> list[str]:
 
 def user_name(uid: int) -> str:
     try:
-        import pwd
 
         return pwd.getpwuid(uid).pw_name
     except (KeyError, ImportError):

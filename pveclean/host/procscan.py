@@ -12,9 +12,6 @@ from pveclean.host import cgroupfs, devnodes, procfs, worker
 
 
 def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder:
-    from pveclean.core.units import (
-        unit_of,  # here: a run that finds no holder needs none of units.py
-    )
 
     exe, cmdline = procfs.exe(st.pid), procfs.cmdline(st.pid)
     cgroup = f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/")

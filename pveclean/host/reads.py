@@ -17,7 +17,8 @@ from pveclean.core.records import (
     HostView,
     Scope,
 )
-from pveclean.host import worker
+from pveclean.host import pidfds, worker
+from pveclean.host.nvml import gpu_memory, w_memory, w_processes
 from pveclean.host.procscan import w_nvml_pids, w_scan
 from pveclean.host.worker import RemoteError, WorkerError
 
@@ -199,8 +200,6 @@ class Reads:
                    ) -> list[str | None]:
         """pidfds.check_identities of `holders`: why each may not be signalled, or None; a
         PID whose reads hang is not signalled."""
-        from pveclean.host import pidfds
-
         try:
             out: list[str | None] = self.scan.call(
                 pidfds.check_identities, holders, scope.vmid, scope.devices, scope.running,
@@ -254,8 +253,6 @@ class Reads:
         """(host view with NVML merged, other GPU users, NVML status). NVML's memory and
         process lists are asked first and read after the scan; the memory is kept in
         `before`."""
-        from pveclean.host.nvml import gpu_memory, w_memory, w_processes
-
         memory_asked = self._nvml_send(w_memory, end, "NVML memory query")
         asked = self._nvml_send(w_processes, end, "NVML process query")
         view = self._scan(scope, end, "host scan")
@@ -282,8 +279,6 @@ class Reads:
     def rescan(self, scope: Scope, known: set[int], end: float
                ) -> tuple[HostView, set[int]] | None:
         """The container's holders now, and the NVML processes that are ours."""
-        from pveclean.host.nvml import w_processes
-
         asked = self._nvml_send(w_processes, end, "NVML process query")
         view = self._scan(scope, end, "verification scan")
         if isinstance(view, str):
@@ -295,13 +290,11 @@ class Reads:
         return view, nvml_pids
 
     def memory(self, end: float) -> list[GpuMemory] | None:
-        from pveclean.host.nvml import gpu_memory, w_memory
 
         rows = self._nvml(w_memory, end, "NVML memory query")
         return None if rows is None else gpu_memory(rows)
 
     def processes(self, end: float) -> dict[int, dict[int, int | None]] | None:
-        from pveclean.host.nvml import w_processes
 
         procs: dict[int, dict[int, int | None]] | None = self._nvml(
             w_processes, end, "NVML process query")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import re
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 TYPE_CHECKING = False
@@ -19,28 +19,9 @@ class ReportError(Exception):
     pass
 
 
-def _utc(t: float) -> tuple[str, int]:
-    """(YYYYmmddHHMMSS, microseconds) of `t` in UTC, as datetime.fromtimestamp(t, UTC) rounds
-    it (half to even), without importing datetime on every run."""
-    frac, whole = math.modf(t)
-    us = round(frac * 1e6)
-    if us >= 1_000_000:
-        whole, us = whole + 1, us - 1_000_000
-    elif us < 0:
-        whole, us = whole - 1, us + 1_000_000
-    return time.strftime("%Y%m%d%H%M%S", time.gmtime(int(whole))), us
-
-
 def utc_stamp(t: float) -> str:
-    """20261203T065312.253174Z: a report's name."""
-    day, us = _utc(t)
-    return f"{day[:8]}T{day[8:]}.{us:06d}Z"
-
-
-def iso(t: float) -> str:
-    """2026-12-03T06:53:12.253+00:00: datetime's isoformat(timespec="milliseconds")."""
-    d, us = _utc(t)
-    return f"{d[:4]}-{d[4:6]}-{d[6:8]}T{d[8:10]}:{d[10:12]}:{d[12:]}.{us // 1000:03d}+00:00"
+    """20261203T065312.253174Z: the time in a report's name."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
 WIDTH = 2**31 - 1  # columns: a long string is never folded over lines

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import mmap
 import os
 import pickle
 import select
@@ -150,7 +151,6 @@ class Worker:
         self.prelude = prelude
         self._marks: Any = None  # with `marks`: a page shared with the child, see mark()
         if marks:
-            import mmap
 
             self._marks = mmap.mmap(-1, MARK.size)  # anonymous and shared across fork
         self._stall: float | None = None  # of the receive() under way, for marks

@@ -12,6 +12,7 @@ from pveclean.core.text import safe
 from pveclean.core.units import _collect, _get, shell_command, stop_command, unit_cgroup, unit_of
 from pveclean.core.verdicts import STOPPED, Outcome
 from pveclean.host import cgroupfs
+from pveclean.proxmox.pct import PctMissing, run_pct
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -84,10 +85,6 @@ def stop_units(vmid: int, holders: list[Any], init_pid: int | None, cgroup_root:
             out["command"] = shell_command(vmid, wanted)
         return out
     out["command"] = shell_command(vmid, wanted)
-    from pveclean.proxmox.pct import (  # here: a holder's unit_of() is read in the scan
-        PctMissing,
-        run_pct,
-    )
 
     try:
         res = run_pct(pct_command, stop_command(vmid, wanted), timeout)

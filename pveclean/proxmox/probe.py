@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from pveclean.core.records import Scope
+from pveclean.proxmox.pct import PctMissing, PctReader, start_pct, wait_pct
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,9 +25,6 @@ if TYPE_CHECKING:
 
 def start_probe(scope: Scope, pct_command: str) -> subprocess.Popen[bytes]:
     """Start the in-namespace view; it runs while the host view and NVML are read."""
-    # here and in finish_probe: a run that starts no probe needs neither
-    from pveclean.proxmox.pct import PctMissing, start_pct
-
     try:
         return start_pct(pct_command, probe_argv(scope.vmid, scope.probe_patterns))
     except PctMissing as exc:
@@ -36,8 +34,6 @@ def start_probe(scope: Scope, pct_command: str) -> subprocess.Popen[bytes]:
 def finish_probe(proc: subprocess.Popen[bytes] | PctReader, timeout: float
                  ) -> ProbeResult:
     """The probe's result; raises RuntimeError with the reason when it did not work."""
-    from pveclean.proxmox.pct import PctReader, wait_pct
-
     if isinstance(proc, PctReader):
         proc.pump(timeout)
         res = proc.result(max(timeout, 0.5))  # its output is complete: it exits right after

@@ -16,6 +16,7 @@ import pytest
 from pveclean.cleanup import clean
 from pveclean.host import cgroupfs, devnodes, procfs
 from pveclean.host.configfile import load
+from pveclean.host.prelude import NvmlWorker
 from tests.harness.lxclab import Lab, Workload
 from tests.helpers import run_json, start_in_ct
 
@@ -159,7 +160,9 @@ def test_cgroup_walk_past_its_cap_is_residual_with_the_reason(
     try:
         (leaf / "cgroup.procs").write_text(str(pid))
         monkeypatch.setattr(cgroupfs, "MAX_CGROUPS", 40)
-        res = clean(vmid, load(lab.config_path), write_report=True)
+        cfg = load(lab.config_path)
+        with NvmlWorker() as nvml:
+            res = clean(vmid, cfg, nvml.warm(cfg, vmid), write_report=True)
         assert res.verdict == "residual"
         (h,) = res.report.as_dict()["holders"]
         assert "more than 40 cgroups" in h["protected"]

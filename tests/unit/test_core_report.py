@@ -224,9 +224,13 @@ def test_a_pattern_never_rewrites_a_verdict_or_an_outcome() -> None:
 
 
 @given(st.floats(min_value=0, max_value=4_102_444_800, allow_nan=False))
-def test_start_is_datetimes_isoformat_and_the_report_files_text(t: float) -> None:
+def test_start_is_datetimes_isoformat(t: float) -> None:
     assert iso(t) == datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
-    assert iso(t) == reportfiles.iso(t)
+
+
+def test_start_is_utc_to_the_millisecond() -> None:
+    assert iso(1796280792.2539) == "2026-12-03T06:53:12.253+00:00"
+    assert iso(0) == "1970-01-01T00:00:00.000+00:00"
 
 
 def test_memory_table_pairs_before_and_after_by_index() -> None:

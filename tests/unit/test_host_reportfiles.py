@@ -37,8 +37,7 @@ def test_names_carry_the_utc_time() -> None:
         "%Y%m%dT%H%M%S.%fZ")
     assert reportfiles.report_name(129, "pre-start", T0) == \
         f"129-pre-start-{reportfiles.utc_stamp(T0)}.yaml"
-    assert reportfiles.iso(T0) == datetime.fromtimestamp(T0, UTC).isoformat(
-        timespec="milliseconds")
+    assert reportfiles.utc_stamp(1796280792.253174) == "20261203T065312.253174Z"
 
 
 def test_write_and_load_round_trip(tmp_path: Path) -> None:
@@ -191,3 +190,18 @@ def test_prune_by_count_and_age(tmp_path: Path) -> None:
     assert reportfiles.list_reports(str(tmp_path), 129) == paths[4:]
     assert other.exists()
     assert reportfiles.prune(str(tmp_path / "missing"), 129, keep=1, max_age_days=1) == 0
+
+
+def test_prune_keeps_the_newest_reports_and_no_old_one(tmp_path: Path) -> None:
+    """report.prune stats only as far as the first young report (oldest first)."""
+    now = time.time()
+    names = [reportfiles.report_name(129, "manual", now - 86400 * (10 - i)) for i in range(10)]
+    for i, name in enumerate(names):  # one a day, the oldest ten days old
+        (tmp_path / name).write_text("vmid: 129\n")
+        os.utime(tmp_path / name, (now - 86400 * (10 - i),) * 2)
+    (tmp_path / reportfiles.report_name(130, "manual", now - 86400 * 20)).write_text("vmid: 130\n")
+    assert reportfiles.prune(str(tmp_path), 129, keep=8, max_age_days=7.5) == 3  # 2 over, 1 old
+    assert [p.name for p in reportfiles.list_reports(str(tmp_path), 129)] == names[3:]
+    assert reportfiles.prune(str(tmp_path), 129, keep=2, max_age_days=30) == 5
+    assert [p.name for p in reportfiles.list_reports(str(tmp_path), 129)] == names[8:]
+    assert len(reportfiles.list_reports(str(tmp_path))) == 3  # CT 130's is not 129's to prune
