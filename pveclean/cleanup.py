@@ -46,7 +46,7 @@ def discover(
     no_probe: str = "disabled in config",
 ) -> Discovery:
     """Host view and NVML decide; the probe is started here and left running (the run
-    merges it when it arrives, see run.py): it never holds up a stop or a verdict."""
+    merges it when it arrives, see stop_and_verify): it never holds up a stop or a verdict."""
     sources = {"host": "ok"}
     warnings: list[str] = []
     running = scope.running
@@ -250,7 +250,7 @@ def clean(
     started = time.time()
     deadline = deadline or start_deadline(cfg.deadline_seconds)
     raise_open_files_limit()
-    scan = Worker()  # the run's reads of /proc and /etc/pve (discover.Reads)
+    scan = Worker()  # the run's reads of /proc and /etc/pve (host/reads.Reads)
     wk = worker
     try:
         ctconf = read_ct_config(cfg, vmid, scan, deadline)

@@ -84,6 +84,17 @@ def _finite(value: float | None) -> float | None:
     return value
 
 
+GraceOpt = Annotated[
+    float | None, typer.Option("--grace", min=0, max=3600, callback=_finite,
+                               help="Seconds from SIGTERM to SIGKILL.")
+]
+StopUnitsOpt = Annotated[
+    bool, typer.Option("--stop-units", help="First stop the holders' systemd units in the "
+                       "container (pct exec VMID -- systemctl stop UNIT...), so that "
+                       "Restart= does not bring them back.")
+]
+
+
 @app.command()
 def ct(
     ctx: typer.Context,
@@ -91,15 +102,8 @@ def ct(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Find and report; signal nothing.")]
     = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    grace: Annotated[
-        float | None, typer.Option("--grace", min=0, max=3600, callback=_finite,
-                                   help="Seconds from SIGTERM to SIGKILL.")
-    ] = None,
-    stop_units: Annotated[
-        bool, typer.Option("--stop-units", help="First stop the holders' systemd units in the "
-                           "container (pct exec VMID -- systemctl stop UNIT...), so that "
-                           "Restart= does not bring them back.")
-    ] = False,
+    grace: GraceOpt = None,
+    stop_units: StopUnitsOpt = False,
     config: ConfigOpt = None,
 ) -> None:
     """Stop every GPU holder of container VMID and verify its GPU memory is free.

@@ -7,7 +7,7 @@ shown as a leak.
 
 Fast on a busy host: a container whose config passes no GPU through cannot open a GPU node
 (its devices cgroup denies it), so its processes are not read at all. The containers that can
-are scanned as `pveclean ct` scans one (discover.scan_host); the host's own processes
+are scanned as `pveclean ct` scans one (host/procscan.scan_host); the host's own processes
 (everything outside the `lxc/` cgroup tree) the same way. NVML's PIDs are attributed by their
 cgroup, so a process with GPU memory is never missed, wherever it runs.
 """

@@ -3,7 +3,7 @@
 Lean on purpose (no typer, no proxmoxer): it runs on every container start and stop.
 Proxmox gives hooks no timeout, so every phase is bounded by the config's deadline.
 Only pre-start can fail a task (a non-zero exit aborts the start), and only by a decision:
-ExitCode.REFUSE (see model.py); the others always exit 0.
+ExitCode.REFUSE (see errors.py); the others always exit 0.
 """
 
 from __future__ import annotations

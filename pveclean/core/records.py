@@ -17,7 +17,7 @@ Clock = Callable[[], float]  # seconds on a clock that never goes back (time.mon
 
 class Deadline:
     """One bound for a whole run, on the clock it is given (the host passes time.monotonic:
-    see cleanup.start_deadline)."""
+    see host/clock.start_deadline)."""
 
     def __init__(self, seconds: float, clock: Clock) -> None:
         self.clock = clock
@@ -168,7 +168,7 @@ class Discovery:
     problems: list[str] = field(default_factory=list)
     probe: Any = None  # the in-namespace probe, still running (merged when it arrives)
     scanned: bool = True  # False: the host scan did not finish; the holders are unknown
-    view: Any = None  # discover.HostView of the first scan (maps probe PIDs to host PIDs)
+    view: Any = None  # the HostView of the first scan (maps probe PIDs to host PIDs)
 
 
 def in_tree(cgroup_path: str | None, vmid: int) -> bool:

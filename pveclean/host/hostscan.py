@@ -56,7 +56,7 @@ def _needles(devices: GpuDevices) -> tuple[bytes, ...]:
 
 def _fds(pid: int, devices: GpuDevices, same_ns: bool, cache: dict[str, str | None],
          mounts: devnodes.ScanCache) -> list[str] | None:
-    """procfs.device_fds for a host process, with fewer system calls: paths are looked up
+    """devnodes.device_fds for a host process, with fewer system calls: paths are looked up
     relative to the fd directory, only a path under /dev or naming nvidia is looked at, and
     one of our own mount namespace once for the whole scan (what a path leads to is the same
     for every process that sees the same /dev: `cache` keeps path -> held or None); in

@@ -5,7 +5,7 @@ thread and is abandoned after its timeout, so the run's deadline always holds.
 
 A run asks NVML in its own worker (see worker.py and prelude.py), forked before the run's
 imports: this module and what its worker functions (w_*) import stay lean (no dataclasses,
-no pveclean.model), and their answers are plain tuples the parent turns into the model.
+no pveclean.core.records), and their answers are plain tuples the parent turns into the model.
 """
 
 from __future__ import annotations

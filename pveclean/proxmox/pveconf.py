@@ -139,7 +139,7 @@ def read_config(config_dir: str, vmid: int) -> CtConfig:
 
 
 def w_read_config(config_dir: str, vmid: int) -> CtConfig | tuple[str, int]:
-    """read_config in a worker (see run.read_ct_config): the config, or (why, exit code)."""
+    """read_config in a worker (see cleanup.read_ct_config): the config, or (why, exit code)."""
     try:
         return read_config(config_dir, vmid)
     except PvecleanError as exc:
