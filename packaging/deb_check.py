@@ -236,12 +236,14 @@ def run_release(release: str, prev: Path, deb: Path, version: str, work: Path) -
         r = root.sh("pveclean --help")
         check(release, "pveclean --help", r.returncode == 0 and "Usage: pveclean" in r.stdout,
               r.stdout + r.stderr)
-        r = root.sh("ls /usr/lib/pveclean/pveclean/__pycache__/")
+        pycache = "/usr/lib/pveclean/pveclean/commands/__pycache__"  # the package's rooms too
+        r = root.sh(f"ls /usr/lib/pveclean/pveclean/__pycache__/ {pycache}/")
         check(release, "modules byte-compiled by postinst",
-              "hook.cpython-3" in r.stdout and "cli.cpython-3" in r.stdout, r.stdout + r.stderr)
-        r = root.sh("py3clean -p pveclean && ! ls /usr/lib/pveclean/pveclean/__pycache__ 2>&1 "
+              all(f"{m}.cpython-3" in r.stdout for m in ("__main__", "cleanup", "hook", "cli")),
+              r.stdout + r.stderr)
+        r = root.sh(f"py3clean -p pveclean && ! ls {pycache} 2>&1 "
                     "&& /usr/share/python3/runtime.d/pveclean.rtupdate rtupdate python3 python3"
-                    " && ls /usr/lib/pveclean/pveclean/__pycache__/")
+                    f" && ls {pycache}/")
         check(release, "the python3 runtime.d hook compiles them again (default Python changed)",
               r.returncode == 0 and "hook.cpython-3" in r.stdout, r.stdout + r.stderr)
         r = root.sh("bash -c '. /usr/share/bash-completion/completions/pveclean; "
