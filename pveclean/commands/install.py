@@ -26,6 +26,7 @@ from pveclean.proxmox.hookscript import (
     pveclean_bin,
 )
 from pveclean.proxmox.pveapi import Api, Container
+from pveclean.proxmox.snippets import parse_volid
 
 
 # ---- install ----------------------------------------------------------------------------
@@ -74,10 +75,11 @@ def _file_action(plan: Plan, path: Path, text: str) -> str:
 
 
 def _snippet_path(api: Api, volid: str) -> Path | None:
-    storage, _, volname = volid.partition(":")
-    name = volname.removeprefix("snippets/")
-    if not storage or name == volname or not name or "/" in name:
+    """Where a snippet volume lives, as the API describes its storage."""
+    parsed = parse_volid(volid)
+    if parsed is None:
         return None
+    storage, name = parsed
     sdir = api.storage(storage).snippets_dir
     return sdir / name if sdir else None
 
