@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from pveclean.core.records import Holder
 
 
 # systemd's unit_name_is_valid(): prefix of [A-Za-z0-9:_.\-], at most one "@" with a
@@ -104,22 +104,15 @@ class UnitInfo:
     refused: str | None = None
 
 
-def _get(h: Any, key: str) -> Any:
-    return h.get(key) if isinstance(h, dict) else getattr(h, key, None)
-
-
-def _collect(holders: list[Any], init_unit: str | None) -> dict[str, UnitInfo]:
-    """Units of the holders (model.Holder or their report dicts) and who runs in each."""
+def units_of(holders: list[Holder], init_unit: str | None) -> dict[str, UnitInfo]:
+    """The units the holders run in, who runs in each, and why a unit is never stopped."""
     found: dict[str, UnitInfo] = {}
     for h in holders:
-        unit = _get(h, "unit")
-        if not unit:
+        if not h.unit:
             continue
-        info = found.setdefault(unit, UnitInfo(unit, unit_cgroup(_get(h, "cgroup") or "", unit),
-                                               [], refusal(unit, init_unit)))
-        pid = int(_get(h, "host_pid"))
-        info.pids.append(pid)
-        protected = _get(h, "protected")
-        if protected and info.refused is None:
-            info.refused = f"it runs a protected holder (PID {pid}: {protected})"
+        info = found.setdefault(h.unit, UnitInfo(h.unit, unit_cgroup(h.cgroup or "", h.unit),
+                                                 [], refusal(h.unit, init_unit)))
+        info.pids.append(h.host_pid)
+        if h.protected and info.refused is None:
+            info.refused = f"it runs a protected holder (PID {h.host_pid}: {h.protected})"
     return found

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pveclean.core.report import stopped_units
 from pveclean.core.text import safe
-from pveclean.core.units import _collect, _get, shell_command, stop_command, unit_cgroup, unit_of
+from pveclean.core.units import shell_command, stop_command, unit_cgroup, unit_of, units_of
 from pveclean.core.verdicts import STOPPED, Outcome
 from pveclean.host import cgroupfs
 from pveclean.proxmox.pct import PctMissing, run_pct
@@ -55,13 +55,13 @@ def init_unit_of(init_pid: int | None) -> str | None:
     return unit_of(cgroupfs.pid_cgroup(init_pid)) if init_pid else None
 
 
-def stop_units(vmid: int, holders: list[Any], init_pid: int | None, cgroup_root: Path,
+def stop_units(vmid: int, holders: list[Holder], init_pid: int | None, cgroup_root: Path,
                pct_command: str, timeout: float, dry_run: bool = False) -> dict[str, Any]:
     """Stop the systemd units of the container's GPU holders with one
     `pct exec VMID -- systemctl stop -- UNIT...`, bounded by `timeout`, and say per unit
     what happened (judged from the host: is the unit's cgroup empty now?)."""
     init_unit = init_unit_of(init_pid)
-    infos = _collect(holders, init_unit)
+    infos = units_of(holders, init_unit)
     out: dict[str, Any] = {"units": [], "command": None, "note": None}
     if not holders:
         out["note"] = f"CT {vmid} has no GPU holders: no unit to stop"
@@ -118,21 +118,21 @@ def stop_units(vmid: int, holders: list[Any], init_pid: int | None, cgroup_root:
     return out
 
 
-def hints(vmid: int, holders: list[Any], cgroup_root: Path, dry_run: bool,
+def hints(vmid: int, holders: list[Holder], cgroup_root: Path, dry_run: bool,
           stopped: set[str], manual: bool = False) -> list[str]:
-    """For units whose holders (Holders or their report dicts) respawned, or that still run
+    """For units whose holders respawned, or that still run
     after the cleanup: the exact command that stops them (units already stopped by
     --stop-units are left out). After a
     manual cleanup also for services whose holders were stopped and are not back yet: one
     with a RestartSec= longer than the run waited (RESTART_WATCH) brings them back later,
     and systemd's state of it cannot be read from the host without a `pct exec`."""
     out: list[str] = []
-    for unit, info in sorted(_collect(holders, None).items()):
+    for unit, info in sorted(units_of(holders, None).items()):
         if info.refused or unit in stopped:
             continue
-        members = [h for h in holders if _get(h, "unit") == unit]
-        respawned = any(_get(h, "respawned_by") or _get(h, "round")
-                        or _get(h, "outcome") == Outcome.SURVIVED for h in members)
+        members = [h for h in holders if h.unit == unit]
+        respawned = any(h.respawned_by or h.round or h.outcome == Outcome.SURVIVED
+                        for h in members)
         left = processes_in(cgroup_root, info.cgroup)
         if respawned:
             why = "restarted its GPU holders"
@@ -141,7 +141,7 @@ def hints(vmid: int, holders: list[Any], cgroup_root: Path, dry_run: bool,
         elif left:
             why = f"is still active ({left} process(es) in its cgroup)"
         elif manual and unit.endswith(".service") and any(
-                _get(h, "outcome") in STOPPED for h in members):
+                h.outcome in STOPPED for h in members):
             why = ("ran the GPU holders stopped now, and starts them again later if it has "
                    "Restart=")
         else:

@@ -98,7 +98,7 @@ def test_shell_command_lists_every_unit() -> None:
         "pct exec 7 -- systemctl stop a.service b@c.service"
 
 
-def test_collect_groups_holders_by_unit() -> None:
+def test_units_of_groups_holders_by_unit() -> None:
     holders = [
         unit_holder(10, "/lxc/129/ns/system.slice/a.service"),
         unit_holder(11, "/lxc/129/ns/system.slice/a.service/worker"),
@@ -106,7 +106,7 @@ def test_collect_groups_holders_by_unit() -> None:
         unit_holder(13, "/lxc/129/ns"),  # no unit
         unit_holder(14, "/lxc/129/ns/init.scope"),
     ]
-    found = units._collect(holders, None)
+    found = units.units_of(holders, None)
     assert sorted(found) == ["a.service", "b.service", "init.scope"]
     a = found["a.service"]
     assert (a.cgroup, a.pids, a.refused) == ("/lxc/129/ns/system.slice/a.service", [10, 11], None)
@@ -115,10 +115,9 @@ def test_collect_groups_holders_by_unit() -> None:
     assert found["init.scope"].refused == "it holds the container's init (PID 1)"
 
 
-def test_collect_reads_report_dicts_too() -> None:
-    holders = [{"unit": "a.service", "cgroup": "/lxc/1/ns/a.service", "host_pid": "5"},
-               {"unit": None, "cgroup": "/lxc/1/ns", "host_pid": 6}]
-    found = units._collect(holders, init_unit="a.service")
+def test_units_of_refuses_the_unit_that_holds_init() -> None:
+    holders = [unit_holder(5, "/lxc/1/ns/a.service"), unit_holder(6, "/lxc/1/ns")]
+    found = units.units_of(holders, init_unit="a.service")
     assert list(found) == ["a.service"]
     assert found["a.service"].pids == [5]
     assert found["a.service"].refused == "it holds the container's init (PID 1)"

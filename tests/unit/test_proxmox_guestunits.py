@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
+from pveclean.core.verdicts import Outcome
 from pveclean.proxmox import guestunits
 from tests.helpers import unit_holder
 
@@ -72,11 +72,10 @@ def test_a_container_without_systemctl_gets_one_clear_line(tmp_path: Path) -> No
 def test_hints_name_the_unit_and_the_exact_command(tmp_path: Path) -> None:
     root = _cgroups(tmp_path, {"lxc/129/ns/system.slice/a.service": "77\n",
                                "lxc/129/ns/system.slice/b.service": ""})
-    hs: list[dict[str, Any]] = [
-        {"host_pid": 1, "unit": "a.service", "cgroup": "/lxc/129/ns/system.slice/a.service"},
-        {"host_pid": 2, "unit": "b.service", "cgroup": "/lxc/129/ns/system.slice/b.service",
-         "respawned_by": "systemd (host PID 9)", "round": 1},
-        {"host_pid": 3, "unit": "init.scope", "cgroup": "/lxc/129/ns/init.scope"}]
+    hs = [unit_holder(1, "/lxc/129/ns/system.slice/a.service"),
+          unit_holder(2, "/lxc/129/ns/system.slice/b.service"),
+          unit_holder(3, "/lxc/129/ns/init.scope")]
+    hs[1].respawned_by, hs[1].round = "systemd (host PID 9)", 1
     got = guestunits.hints(129, hs, root, False, set())
     assert got == [
         "a.service in CT 129 is still active (1 process(es) in its cgroup); stop it with: "
@@ -85,8 +84,8 @@ def test_hints_name_the_unit_and_the_exact_command(tmp_path: Path) -> None:
         "pct exec 129 -- systemctl stop b.service (or: pveclean ct 129 --stop-units)"]
     assert guestunits.hints(129, hs, root, False, {"a.service", "b.service"}) == []
     # after a manual cleanup, a service whose holders were stopped and are not back (yet)
-    c = [{"host_pid": 4, "unit": "c.service", "cgroup": "/lxc/129/ns/system.slice/c.service",
-          "outcome": "terminated"}]
+    c = [unit_holder(4, "/lxc/129/ns/system.slice/c.service")]
+    c[0].outcome = Outcome.TERMINATED
     assert guestunits.hints(129, c, root, False, set()) == []  # a hook: the container stops
     assert guestunits.hints(129, c, root, False, set(), manual=True) == [
         "c.service in CT 129 ran the GPU holders stopped now, and starts them again later if "
