@@ -23,14 +23,21 @@ from pathlib import Path
 from pveclean.commands.render import render_gpus
 from pveclean.core.config import Config
 from pveclean.core.discovery import stall_for
-from pveclean.core.gpumap import Proc, _from_holder, _gpu_entry, _gpu_indices, _minors, _order
+from pveclean.core.gpumap import (
+    Proc,
+    gpu_entry,
+    gpu_indices,
+    minors_held,
+    owner_order,
+    proc_of_holder,
+)
 from pveclean.core.records import GpuDevices, GpuMemory, Scope
 from pveclean.core.report import iso
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, devnodes, worker
 from pveclean.host.hostscan import HostScan
 from pveclean.host.nvml import Nvml, NvmlUnavailable
-from pveclean.host.procscan import _attribute, w_scan
+from pveclean.host.procscan import attribute_pid, w_scan
 from pveclean.host.reads import Reader, Unread
 from pveclean.host.worker import RemoteError, Worker, WorkerError
 from pveclean.proxmox import pveconf
@@ -154,7 +161,7 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
                             "shown only as NVML lists them")
             continue
         for h in view.holders.values():
-            procs[h.host_pid] = _from_holder(h, vmid)
+            procs[h.host_pid] = proc_of_holder(h, vmid)
     nvml_state = "ok"
     gpus: list[GpuMemory] = []
     used: dict[int, dict[int, int | None]] = {}
@@ -181,11 +188,11 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
                             "host holders are shown only as NVML lists them")
     procs.update((p.host_pid, p) for p in host)
     for pid, per_gpu in used.items():
-        p = procs.get(pid) or _attribute(pid)
+        p = procs.get(pid) or attribute_pid(pid)
         p.memory.update(per_gpu)
         procs[pid] = p
     for p in procs.values():
-        p.minors = _minors(p, devices)
+        p.minors = minors_held(p, devices)
     qemu_dir = pve / "qemu-server"
     vfio = vfio_gpus(pci_root, qemu_dir, pve / "mapping" / "pci.cfg")
     for p in procs.values():
@@ -195,9 +202,9 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
         "pveclean_gpus": 1,
         "host": os.uname().nodename,
         "time": iso(time.time()),
-        "gpus": [_gpu_entry(g, buses.get(g.index), procs.values()) for g in gpus],
-        "other_holders": [p.as_dict() for p in sorted(procs.values(), key=_order)
-                          if not _gpu_indices(p, gpus)],
+        "gpus": [gpu_entry(g, buses.get(g.index), procs.values()) for g in gpus],
+        "other_holders": [p.as_dict() for p in sorted(procs.values(), key=owner_order)
+                          if not gpu_indices(p, gpus)],
         "vfio": vfio,
         "containers": {str(v): {"hostname": hostnames.get(v, "")} for v in sorted(hostnames)},
         "scan": {"containers_scanned": scanned, "containers_skipped_no_gpu": skipped,

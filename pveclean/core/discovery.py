@@ -23,7 +23,7 @@ def protected_name(comm: str, exe: str | None, cmdline: str,
                    protect: frozenset[str]) -> str | None:
     """The protected name this process carries. comm is cut to 15 characters by the kernel
     ("nvidia-persiste"), so the executable's and argv[0]'s base names count too. Only for
-    host processes: a container's root chooses its processes' names (see _protect_reason)."""
+    host processes: a container's root chooses its processes' names (see protect_reason)."""
     for name in protect:
         if comm == name or comm == name[:15]:
             return name
@@ -34,7 +34,7 @@ def protected_name(comm: str, exe: str | None, cmdline: str,
     return None
 
 
-def _protect_reason(st: records.ProcStatus, scope: Scope, exe: str | None,
+def protect_reason(st: records.ProcStatus, scope: Scope, exe: str | None,
                     cmdline: str) -> str | None:
     if len(st.nspid) < 2:
         name = protected_name(st.name, exe, cmdline, scope.protect)

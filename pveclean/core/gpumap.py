@@ -40,12 +40,12 @@ class Proc:
                 "gpu_memory_mib": {int(k): v for k, v in sorted(self.memory.items())}}
 
 
-def _from_holder(h: Holder, vmid: int) -> Proc:
+def proc_of_holder(h: Holder, vmid: int) -> Proc:
     return Proc(h.host_pid, full_name(h.name, h.cmdline), "ct", vmid, h.ct_pid, h.unit, h.cgroup,
                 list(h.devices))
 
 
-def _minors(p: Proc, devices: GpuDevices) -> set[int]:
+def minors_held(p: Proc, devices: GpuDevices) -> set[int]:
     found = set()
     for d in p.devices:
         m = _RDEV.search(d)
@@ -61,12 +61,12 @@ def _minors(p: Proc, devices: GpuDevices) -> set[int]:
     return found
 
 
-def _gpu_indices(p: Proc, gpus: list[GpuMemory]) -> set[int]:
+def gpu_indices(p: Proc, gpus: list[GpuMemory]) -> set[int]:
     return {g.index for g in gpus if g.index in p.memory or
             (g.minor is not None and g.minor in p.minors)}
 
 
-def _order(p: Proc) -> tuple[int, int, int]:
+def owner_order(p: Proc) -> tuple[int, int, int]:
     return (0 if p.owner == "ct" else 1, p.vmid or 0, p.host_pid)
 
 
@@ -75,7 +75,7 @@ def _mem_key(row: dict[str, Any]) -> tuple[int, int]:
     return (-(mib if mib is not None else -1), row["host_pid"])
 
 
-def _gpu_entry(g: GpuMemory, bus: str | None, procs: Any) -> dict[str, Any]:
+def gpu_entry(g: GpuMemory, bus: str | None, procs: Any) -> dict[str, Any]:
     rows = []
     accounted, unknown = 0, False
     for p in procs:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pveclean.errors import PvecleanError
 from pveclean.host import procfs
-from pveclean.host.procfs import _read
+from pveclean.host.procfs import read_text
 
 
 def cgroup2_root(mounts_file: str | None = None) -> str:
@@ -129,7 +129,7 @@ def remove_empty_cgroups(cgroup_dir: Path) -> list[str]:
 
 def pid_cgroup(pid: int) -> str | None:
     """The cgroup v2 path of a process (the "0::" line), or None if it is gone."""
-    text = _read(procfs.path(pid, "cgroup"))
+    text = read_text(procfs.path(pid, "cgroup"))
     if text is None:
         return None
     for line in text.splitlines():
@@ -139,7 +139,7 @@ def pid_cgroup(pid: int) -> str | None:
 
 
 def _mount_of(fstype: str, option: str | None = None) -> str | None:
-    text = _read(procfs.path("self", "mounts")) or ""
+    text = read_text(procfs.path("self", "mounts")) or ""
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 4 and parts[2] == fstype and (
@@ -152,7 +152,7 @@ def _mount_of(fstype: str, option: str | None = None) -> str | None:
 def frozen(pid: int) -> bool:
     """Frozen by the cgroup v2 freezer, or by a v1 freezer on hybrid hosts (where, unlike v2,
     even SIGKILL waits until the cgroup is thawed)."""
-    text = _read(procfs.path(pid, "cgroup")) or ""
+    text = read_text(procfs.path(pid, "cgroup")) or ""
     for line in text.splitlines():
         num, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
@@ -161,12 +161,12 @@ def frozen(pid: int) -> bool:
                 root: str | None = cgroup2_root()
             except PvecleanError:
                 root = None
-            events = _read(f"{root}{path}/cgroup.events") if root else None
+            events = read_text(f"{root}{path}/cgroup.events") if root else None
             if events and "frozen 1" in events:
                 return True
         elif "freezer" in controllers.split(","):
             root = _mount_of("cgroup", "freezer")
-            state = _read(f"{root}{path}/freezer.state") if root else None
+            state = read_text(f"{root}{path}/freezer.state") if root else None
             if state and state.strip() in ("FROZEN", "FREEZING"):
                 return True
     return False

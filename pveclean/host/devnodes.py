@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pveclean.core.records import GpuDevices
 from pveclean.host import procfs
-from pveclean.host.procfs import _bases, _read, listdir, read_bytes, readlink
+from pveclean.host.procfs import listdir, read_bytes, read_text, readlink, thread_bases
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def device_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None
     held: list[str] = []
     todo = [(base, names)] if names else []
     if not names:
-        for tbase in _bases(pid, "fd"):
+        for tbase in thread_bases(pid, "fd"):
             tnames = listdir(f"{tbase}/fd")
             if tnames is not None:
                 todo.append((tbase, tnames))
@@ -200,10 +200,10 @@ def device_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None) -
     """Mappings of GPU devices at any path, matched on the device number behind
     /proc/PID/map_files; only files on local file systems are stat()ed."""
     base = procfs.path(pid)
-    text = _read(f"{base}/maps")
+    text = read_text(f"{base}/maps")
     if not text:
-        for tbase in _bases(pid, "maps"):  # zombie leader: its threads share the mappings
-            text = _read(f"{tbase}/maps")
+        for tbase in thread_bases(pid, "maps"):  # zombie leader: its threads share the mappings
+            text = read_text(f"{tbase}/maps")
             if text:
                 base = tbase
                 break
@@ -252,7 +252,7 @@ def _dev_key(maps_dev: str) -> str:
 def nvidia_majors(proc_devices: str | None = None) -> frozenset[int]:
     """Majors of character drivers named nvidia* (nvidia, nvidia-uvm, nvidia-caps, ...), from
     `proc_devices` (/proc/devices by default)."""
-    text = _read(proc_devices or procfs.path("devices")) or ""
+    text = read_text(proc_devices or procfs.path("devices")) or ""
     majors: set[int] = set()
     in_char = False
     for line in text.splitlines():

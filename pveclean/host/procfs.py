@@ -50,7 +50,7 @@ def read_bytes(file: str, limit: int | None = None, one_read: bool = False) -> b
     return b"".join(chunks)
 
 
-def _read(file: str, limit: int | None = None) -> str | None:
+def read_text(file: str, limit: int | None = None) -> str | None:
     """read_bytes() as text (UTF-8, an undecodable byte replaced)."""
     raw = read_bytes(file, limit)
     return None if raw is None else raw.decode("utf-8", "replace")
@@ -103,8 +103,8 @@ def parse_status(text: str, keys: frozenset[str] | None = None) -> dict[str, str
 
 
 def read_status(pid: int) -> ProcStatus | None:
-    stat_text = _read(path(pid, "stat"))
-    status_text = _read(path(pid, "status"))
+    stat_text = read_text(path(pid, "stat"))
+    status_text = read_text(path(pid, "status"))
     if stat_text is None or status_text is None:
         return None
     parsed = parse_stat(stat_text)
@@ -132,7 +132,7 @@ def exe(pid: int) -> str | None:
 
 
 def wchan(pid: int) -> str | None:
-    text = _read(path(pid, "wchan"))
+    text = read_text(path(pid, "wchan"))
     return text.strip() if text and text.strip() not in ("", "0") else None
 
 
@@ -140,15 +140,15 @@ def live_threads(pid: int) -> int:
     """Threads of `pid` that have not exited, the leader excluded (a zombie leader's
     process lives on while one of them runs)."""
     n = 0
-    for base in _bases(pid, "task"):
-        text = _read(f"{base}/stat")
+    for base in thread_bases(pid, "task"):
+        text = read_text(f"{base}/stat")
         parsed = parse_stat(text) if text else None
         if parsed and parsed[0] not in ("Z", "X"):
             n += 1
     return n
 
 
-def _bases(pid: int, kind: str) -> list[str]:
+def thread_bases(pid: int, kind: str) -> list[str]:
     """Where to read a process's `kind` (fd, maps): /proc/PID, and when the leader has
     exited (a zombie whose fd/ and maps are empty) each live thread's /proc/PID/task/TID."""
     names = listdir(path(pid, "task"))

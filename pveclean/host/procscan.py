@@ -4,7 +4,7 @@ read in the scan's worker (the w_* functions run there)."""
 from __future__ import annotations
 
 from pveclean.core import records
-from pveclean.core.discovery import _protect_reason, unwalked
+from pveclean.core.discovery import protect_reason, unwalked
 from pveclean.core.gpumap import Proc
 from pveclean.core.records import Holder, HostView, Scope
 from pveclean.core.units import unit_of
@@ -30,7 +30,7 @@ def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder
         state=st.state,
         ppid=st.ppid,
         cgroup=cgroup,
-        protected=_protect_reason(st, scope, exe, cmdline),
+        protected=protect_reason(st, scope, exe, cmdline),
         unit=unit_of(cgroup),
     )
 
@@ -114,7 +114,7 @@ def w_parents(ppids: list[int]) -> dict[int, str]:
     return out
 
 
-def _attribute(pid: int) -> Proc:
+def attribute_pid(pid: int) -> Proc:
     """An NVML process neither scan saw: owner from its cgroup (it may have just started,
     or it runs in a container whose config names no GPU)."""
     cg = cgroupfs.pid_cgroup(pid)

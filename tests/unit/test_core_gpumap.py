@@ -26,12 +26,12 @@ def _proc(pid: int, owner: str = "ct", memory: dict[int, int | None] | None = No
                 memory=memory or {}, minors=minors or set())
 
 
-# ---- _gpu_entry -------------------------------------------------------------------------
+# ---- gpu_entry -------------------------------------------------------------------------
 def test_accounted_memory_and_owners() -> None:
     procs = [_proc(10, memory={0: 1000}), _proc(11, memory={0: 3000}),
              _proc(20, owner="host", memory={0: 900}), _proc(30, memory={1: 500}),
              _proc(40, owner="unknown", minors={0})]  # holds /dev/nvidia0, no memory
-    e = gpumap._gpu_entry(_gpu(used=4950), "0000:41:00.0", procs)
+    e = gpumap.gpu_entry(_gpu(used=4950), "0000:41:00.0", procs)
     assert [r["host_pid"] for r in e["processes"]] == [11, 10, 20, 40]  # most memory first
     assert [r["memory_mib"] for r in e["processes"]] == [3000, 1000, 900, None]
     assert e["by_owner_mib"] == {"CT 129": 4000, "host": 900, "unknown": 0}
@@ -41,37 +41,37 @@ def test_accounted_memory_and_owners() -> None:
 
 
 def test_unaccounted_over_the_slack_is_a_leak() -> None:
-    e = gpumap._gpu_entry(_gpu(used=1000 + LEAK_SLACK_MIB + 1), None,
+    e = gpumap.gpu_entry(_gpu(used=1000 + LEAK_SLACK_MIB + 1), None,
                           [_proc(10, memory={0: 1000})])
     assert e["unaccounted_mib"] == LEAK_SLACK_MIB + 1 and e["leak_mib"] == LEAK_SLACK_MIB + 1
 
 
 def test_exactly_the_slack_is_no_leak() -> None:
-    e = gpumap._gpu_entry(_gpu(used=LEAK_SLACK_MIB), None, [])
+    e = gpumap.gpu_entry(_gpu(used=LEAK_SLACK_MIB), None, [])
     assert e["unaccounted_mib"] == LEAK_SLACK_MIB and e["leak_mib"] == 0
     assert e["processes"] == [] and e["by_owner_mib"] == {}
 
 
 def test_no_per_process_memory_means_no_unaccounted_figure() -> None:
     """NVML without per-process memory (None) cannot say what is unaccounted: no leak."""
-    e = gpumap._gpu_entry(_gpu(used=60000), None, [_proc(10, memory={0: None}),
+    e = gpumap.gpu_entry(_gpu(used=60000), None, [_proc(10, memory={0: None}),
                                                     _proc(11, memory={0: 100})])
     assert e["unaccounted_mib"] is None and e["leak_mib"] == 0
     assert [r["host_pid"] for r in e["processes"]] == [11, 10]  # unknown memory last
 
 
 def test_without_reserved_memory_no_unaccounted_figure() -> None:
-    e = gpumap._gpu_entry(_gpu(used=60000, reserved=None), None, [])
+    e = gpumap.gpu_entry(_gpu(used=60000, reserved=None), None, [])
     assert e["unaccounted_mib"] is None and e["leak_mib"] == 0
 
 
 def test_more_accounted_than_used_is_not_negative() -> None:
-    e = gpumap._gpu_entry(_gpu(used=100), None, [_proc(10, memory={0: 500})])
+    e = gpumap.gpu_entry(_gpu(used=100), None, [_proc(10, memory={0: 500})])
     assert e["unaccounted_mib"] == 0
 
 
 def test_a_gpu_without_a_minor_matches_by_memory_only() -> None:
-    e = gpumap._gpu_entry(_gpu(minor=None), None, [_proc(10, minors={0}), _proc(11,
+    e = gpumap.gpu_entry(_gpu(minor=None), None, [_proc(10, minors={0}), _proc(11,
                                                                               memory={0: 5})])
     assert [r["host_pid"] for r in e["processes"]] == [11]
 
@@ -80,14 +80,14 @@ def test_a_gpu_without_a_minor_matches_by_memory_only() -> None:
 @given(st.integers(0, 100000), st.lists(st.integers(0, 20000), max_size=6))
 def test_leak_is_unaccounted_past_the_slack(used: int, mibs: list[int]) -> None:
     procs = [_proc(i + 2, memory={0: m}) for i, m in enumerate(mibs)]
-    e = gpumap._gpu_entry(_gpu(used=used), None, procs)
+    e = gpumap.gpu_entry(_gpu(used=used), None, procs)
     assert e["unaccounted_mib"] == max(used - sum(mibs), 0)
     assert e["leak_mib"] == (e["unaccounted_mib"] if e["unaccounted_mib"] > LEAK_SLACK_MIB
                              else 0)
     assert sum(e["by_owner_mib"].values()) == sum(mibs)
 
 
-# ---- _minors ------------------------------------------------------------------------------
+# ---- minors_held ------------------------------------------------------------------------------
 def test_minors_from_the_hosts_device_numbers() -> None:
     devices = GpuDevices({gpumap.makedev(195, 0): "/dev/nvidia0",
                           gpumap.makedev(195, 1): "/dev/nvidia1",
@@ -99,14 +99,14 @@ def test_minors_from_the_hosts_device_numbers() -> None:
                  "/renamed/gpu (195:7)",  # not in the registry: 195:N is nvidiaN anywhere
                  "/dev/x (195:254)",  # 254 and 255 are not GPUs
                  "no numbers", "/dev/nvidia3 (195:3) trailing"]
-    assert gpumap._minors(p, devices) == {0, 1, 7}
+    assert gpumap.minors_held(p, devices) == {0, 1, 7}
 
 
 def test_minors_follow_the_registry_over_the_number() -> None:
     devices = GpuDevices({gpumap.makedev(195, 2): "/dev/nvidia5"}, frozenset())
     p = _proc(1)
     p.devices = ["/dev/nvidia5 (195:2)"]
-    assert gpumap._minors(p, devices) == {5}
+    assert gpumap.minors_held(p, devices) == {5}
 
 
 # ---- names and labels ---------------------------------------------------------------------

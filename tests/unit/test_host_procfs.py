@@ -115,8 +115,8 @@ def test_bases_are_the_threads_in_numeric_order_without_the_leader(proc: Path) -
     leader = fake_process(proc, 60)
     for tid in ("60", "100", "61", "9x"):
         (leader / "task" / tid).mkdir(parents=True)
-    assert procfs._bases(60, "fd") == [f"{proc}/60/task/61", f"{proc}/60/task/100"]
-    assert procfs._bases(61, "fd") == []  # gone
+    assert procfs.thread_bases(60, "fd") == [f"{proc}/60/task/61", f"{proc}/60/task/100"]
+    assert procfs.thread_bases(61, "fd") == []  # gone
 
 
 def test_read_bytes_honours_its_limit_and_one_read(tmp_path: Path) -> None:
