@@ -1,5 +1,6 @@
-"""Adapter for /proc, cgroup v2 and device nodes. Every reader tolerates a process exiting
-mid-read (returns None), because the host is live while we look at it."""
+"""Adapter for /proc: one settable root, one reader of its files, and a process's status,
+command line, exe, wchan and threads. Every reader tolerates a process exiting mid-read
+(returns None), because the host is live while we look at it."""
 
 from __future__ import annotations
 

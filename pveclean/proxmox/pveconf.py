@@ -9,21 +9,9 @@ from pathlib import Path
 
 from pveclean.errors import ExitCode, PvecleanError
 
-_ALLOW_ANY = re.compile(r"^\s*(a\b|[cb*]\s+\*:\*)")
-
-
-# ---- what to scan -------------------------------------------------------------------------
-def may_use_gpus(conf: CtConfig, majors: frozenset[int]) -> bool:
-    """Whether the container's devices cgroup can let it open a GPU node: a passthrough
-    line, or a devices rule that allows every device (`a`, `c *:* rwm`)."""
-    if conf.gpu_lines(majors):
-        return True
-    return any(k in ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow")
-               and _ALLOW_ANY.match(v) for k, v in conf.lines)
-
-
 VMID_MIN, VMID_MAX = 100, 999_999_999
 _DEV_KEY = re.compile(r"^dev\d{1,3}$")
+_ALLOW_ANY = re.compile(r"^\s*(a\b|[cb*]\s+\*:\*)")  # every device
 _ALLOW = re.compile(r"^\s*c\s+(\d+|\*):(\d+|\*)\s+[rwm]+\s*$")
 # PVE::LXC::Config::parse_pct_config: raw lxc keys as `lxc.key: value` or `lxc.key = value`,
 # the others as `key: value`.
@@ -101,6 +89,15 @@ def is_gpu_line(key: str, value: str, nvidia_majors: frozenset[int] = frozenset(
         m = _ALLOW.match(value)
         return bool(m and m.group(1).isdigit() and int(m.group(1)) in ({195} | nvidia_majors))
     return False
+
+
+def may_use_gpus(conf: CtConfig, majors: frozenset[int]) -> bool:
+    """Whether the container's devices cgroup can let it open a GPU node: a passthrough
+    line, or a devices rule that allows every device (`a`, `c *:* rwm`)."""
+    if conf.gpu_lines(majors):
+        return True
+    return any(k in ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow")
+               and _ALLOW_ANY.match(v) for k, v in conf.lines)
 
 
 def parse_config(text: str, vmid: int) -> CtConfig:
