@@ -41,17 +41,30 @@ def build_holder(out_dir: Path) -> Path:
     Raises RuntimeError when gcc is missing or cannot link statically (install gcc and
     libc6-dev, which provides libc.a).
     """
+    return build_program(SOURCE, out_dir)
+
+
+def build_programs(out_dir: Path) -> dict[str, Path]:
+    """Every static test program of ``holder/`` (holder.c and one file per attack a test
+    plays inside a container), by name: ``holder/<name>.c`` -> ``out_dir/<name>``."""
+    return {src.stem: build_program(src, out_dir)
+            for src in sorted(SOURCE.parent.glob("*.c"))}
+
+
+def build_program(source: Path, out_dir: Path) -> Path:
+    """Compile one static program (skipped when newer than its source)."""
     out_dir = Path(out_dir)
-    binary = out_dir / "holder"
-    if binary.exists() and binary.stat().st_mtime >= SOURCE.stat().st_mtime:
+    binary = out_dir / source.stem
+    if binary.exists() and binary.stat().st_mtime >= source.stat().st_mtime:
         return binary
     gcc = shutil.which("gcc")
     if gcc is None:
-        raise RuntimeError("cannot build holder: gcc not found (apt-get install gcc libc6-dev)")
+        raise RuntimeError(f"cannot build {source.stem}: gcc not found "
+                           "(apt-get install gcc libc6-dev)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / f".holder.{os.getpid()}.tmp"
+    tmp = out_dir / f".{source.stem}.{os.getpid()}.tmp"
     proc = subprocess.run(
-        [gcc, *CFLAGS, "-o", str(tmp), str(SOURCE)],
+        [gcc, *CFLAGS, "-o", str(tmp), str(source)],
         capture_output=True,
         text=True,
         check=False,
@@ -61,6 +74,7 @@ def build_holder(out_dir: Path) -> Path:
         hint = ""
         if "-lc" in proc.stderr or "libc.a" in proc.stderr:
             hint = " (static libc missing: apt-get install libc6-dev)"
-        raise RuntimeError(f"cannot build holder: gcc -static failed{hint}:\n{proc.stderr.strip()}")
+        raise RuntimeError(f"cannot build {source.stem}: gcc -static failed{hint}:\n"
+                           f"{proc.stderr.strip()}")
     tmp.replace(binary)  # atomic: a concurrent caller never sees a half-written binary
     return binary

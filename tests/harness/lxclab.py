@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .fakenvml import FakeNvml
-from .holder import build_holder
+from .holder import build_programs
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -134,6 +134,7 @@ class Lab:
     nodes: dict[str, Path] = field(default_factory=dict)
     nvml: FakeNvml | None = None
     holder_bin: Path | None = None
+    programs: dict[str, Path] = field(default_factory=dict)  # holder/*.c, in every container
     containers: list[int] = field(default_factory=list)
     workloads: list[Workload] = field(default_factory=list)
     v1_freezers: list[Path] = field(default_factory=list)
@@ -162,7 +163,8 @@ class Lab:
             "dir: local\n\tpath " + str(root / "var/lib/vz") + "\n\tcontent iso,vztmpl,backup\n"
         )
         BUILD.mkdir(exist_ok=True)
-        self.holder_bin = build_holder(BUILD)
+        self.programs = build_programs(BUILD)
+        self.holder_bin = self.programs["holder"]
         nvml_dir = root / "nvml"
         self.nvml = FakeNvml(nvml_dir)
         shutil.copy2(FakeNvml(BUILD / "nvml").build(), self.nvml.lib_path)
@@ -288,8 +290,8 @@ class Lab:
         (rootfs / "etc/inittab").write_text("::sysinit:/bin/true\n")
         (rootfs / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
         (rootfs / "etc/group").write_text("root:x:0:\nvideo:x:44:\n")
-        assert self.holder_bin is not None
-        shutil.copy2(self.holder_bin, rootfs / "opt/lab/bin/holder")
+        for name, binary in self.programs.items():  # /opt/lab/bin/holder, and each attack's
+            shutil.copy2(binary, rootfs / "opt/lab/bin" / name)
         conf: list[tuple[str, str]] = [
             ("arch", "amd64"),
             ("hostname", f"lab{vmid}"),
