@@ -114,22 +114,23 @@ def parse_status(text: str) -> dict[str, str]:
     r"""/proc/PID/status as key -> value, read as the kernel writes it: lines end at \n
     only (a name may hold \f, \v, \r, \x1c-\x1e, \x85, U+2028/9, tabs and colons, which
     str.splitlines() would take for line breaks), every line is read, the name is all
-    that follows "Name:\t" on the first line (unescaped, never stripped), other values
-    are stripped. The kernel writes each key once, Name first, every line ended by \n:
-    text that is not so is refused (ValueError, with the reason), never half read."""
-    if not text.endswith("\n"):
+    that follows "Name:\t" on the first line (unescaped, never stripped), other values are
+    all after the key's colon (a tab first: split() them). The kernel writes each key once,
+    Name first, every line ended by \n: text that is not so is refused (ValueError, with
+    the reason), never half read."""
+    lines = text.split("\n")
+    if lines[-1]:
         raise ValueError("its last line is not ended")
-    lines = text[:-1].split("\n")
     if not lines[0].startswith("Name:\t"):
         raise ValueError("its first line is not the name")
+    pairs = [line.split(":", 1) for line in lines[1:-1]]
     out = {"Name": unescape_name(lines[0][6:])}
-    for line in lines[1:]:
-        key, sep, value = line.partition(":")
-        if not sep:
-            raise ValueError(f"a line without a key: {line[:40]!r}")
-        if key in out:
-            raise ValueError(f"the key {key[:40]!r} twice")
-        out[key] = value.strip()
+    try:
+        out.update(pairs)  # type: ignore[arg-type]  # [key, value] each, else ValueError
+    except ValueError:
+        raise ValueError("a line without a key") from None
+    if len(out) != len(pairs) + 1:
+        raise ValueError("a key twice")
     return out
 
 

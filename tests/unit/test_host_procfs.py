@@ -147,7 +147,7 @@ def test_stat_and_status_parsing() -> None:
     assert procfs.parse_stat(stat) == ("S", 1, 98765)
     assert procfs.parse_stat("garbage") is None
     st = procfs.parse_status("Name:\tpython3\nNSpid:\t4242\t17\t2\nUid:\t0\t0\t0\t0\n")
-    assert st["NSpid"] == "4242\t17\t2" and st["Name"] == "python3"
+    assert st["NSpid"].split() == ["4242", "17", "2"] and st["Name"] == "python3"
 
 
 def test_the_real_status_parses_whole() -> None:

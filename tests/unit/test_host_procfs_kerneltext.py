@@ -102,7 +102,7 @@ def test_status_gives_back_the_name_and_the_kernels_identity(
     assert name == exact(comm) and name.encode("utf-8", "surrogateescape") == comm
     assert (got_uid, got_nspid) == (uid, nspid)
     fields = procfs.parse_status(text)
-    assert fields["PPid"] == str(ppid) and fields["Tgid"] == str(pid)
+    assert fields["PPid"] == f"\t{ppid}" and fields["Tgid"] == f"\t{pid}"
 
 
 @settings(max_examples=300, deadline=None)
