@@ -52,7 +52,7 @@ DEVICES = GpuDevices({NULL: "/dev/nvidia0"}, frozenset())  # fake /proc trees ho
 
 def unit_holder(pid: int, cgroup: str, protected: str | None = None) -> Holder:
     """A GPU holder in `cgroup`, with the systemd unit read from it."""
-    return Holder(host_pid=pid, starttime=1, ct_pid=pid, name="python3", exe=None, cmdline="",
+    return Holder(host_pid=pid, starttime=1, ct_pid=pid, name="python3", exe=None, argv=(),
                   uid=0, user="root", state="S", ppid=1, cgroup=cgroup, protected=protected,
                   unit=units.unit_of(cgroup))
 

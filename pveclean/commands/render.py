@@ -99,6 +99,14 @@ def render_gpus(data: dict[str, Any]) -> str:
 LONG = 300  # cut for free-text values (cmdline, warnings) on their own line
 
 
+def command_line(value: object) -> str:
+    """A report's `cmdline` for humans: its arguments joined by spaces (a report keeps the
+    list; one written before it was a list is a string already)."""
+    if isinstance(value, list | tuple):
+        return " ".join(map(str, value))
+    return "" if value is None else str(value)
+
+
 def _mib(h: dict[str, Any]) -> str:
     vals = [v for v in (h.get("gpu_memory_mib") or {}).values() if v is not None]
     return str(sum(vals)) if vals else "-"
@@ -214,7 +222,7 @@ def render_report(r: dict[str, Any]) -> str:
                                              for k, v in srcs.items()))
     for h in r.get("holders", []):
         lines.append(f"  PID {safe(h['host_pid'], 12)} ({safe(h.get('name'), 16)}): "
-                     f"{safe(h.get('cmdline'), LONG)}")
+                     f"{safe(command_line(h.get('cmdline')), LONG)}")
         lines.append(f"      cgroup {safe(h.get('cgroup'), 120)}, "
                      f"unit {safe(h.get('unit') or '-', 64)}, user {safe(h.get('user'), 32)}"
                      f", seen by {safe(', '.join(h.get('sources', [])), 40)}, signals: "

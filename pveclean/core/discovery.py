@@ -19,25 +19,27 @@ if TYPE_CHECKING:
     from pveclean.proxmox import probe
 
 
-def protected_name(comm: str, exe: str | None, cmdline: str,
+def protected_name(comm: str, exe: str | None, argv: tuple[str, ...],
                    protect: frozenset[str]) -> str | None:
     """The protected name this process carries. comm is cut to 15 characters by the kernel
     ("nvidia-persiste"), so the executable's and argv[0]'s base names count too. Only for
     host processes: a container's root chooses its processes' names (see protect_reason)."""
+    cut = comm.encode("utf-8", "surrogateescape")
     for name in protect:
-        if comm == name or comm == name[:15]:
+        if comm == name or cut == name.encode("utf-8", "surrogatepass")[:15]:
             return name
-    argv0 = cmdline.split(" ", 1)[0]
-    for path in (exe, argv0):
+    for path in (exe, argv[0] if argv else None):
         if path and posixpath.basename(path.removesuffix(" (deleted)")) in protect:
             return posixpath.basename(path.removesuffix(" (deleted)"))
     return None
 
 
 def protect_reason(st: records.ProcStatus, scope: Scope, exe: str | None,
-                    cmdline: str) -> str | None:
+                   argv: tuple[str, ...]) -> str | None:
+    if st.refused:  # identifies nothing: never signalled, and the verdict says so
+        return f"not identified: {st.refused}"
     if len(st.nspid) < 2:
-        name = protected_name(st.name, exe, cmdline, scope.protect)
+        name = protected_name(st.name, exe, argv, scope.protect)
         return "in the host's PID namespace" + (f", protected name '{name}'" if name else "")
     if scope.running and st.nspid[1] == 1:
         return "the container's PID 1"
@@ -55,7 +57,7 @@ def unwalked(reason: str, scope: Scope) -> Holder:
     """Stands for the part of the cgroup tree that was not walked: never signalled, it keeps
     the verdict at `residual` and carries the reason into the report."""
     return Holder(host_pid=0, starttime=0, ct_pid=None, name="(cgroups not walked)", exe=None,
-                  cmdline="", uid=0, user="-", state="?", ppid=0,
+                  argv=(), uid=0, user="-", state="?", ppid=0,
                   cgroup=f"/lxc/{scope.vmid}", protected=f"not looked at: {reason}")
 
 

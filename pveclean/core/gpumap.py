@@ -41,7 +41,7 @@ class Proc:
 
 
 def proc_of_holder(h: Holder, vmid: int) -> Proc:
-    return Proc(h.host_pid, full_name(h.name, h.cmdline), "ct", vmid, h.ct_pid, h.unit, h.cgroup,
+    return Proc(h.host_pid, full_name(h.name, h.argv), "ct", vmid, h.ct_pid, h.unit, h.cgroup,
                 list(h.devices))
 
 
@@ -111,11 +111,13 @@ def owner_label(p: dict[str, Any]) -> str:
     return "host" if p["owner"] == "host" else "unknown"
 
 
-def full_name(comm: str, cmdline: str) -> str:
+def full_name(comm: str, argv: tuple[str, ...]) -> str:
     """The kernel cuts comm to 15 characters ("nvidia-persiste"): show argv[0]'s base name
     when it continues comm."""
-    argv0 = posixpath.basename(cmdline.split(" ", 1)[0])
-    return argv0 if len(comm) == 15 and argv0.startswith(comm) else comm
+    argv0 = posixpath.basename(argv[0]) if argv else ""
+    cut = comm.encode("utf-8", "surrogateescape")  # 15 bytes, maybe cut inside a character
+    whole = argv0.encode("utf-8", "surrogateescape")
+    return argv0 if len(cut) == 15 and whole.startswith(cut) else comm
 
 
 def makedev(major: int, minor: int) -> int:

@@ -87,7 +87,7 @@ class Holder:
     ct_pid: int | None
     name: str
     exe: str | None
-    cmdline: str
+    argv: tuple[str, ...]  # /proc/PID/cmdline's arguments, exactly (the report's `cmdline`)
     uid: int
     user: str
     state: str
@@ -118,7 +118,7 @@ class Holder:
             "ct_pid": self.ct_pid,
             "name": self.name,
             "exe": self.exe,
-            "cmdline": self.cmdline,
+            "cmdline": list(self.argv),
             "user": self.user,
             "state": self.state,
             "ppid": self.ppid,
@@ -186,3 +186,4 @@ class ProcStatus:
     uid: int
     nspid: tuple[int, ...]
     starttime: int
+    refused: str | None = None  # why its status identifies nothing (not as the kernel writes)

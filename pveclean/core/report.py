@@ -71,11 +71,41 @@ class Redactor:
         tail = (m.group("tail") or "") if "tail" in m.re.groupindex else ""
         return f"{head}***{tail}"
 
+    def argv(self, args: tuple[str, ...]) -> tuple[str, ...]:
+        """A command line: the patterns run over its arguments joined by spaces, as it was
+        typed (`--token s3cret` is two arguments), and each argument keeps its bounds: what
+        a match hides becomes *** in each argument it covers. MAX_VALUE characters in all."""
+        kept: list[str] = []
+        total = 0
+        for a in args:
+            if total + len(a) >= MAX_VALUE:
+                kept.append(a[: max(MAX_VALUE - 1 - total, 0)] + "…")
+                break
+            kept.append(a)
+            total += len(a) + 1
+        line = " ".join(kept)
+        hidden = bytearray(len(line))
+        for p in self.patterns:
+            for m in p.finditer(line):
+                hidden[m.start() : m.end()] = b"\1" * (m.end() - m.start())
+                for g in (1 if p.groups else None, p.groupindex.get("tail")):
+                    if g is not None and m.start(g) >= 0:
+                        hidden[m.start(g) : m.end(g)] = bytes(m.end(g) - m.start(g))
+        out, at = [], 0
+        for a in kept:
+            parts = [ch if not hidden[at + i] else "" if i and hidden[at + i - 1] else "***"
+                     for i, ch in enumerate(a)]
+            out.append("".join(parts))
+            at += len(a) + 1
+        return tuple(out)
+
     def value(self, v: Any) -> Any:
         if isinstance(v, Enum):
             return v
         if isinstance(v, str):
             return self.text(v)
+        if isinstance(v, tuple) and all(isinstance(x, str) for x in v):
+            return self.argv(v)  # a command line (Holder.argv)
         if isinstance(v, dict):
             return {k: self.value(x) for k, x in v.items()}
         if isinstance(v, list):

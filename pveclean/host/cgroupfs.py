@@ -4,28 +4,45 @@ A container's root can create cgroups without end below its own: every walk is b
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from pveclean.errors import PvecleanError
 from pveclean.host import procfs
 from pveclean.host.procfs import read_text
 
+_OCTAL = re.compile(rb"\\([0-7]{3})")
+
+
+def parse_mounts(raw: bytes) -> list[tuple[str, str, str]]:
+    r"""(mount point, type, options) of each line of /proc/PID/mounts, as the kernel writes
+    them (fs/proc_namespace.c show_vfsmnt): "dev point type opts 0 0\n", lines ending at \n
+    only, fields split at single spaces, and a space, tab, \n or backslash in a field
+    written as \ooo (octal). Any other byte is raw. A line not of six fields is left out."""
+    out = []
+    for line in raw.split(b"\n"):
+        fields = line.split(b" ")
+        if len(fields) != 6:
+            continue
+        point, fstype, opts = (procfs.decode(_OCTAL.sub(lambda m: bytes([int(m[1], 8)]), f))
+                               for f in fields[1:4])
+        out.append((point, fstype, opts))
+    return out
+
 
 def cgroup2_root(mounts_file: str | None = None) -> str:
-    """The cgroup v2 mount point: /sys/fs/cgroup on Proxmox, elsewhere /sys/fs/cgroup/unified.
-    `mounts_file`: /proc/self/mounts by default."""
+    """The cgroup v2 mount point: /sys/fs/cgroup on Proxmox, elsewhere /sys/fs/cgroup/unified
+    (hybrid hosts, where v1 hierarchies sit beside it). `mounts_file`: /proc/self/mounts."""
     mounts_file = mounts_file or procfs.path("self", "mounts")
-    best: str | None = None
     try:
-        with open(mounts_file, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) >= 3 and parts[2] == "cgroup2":
-                    mnt = parts[1].replace("\\040", " ")
-                    if best is None or len(mnt) < len(best):
-                        best = mnt
+        with open(mounts_file, "rb") as fh:
+            raw = fh.read()
     except OSError as exc:
         raise PvecleanError(f"cannot read {mounts_file}: {exc.strerror}") from None
+    best: str | None = None
+    for mnt, fstype, _opts in parse_mounts(raw):
+        if fstype == "cgroup2" and (best is None or len(mnt) < len(best)):
+            best = mnt
     if best is None:
         raise PvecleanError("no cgroup v2 hierarchy is mounted (Proxmox VE 7+ uses cgroup v2)")
     return best
@@ -127,35 +144,53 @@ def remove_empty_cgroups(cgroup_dir: Path) -> list[str]:
     return removed
 
 
-def pid_cgroup(pid: int) -> str | None:
-    """The cgroup v2 path of a process (the "0::" line), or None if it is gone."""
-    text = read_text(procfs.path(pid, "cgroup"))
-    if text is None:
+def parse_cgroups(text: str) -> list[tuple[str, str, str]] | None:
+    r"""(hierarchy id, controllers, path) of each line of /proc/PID/cgroup, as the kernel
+    writes them (kernel/cgroup/cgroup.c proc_cgroup_show): "id:controllers:path\n", the path
+    raw. A cgroup name may hold any byte but "/", NUL and \n (mkdir refuses a \n), so lines
+    end at \n only and the path is all after the second colon: a v1 cgroup named
+    "a\f0::/lxc/130/ns" stays in its own line. None where the text is not so: the kernel
+    ends every line, and writes the v2 line ("0::") once at most."""
+    if not text.endswith("\n"):
         return None
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            return line[3:]
+    out = []
+    for line in text[:-1].split("\n"):
+        num, sep1, rest = line.partition(":")
+        controllers, sep2, path = rest.partition(":")
+        if not (sep1 and sep2 and num.isdigit()):
+            return None
+        out.append((num, controllers, path))
+    if sum(1 for num, ctl, _ in out if num == "0" and not ctl) > 1:
+        return None
+    return out
+
+
+def read_cgroups(pid: int) -> list[tuple[str, str, str]] | None:
+    raw = procfs.read_bytes(procfs.path(pid, "cgroup"))
+    return None if raw is None else parse_cgroups(procfs.decode(raw))
+
+
+def pid_cgroup(pid: int) -> str | None:
+    """The cgroup v2 path of a process (the "0::" line), or None if it is gone or its text
+    is not as the kernel writes it (see parse_cgroups: then it is in no container's tree)."""
+    for num, controllers, path in read_cgroups(pid) or ():
+        if num == "0" and not controllers:
+            return path
     return None
 
 
 def _mount_of(fstype: str, option: str | None = None) -> str | None:
-    text = read_text(procfs.path("self", "mounts")) or ""
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[2] == fstype and (
-            option is None or option in parts[3].split(",")
-        ):
-            return parts[1]
+    raw = procfs.read_bytes(procfs.path("self", "mounts")) or b""
+    for mnt, kind, opts in parse_mounts(raw):
+        if kind == fstype and (option is None or option in opts.split(",")):
+            return mnt
     return None
 
 
 def frozen(pid: int) -> bool:
     """Frozen by the cgroup v2 freezer, or by a v1 freezer on hybrid hosts (where, unlike v2,
     even SIGKILL waits until the cgroup is thawed)."""
-    text = read_text(procfs.path(pid, "cgroup")) or ""
-    for line in text.splitlines():
-        num, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
+    for num, controllers, path in read_cgroups(pid) or ():
         if num == "0" and not controllers:
             try:
                 root: str | None = cgroup2_root()

@@ -121,7 +121,7 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices, own_ns: str |
         st = procfs.read_status(pid)
         if st is None or st.state == "Z":
             continue
-        out.append(Proc(pid, full_name(st.name, procfs.cmdline(pid)), "host", cgroup=cgroup,
+        out.append(Proc(pid, full_name(st.name, procfs.argv(pid)), "host", cgroup=cgroup,
                         unit=unit_of(cgroup), devices=fds + maps))
     return out
 

@@ -1,11 +1,12 @@
 """Adapter for /proc: one settable root, one reader of its files, and a process's status,
-command line, exe, wchan and threads. Every reader tolerates a process exiting mid-read
-(returns None), because the host is live while we look at it."""
+command line, exe, wchan and threads, parsed as the kernel writes them. Every reader
+tolerates a process exiting mid-read (returns None): the host is live while we look at it."""
 
 from __future__ import annotations
 
 import os
 import pwd
+import re
 
 from pveclean.core.records import ProcStatus
 
@@ -73,12 +74,24 @@ def listdir(directory: str) -> list[str] | None:
         return None
 
 
+def decode(raw: bytes) -> str:
+    """Kernel text as str, no byte lost or merged: UTF-8, and each byte that is not UTF-8 a
+    lone surrogate U+DC80-U+DCFF (os.fsdecode's way; .encode("utf-8", "surrogateescape")
+    gives the bytes back). Names, command lines and cgroup paths are the tenant's bytes."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+_STAT_HEAD = re.compile(r"\d+ \(")
+
+
 def parse_stat(text: str) -> tuple[str, int, int] | None:
-    """(state, ppid, starttime) from /proc/PID/stat; comm may hold spaces and ')'."""
+    r"""(state, ppid, starttime) from /proc/PID/stat: "PID (comm) state ppid ...". comm is
+    written raw (no escaping: it may hold ")", spaces, \n), so the fields are what follows
+    the last ")"; they are the kernel's own numbers."""
     end = text.rfind(")")
-    if end < 0:
+    if end < 0 or not _STAT_HEAD.match(text):
         return None
-    rest = text[end + 2 :].split()
+    rest = text[end + 1 :].split()
     if len(rest) < 20:
         return None
     try:
@@ -87,45 +100,98 @@ def parse_stat(text: str) -> tuple[str, int, int] | None:
         return None
 
 
-STATUS_KEYS = frozenset({"Name", "Uid", "NSpid"})
+_NAME_ESCAPE = re.compile(r"\\([n\\])")
 
 
-def parse_status(text: str, keys: frozenset[str] | None = None) -> dict[str, str]:
-    """/proc/PID/status as key -> value; only `keys` if given (it stops once it has them:
-    the kernel writes each key once, and escapes a newline in a process's name)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and (keys is None or key in keys):
-            out[key] = value.strip()
-            if keys is not None and len(out) == len(keys):
-                break
+def unescape_name(value: str) -> str:
+    r"""A process name as /proc/PID/status writes it, back to the name: the kernel escapes
+    only a newline (as \n) and a backslash (as \\): fs/proc/array.c proc_task_name,
+    seq_escape_str(..., ESCAPE_SPACE | ESCAPE_SPECIAL, "\n\\"). Every other byte is raw."""
+    return _NAME_ESCAPE.sub(lambda m: "\n" if m[1] == "n" else "\\", value)
+
+
+def parse_status(text: str) -> dict[str, str]:
+    r"""/proc/PID/status as key -> value, read as the kernel writes it: lines end at \n
+    only (a name may hold \f, \v, \r, \x1c-\x1e, \x85, U+2028/9, tabs and colons, which
+    str.splitlines() would take for line breaks), every line is read, the name is all
+    that follows "Name:\t" on the first line (unescaped, never stripped), other values are
+    all after the key's colon (a tab first: split() them). The kernel writes each key once,
+    Name first, every line ended by \n: text that is not so is refused (ValueError, with
+    the reason), never half read."""
+    lines = text.split("\n")
+    if lines[-1]:
+        raise ValueError("its last line is not ended")
+    if not lines[0].startswith("Name:\t"):
+        raise ValueError("its first line is not the name")
+    pairs = [line.split(":", 1) for line in lines[1:-1]]
+    out = {"Name": unescape_name(lines[0][6:])}
+    try:
+        out.update(pairs)  # type: ignore[arg-type]  # [key, value] each, else ValueError
+    except ValueError:
+        raise ValueError("a line without a key") from None
+    if len(out) != len(pairs) + 1:
+        raise ValueError("a key twice")
     return out
 
 
+def status_identity(text: str) -> tuple[str, int, tuple[int, ...] | None]:
+    """(name, real uid, NSpid or None where the kernel has none) of a status text; the
+    ValueError of parse_status, or of a Uid/NSpid that is not numbers, says why not."""
+    st = parse_status(text)
+    if "Uid" not in st:
+        raise ValueError("no Uid line")
+    uid = int(st["Uid"].split()[0])
+    nspid = tuple(int(x) for x in st["NSpid"].split()) if "NSpid" in st else None
+    if nspid == ():
+        raise ValueError("an empty NSpid")
+    return st["Name"], uid, nspid
+
+
 def read_status(pid: int) -> ProcStatus | None:
-    stat_text = read_text(path(pid, "stat"))
-    status_text = read_text(path(pid, "status"))
-    if stat_text is None or status_text is None:
+    """What stat and status say of a process; None if it is gone. A status the kernel
+    cannot have written (see parse_status) gives a ProcStatus that identifies nothing
+    (`refused` says why; no NSpid, so never taken for a container's process)."""
+    stat_raw = read_bytes(path(pid, "stat"))
+    status_raw = read_bytes(path(pid, "status"))
+    if stat_raw is None or status_raw is None:
         return None
-    parsed = parse_stat(stat_text)
+    parsed = parse_stat(decode(stat_raw))
     if parsed is None:
         return None
     state, ppid, starttime = parsed
-    st = parse_status(status_text, STATUS_KEYS)
     try:
-        uid = int(st.get("Uid", "0").split()[0])
-        nspid = tuple(int(x) for x in st.get("NSpid", str(pid)).split())
-    except ValueError:
-        return None
-    return ProcStatus(pid, st.get("Name", "?"), state, ppid, uid, nspid or (pid,), starttime)
+        name, uid, nspid = status_identity(decode(status_raw))
+    except (ValueError, IndexError) as exc:
+        return ProcStatus(pid, "?", state, ppid, -1, (), starttime,
+                          refused=f"its /proc/PID/status is not as the kernel writes it ({exc})")
+    return ProcStatus(pid, name, state, ppid, uid, nspid or (pid,), starttime)
 
 
-def cmdline(pid: int) -> str:
-    raw = read_bytes(path(pid, "cmdline"), 8192)
-    if raw is None:
-        return ""
-    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
+CMDLINE_CAP = 8192  # bytes of a command line read (the kernel gives the whole argv area)
+CUT = "\u2026"  # ends the last argument of a command line cut at CMDLINE_CAP
+
+
+def parse_cmdline(raw: bytes, cap: int = CMDLINE_CAP) -> tuple[str, ...]:
+    """/proc/PID/cmdline as its argv: the arguments, each ended by a NUL (the kernel may
+    leave out the last one, and a process may rewrite its argv area into anything, NULs
+    or none), decoded byte for byte (see decode). More than `cap` bytes: the first `cap`,
+    the last argument ending with CUT."""
+    cut = len(raw) > cap
+    raw = raw[:cap]
+    if not raw:
+        return ()
+    if raw.endswith(b"\0") and not cut:
+        raw = raw[:-1]
+    args = [decode(a) for a in raw.split(b"\0")]
+    if cut:
+        args[-1] += CUT
+    return tuple(args)
+
+
+def argv(pid: int) -> tuple[str, ...]:
+    """A process's command line as its arguments; () if it has none or is gone."""
+    raw = read_bytes(path(pid, "cmdline"), CMDLINE_CAP + 1)
+    return parse_cmdline(raw) if raw else ()
 
 
 def exe(pid: int) -> str | None:
@@ -161,5 +227,5 @@ def user_name(uid: int) -> str:
     try:
 
         return pwd.getpwuid(uid).pw_name
-    except (KeyError, ImportError):
+    except (KeyError, ImportError, OverflowError):
         return str(uid)

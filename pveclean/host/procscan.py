@@ -13,7 +13,7 @@ from pveclean.host import cgroupfs, devnodes, procfs, worker
 
 def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder:
 
-    exe, cmdline = procfs.exe(st.pid), procfs.cmdline(st.pid)
+    exe, argv = procfs.exe(st.pid), procfs.argv(st.pid)
     cgroup = f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/")
     now = cgroupfs.pid_cgroup(st.pid)  # fresher than the walk: a new process moves, then execs
     if records.in_tree(now, scope.vmid) and now is not None:
@@ -24,13 +24,13 @@ def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder
         ct_pid=st.nspid[1] if len(st.nspid) >= 2 else None,
         name=st.name,
         exe=exe,
-        cmdline=cmdline,
+        argv=argv,
         uid=st.uid,
         user=procfs.user_name(st.uid),
         state=st.state,
         ppid=st.ppid,
         cgroup=cgroup,
-        protected=protect_reason(st, scope, exe, cmdline),
+        protected=protect_reason(st, scope, exe, argv),
         unit=unit_of(cgroup),
     )
 

@@ -64,7 +64,7 @@ def test_seeds_situation_is_cleaned_exactly(lab: Lab, vmid: int, vmid2: int) -> 
         assert h["outcome"] == "terminated" and h["signals"][0].startswith("SIGTERM")
         assert {"host", "nvml"} <= set(h["sources"])
         assert h["ct_pid"] and h["ct_pid"] != pid
-        assert "vllm.worker" in h["cmdline"]
+        assert "vllm.worker" in h["cmdline"]  # an argument of its own
     assert rep["summary"]["freed_mib"] == 4 * TP_MIB + VLLM_MIB + NCCL_MIB
     gpu0 = rep["gpus"][0]
     assert gpu0["used_before_mib"] - gpu0["used_after_mib"] == TP_MIB + VLLM_MIB

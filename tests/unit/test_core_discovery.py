@@ -29,7 +29,7 @@ def status(pid: int, ct_pid: int | None, name: str = "python3") -> ProcStatus:
 
 def holder(pid: int, ct_pid: int | None = None) -> Holder:
     return Holder(host_pid=pid, starttime=pid * 100, ct_pid=ct_pid, name="python3", exe=None,
-                  cmdline="python3", uid=0, user="root", state="S", ppid=1,
+                  argv=("python3",), uid=0, user="root", state="S", ppid=1,
                   cgroup="/lxc/129/ns", sources=["host"])
 
 
@@ -109,12 +109,15 @@ def test_nvml_asks_no_reads_when_every_process_is_a_known_holder() -> None:
 
 def test_protected_names_match_comm_cut_to_15_the_exe_and_argv0() -> None:
     protect = frozenset({"nvidia-persistenced"})
-    assert protected_name("nvidia-persiste", None, "", protect) == "nvidia-persistenced"
-    assert protected_name("x", "/usr/bin/nvidia-persistenced (deleted)", "", protect) == \
+    assert protected_name("nvidia-persiste", None, (), protect) == "nvidia-persistenced"
+    assert protected_name("x", "/usr/bin/nvidia-persistenced (deleted)", (), protect) == \
         "nvidia-persistenced"
-    assert protected_name("x", None, "/opt/nvidia-persistenced --verbose", protect) == \
+    assert protected_name("x", None, ("/opt/nvidia-persistenced", "--verbose"), protect) == \
         "nvidia-persistenced"
-    assert protected_name("python3", "/usr/bin/python3", "python3 a.py", protect) is None
+    assert protected_name("x", None, ("/opt/my dir/nvidia-persistenced",), protect) == \
+        "nvidia-persistenced"  # argv[0] whole, spaces and all
+    assert protected_name("python3", "/usr/bin/python3", ("python3", "a.py"), protect) is None
+    assert protected_name("x", None, ("/opt/nvidia-persistenced x",), protect) is None
 
 
 def test_an_unwalked_tree_stands_as_a_protected_holder() -> None:

@@ -110,15 +110,18 @@ def test_minors_follow_the_registry_over_the_number() -> None:
 
 
 # ---- names and labels ---------------------------------------------------------------------
-@pytest.mark.parametrize(("comm", "cmdline", "name"), [
-    ("nvidia-persiste", "/usr/bin/nvidia-persistenced --user x", "nvidia-persistenced"),
-    ("python3", "/usr/bin/python3.11 -m x", "python3"),  # not cut: comm as it is
-    ("abcdefghijklmno", "/opt/other-name", "abcdefghijklmno"),  # argv0 does not continue it
-    ("abcdefghijklmno", "", "abcdefghijklmno"),
-    ("abcdefghijklmno", "abcdefghijklmnopq", "abcdefghijklmnopq"),
+@pytest.mark.parametrize(("comm", "argv", "name"), [
+    ("nvidia-persiste", ("/usr/bin/nvidia-persistenced", "--user", "x"), "nvidia-persistenced"),
+    ("nvidia-persiste", ("/opt/my dir/nvidia-persistenced",), "nvidia-persistenced"),
+    ("python3", ("/usr/bin/python3.11", "-m", "x"), "python3"),  # not cut: comm as it is
+    ("abcdefghijklmno", ("/opt/other-name",), "abcdefghijklmno"),  # argv0 does not continue it
+    ("abcdefghijklmno", (), "abcdefghijklmno"),
+    ("abcdefghijklmno", ("abcdefghijklmnopq",), "abcdefghijklmnopq"),
+    ("ééééééé\udcc3", ("éééééééé-x",), "éééééééé-x"),  # 15 bytes, cut inside a character
+    ("ééééééé", ("éééééééé-x",), "ééééééé"),  # 14 bytes: not cut
 ])
-def test_full_name(comm: str, cmdline: str, name: str) -> None:
-    assert gpumap.full_name(comm, cmdline) == name
+def test_full_name(comm: str, argv: tuple[str, ...], name: str) -> None:
+    assert gpumap.full_name(comm, argv) == name
 
 
 def test_owner_label() -> None:

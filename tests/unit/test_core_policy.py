@@ -141,7 +141,7 @@ def test_a_fake_clock_run_settles_after_settle_and_times_out_on_nvml() -> None:
 
 
 def make(pid: int, protected: str | None = None) -> Holder:
-    return Holder(host_pid=pid, starttime=pid, ct_pid=None, name="x", exe=None, cmdline="",
+    return Holder(host_pid=pid, starttime=pid, ct_pid=None, name="x", exe=None, argv=(),
                   uid=0, user="root", state="S", ppid=1, cgroup="/lxc/1", protected=protected)
 
 

@@ -42,7 +42,7 @@ TOP = ["pveclean", "vmid", "phase", "host", "start", "duration_s", "dry_run", "v
 
 def holder(pid: int, outcome: Outcome | None = None, **kw: Any) -> Holder:
     return Holder(host_pid=pid, starttime=pid * 10, ct_pid=pid - 1000, name=f"p{pid}",
-                  exe="/usr/bin/python3", cmdline=f"python3 train.py --token=s3cret{pid}",
+                  exe="/usr/bin/python3", argv=("python3", "train.py", f"--token=s3cret{pid}"),
                   uid=0, user="root", state="S", ppid=1, cgroup="/lxc/129/ns/x.service",
                   devices=["/dev/nvidia0"], gpu_memory_mib={1: 300, 0: None},
                   sources=["host"], outcome=outcome, **kw)
@@ -213,8 +213,8 @@ def test_redacting_the_report_is_redacting_its_dict() -> None:
     redacted = red.value(rep)
     assert isinstance(redacted, Report) and redacted.verdict is Verdict.CLEAN
     assert redacted.as_dict() == red.value(rep.as_dict())
-    assert redacted.holders[0].cmdline == "python3 train.py --token=***"
-    assert rep.holders[0].cmdline.endswith("s3cret2001")  # the original is left alone
+    assert redacted.holders[0].argv == ("python3", "train.py", "--token=***")
+    assert rep.holders[0].argv[-1].endswith("s3cret2001")  # the original is left alone
 
 
 def test_a_pattern_never_rewrites_a_verdict_or_an_outcome() -> None:

@@ -167,7 +167,7 @@ def test_a_reader_given_up_on_names_its_share(proc: Path, tmp_path: Path,
     ("dcgm-exporter12", "", "dcgm-exporter12"),
 ])
 def test_full_name_continues_a_cut_comm_from_argv0(comm: str, cmdline: str, name: str) -> None:
-    assert full_name(comm, cmdline) == name
+    assert full_name(comm, tuple(cmdline.split())) == name
 
 
 def test_host_pids_leave_out_only_proxmox_containers(tmp_path: Path) -> None:

@@ -225,7 +225,7 @@ def scope_of(tmp_path: Path, pids: list[int]) -> Scope:
 
 def holder(pid: int, starttime: int = 500) -> Holder:
     return Holder(host_pid=pid, starttime=starttime, ct_pid=pid - 90, name="python3",
-                  exe=None, cmdline="", uid=0, user="root", state="S", ppid=1,
+                  exe=None, argv=(), uid=0, user="root", state="S", ppid=1,
                   cgroup="/lxc/129/ns", sources={"nvml"})
 
 
