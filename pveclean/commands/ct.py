@@ -11,7 +11,7 @@ from pveclean.commands.render import render_run
 from pveclean.core.text import safe
 from pveclean.host.configfile import load
 from pveclean.host.prelude import NvmlWorker
-from pveclean.host.reportfiles import to_yaml
+from pveclean.host.reportfiles import unsaved_text
 from pveclean.proxmox.pveconf import parse_vmid
 
 
@@ -53,5 +53,7 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
         if not args.as_json:
 
             print("--- report (not saved) ---", file=sys.stderr)
-            print(to_yaml(result.report.as_dict(), terminal=True), file=sys.stderr)
+            print(unsaved_text(result.report.as_dict(), result.spare), file=sys.stderr)
+        elif result.spare:
+            print(f"pveclean: the whole report is in {result.spare}", file=sys.stderr)
     return result.exit_code
