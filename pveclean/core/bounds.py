@@ -29,6 +29,9 @@ DEVICES = 8  # device paths listed per holder (and one for each other device it 
 TEXT = 4096  # characters of one string of a listed holder (PATH_MAX: a whole path)
 DEVICE_CHARS = 512  # characters of one device path label: its start and its end (the device)
 ITEMS = 16  # entries of a holder's other lists (its signals)
+HOLDER_BYTES = 32 << 10  # one holder past this is listed shorter: SHORT characters a string,
+SHORT = 128  # ... SHORT_ITEMS entries a list (an admin still sees who it is and what it held)
+SHORT_ITEMS = 4
 PID_RANGES = 64  # PID ranges of the holders not listed
 NAMES = 10  # names of the holders not listed (the most frequent), each cut to NAME_CHARS
 NAME_CHARS = 64
@@ -40,19 +43,19 @@ UNSAVED_SHOWN = 16 << 10  # characters of an unsaved report shown on stderr (the
 MORE = "…"
 
 
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
-
-
 def size(v: Any) -> int:
     """An upper bound on the bytes of `v` in the report's YAML: printable ASCII as is (a
-    quote doubled), other text as its escapes (\\x01, \\u202e: never shorter than the
-    UTF-8 of a printable character) plus the indentation of each line of a literal block;
-    keys, dashes and indentation per entry."""
+    quote doubled), other printable text as its escapes (\\u202e: never shorter than its
+    UTF-8), text with anything unprintable at the longest escape per character (\\U000e0001)
+    plus the indentation of each line of a literal block; keys, dashes and indentation per
+    entry. C-speed string methods only: it runs over every listed holder."""
     if isinstance(v, str):
-        if v.isascii() and v.isprintable():
-            return len(v) + v.count("'") + 4
-        return (len(v.encode("ascii", "backslashreplace")) + 3 * len(_CONTROL.findall(v))
-                + 8 * v.count("\n") + v.count("\\") + v.count('"') + 4)
+        if v.isprintable():
+            quotes = v.count("'") + v.count('"') + v.count("\\")
+            if v.isascii():
+                return len(v) + quotes + 4
+            return len(v.encode("ascii", "backslashreplace")) + quotes + 4
+        return 10 * len(v) + 8 * v.count("\n") + 4
     if isinstance(v, dict):
         return sum(size(k) + size(x) + 8 for k, x in v.items()) + 4
     if isinstance(v, list | tuple | set | frozenset):
@@ -99,7 +102,7 @@ _RDEV = re.compile(r" \((?:mmap )?(\d+:\d+)\)$")
 def _device(label: str) -> str | None:
     """The device a holder's path label names ("195:0" of "... (195:0)" or "... (mmap
     195:0)"), or None (the probe's labels name none)."""
-    m = _RDEV.search(label)
+    m = _RDEV.search(label, max(0, len(label) - 32))  # the suffix only: a path can be long
     return m.group(1) if m else None
 
 
@@ -128,25 +131,36 @@ def cap_devices(labels: list[str], limit: int = DEVICES) -> list[str]:
     return [labels[i] for i in sorted(keep)] + [f"{MORE}+{more} more"]
 
 
-def bound_holder(h: Holder) -> Holder:
-    """The holder as a report lists it: strings cut to TEXT, device paths to DEVICES (each
-    device kept), its other lists to ITEMS."""
+def bound_holder(h: Holder, text: int = TEXT, items: int = ITEMS, devices: int = DEVICES,
+                 device_chars: int = DEVICE_CHARS) -> Holder:
+    """The holder as a report lists it: strings cut to `text`, device paths to `devices`
+    (each device kept), its other lists to `items`."""
     changes: dict[str, Any] = {}
     for f in dataclasses.fields(h):
         v = getattr(h, f.name)
         if f.name == "devices":
-            v = [cut_middle(x) for x in cap_devices(v)]
-        elif isinstance(v, str) and len(v) > TEXT:
-            v = cut(v)
-        elif isinstance(v, list) and (len(v) > ITEMS or any(
-                isinstance(x, str) and len(x) > TEXT for x in v)):
-            v = [cut(x) if isinstance(x, str) else x for x in v[:ITEMS]]
-            if len(getattr(h, f.name)) > ITEMS:
-                v.append(f"{MORE} {len(getattr(h, f.name)) - ITEMS} more not listed")
+            v = [cut_middle(x, device_chars) for x in cap_devices(v, devices)]
+        elif isinstance(v, str) and len(v) > text:
+            v = cut(v, text)
+        elif isinstance(v, list) and (len(v) > items or any(
+                isinstance(x, str) and len(x) > text for x in v)):
+            v = [cut(x, text) if isinstance(x, str) else x for x in v[:items]]
+            if len(getattr(h, f.name)) > items:
+                v.append(f"{MORE} {len(getattr(h, f.name)) - items} more not listed")
         else:
             continue
         changes[f.name] = v
     return dataclasses.replace(h, **changes) if changes else h
+
+
+def listed_holder(h: Holder) -> tuple[Holder, int]:
+    """The holder bounded, shorter when it is still over HOLDER_BYTES; and its size."""
+    b = bound_holder(h)
+    need = size(b.as_dict())
+    if need > HOLDER_BYTES:
+        b = bound_holder(h, SHORT, SHORT_ITEMS, SHORT_ITEMS, SHORT)
+        need = size(b.as_dict())
+    return b, need + 8
 
 
 def _rank(h: Holder) -> int:
@@ -169,8 +183,7 @@ def select(holders: list[Holder], limit: int = HOLDERS, budget: int = HOLDERS_BY
     for i in order:
         if len(listed) >= limit:
             break
-        b = bound_holder(holders[i])
-        need = size(b.as_dict()) + 8
+        b, need = listed_holder(holders[i])
         if used + need > budget:
             break
         used += need
