@@ -29,3 +29,16 @@ def test_an_unsaved_report_of_400_holders_stays_under_64_kb(
     assert f"the whole report is in {spare}" in out.err
     assert where.endswith(f"kept in {spare}")
     assert rep.remaining_count() == 200  # every one counted, listed or not
+
+
+def test_ct_says_how_many_holders_are_not_listed_in_one_safe_line() -> None:
+    from pveclean.commands.ct import not_listed_line
+    from pveclean.core import bounds
+
+    hs = [holder(1000 + i) for i in range(300)]
+    for h in hs[:5]:
+        h.name = "\x1b[2Jevil"
+    line = not_listed_line(bounds.not_listed(hs) or {})
+    assert line.startswith("... and 300 more holder(s) not listed (killed 300): host PIDs "
+                           "1000-1299; names ")
+    assert "\x1b" not in line and "\\x1b[2Jevil (5)" in line
