@@ -42,3 +42,13 @@ def test_ct_says_how_many_holders_are_not_listed_in_one_safe_line() -> None:
     assert line.startswith("... and 300 more holder(s) not listed (killed 300): host PIDs "
                            "1000-1299; names ")
     assert "\x1b" not in line and "\\x1b[2Jevil (5)" in line
+
+
+def test_syslog_and_metrics_count_every_survivor_listed_or_not() -> None:
+    from pveclean.host import notify
+
+    hs = [holder(1000 + i, Outcome.SURVIVED) for i in range(300)]
+    d = make_report(hs).bounded().as_dict()
+    assert len(d["holders"]) < 300
+    assert " residual=300 " in notify.log_line(d, None)
+    assert notify.survived({"holders": [{"outcome": "survived"}]}) == 1
