@@ -392,10 +392,12 @@ def _write_report(rep: dict[str, Any], cfg: Config) -> str:
 
 def finish(rep: Report, cfg: Config, write_report: bool = True,
            deadline: Deadline | None = None, writer: Worker | None = None) -> RunResult:
-    """Redact, write and prune within what is left of the run (at least REPORT_WAIT), in
-    `writer` (the run's scan worker, idle by now: no fork) or a worker of its own; a report
-    that cannot be written is kept in the result and said in syslog."""
-    rep = report.Redactor(cfg.redact).value(rep)
+    """Bound, redact, write and prune within what is left of the run (at least REPORT_WAIT),
+    in `writer` (the run's scan worker, idle by now: no fork) or a worker of its own. The
+    caps come first (core/bounds.py): redacting and dumping a bounded report take a bounded
+    time, whatever the container holds. A report that cannot be written is kept whole in a
+    spare file (reportfiles.SPARE_DIR), named in the result and in syslog."""
+    rep = report.Redactor(cfg.redact).value(rep.bounded())
     code = verdicts.exit_code(rep.verdict)
     if not write_report:
         return RunResult(rep, None, code)
@@ -411,6 +413,8 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
             why = (f"writing the report to {cfg.report_dir} did not finish within {wait:.1f} s "
                    "(a hung file system?)")
     rep = rep.with_error(why)
+    spare = reportfiles.write_spare(rep.as_dict(), max(cfg.keep_reports, 1))
     # syslog only: a metrics file on the same hung file system would block this process
-    notify.publish(rep.as_dict(), None, cfg.syslog, cfg.syslog_socket, None)
-    return RunResult(rep, None, max(code, ExitCode.REPORT), why)
+    notify.publish(rep.as_dict(), None if spare is None else str(spare), cfg.syslog,
+                   cfg.syslog_socket, None)
+    return RunResult(rep, None, max(code, ExitCode.REPORT), why, spare=spare)

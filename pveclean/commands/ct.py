@@ -11,8 +11,12 @@ from pveclean.commands.render import render_run
 from pveclean.core.text import safe
 from pveclean.host.configfile import load
 from pveclean.host.prelude import NvmlWorker
-from pveclean.host.reportfiles import to_yaml
+from pveclean.host.reportfiles import unsaved_text
 from pveclean.proxmox.pveconf import parse_vmid
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 @dataclass
@@ -23,6 +27,14 @@ class CtArgs:
     grace: float | None = None
     stop_units: bool = False
     config: str | None = None
+
+
+def not_listed_line(more: dict[str, Any]) -> str:
+    """The holders past the report's caps (core/bounds.py), in one line."""
+    outcomes = ", ".join(f"{safe(k, 20)} {safe(v, 12)}" for k, v in more["outcomes"].items())
+    names = ", ".join(f"{safe(k, 40)} ({safe(v, 12)})" for k, v in more["names"].items())
+    return (f"... and {safe(more['count'], 12)} more holder(s) not listed ({outcomes}): host "
+            f"PIDs {safe(more['host_pids'], 400)}; names {safe(names, 400)}")
 
 
 def run(args: CtArgs, nvml: NvmlWorker) -> int:
@@ -44,7 +56,11 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
         print(json.dumps(result.report.as_dict(), indent=2, default=str))
     else:
 
-        print(render_run(result.report.as_dict()))
+        rep = result.report.as_dict()
+        print(render_run(rep))
+        more = rep.get("holders_not_listed")
+        if more:
+            print(not_listed_line(more))
         if result.path:
             print(f"report: {result.path}")
     sys.stdout.flush()
@@ -53,5 +69,7 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
         if not args.as_json:
 
             print("--- report (not saved) ---", file=sys.stderr)
-            print(to_yaml(result.report.as_dict(), terminal=True), file=sys.stderr)
+            print(unsaved_text(result.report.as_dict(), result.spare), file=sys.stderr)
+        elif result.spare:
+            print(f"pveclean: the whole report is in {result.spare}", file=sys.stderr)
     return result.exit_code

@@ -40,7 +40,8 @@ def say(text: str) -> None:
 def _where(res: RunResult) -> str:
     if res.path:
         return f"report {res.path}"
-    return f"report NOT written: {res.report_error}"
+    kept = f"; kept in {res.spare}" if res.spare else ""
+    return f"report NOT written: {safe(res.report_error, 300)}{kept}"
 
 
 def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
@@ -60,7 +61,8 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
         names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} ({h.outcome}, "
                           f"state {safe(h.state, 4)})" for h in left[:5])
         why = f": {names}" if left else f" or cannot be ruled out: {_first_error(rep)}"
-        say(f"pveclean: WARNING: CT {vmid} pre-stop: {len(left)} GPU holder(s) REMAIN after "
+        say(f"pveclean: WARNING: CT {vmid} pre-stop: {rep.remaining_count()} GPU holder(s) "
+            f"REMAIN after "
             f"{dur:.1f} s{why}; GPU memory may stay allocated; {_where(res)}")
     _unsaved(res)
     return 0
@@ -73,11 +75,12 @@ def _first_error(rep: Report) -> str:
 
 
 def _unsaved(res: RunResult) -> None:
-    """A report that could not be written goes to stderr (the task log) in full; the syslog
-    line was sent by finish()."""
+    """A report that could not be written goes to stderr (the task log), cut to
+    bounds.UNSAVED_SHOWN characters; the whole one is in the spare file finish() wrote and
+    named in syslog."""
     if res.report_error:
         sys.stderr.write("--- pveclean report (not saved) ---\n"
-                         + reportfiles.to_yaml(res.report.as_dict()))
+                         + reportfiles.unsaved_text(res.report.as_dict(), res.spare))
         sys.stderr.flush()
 
 
@@ -172,10 +175,12 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
             f"{_first_error(rep)}; starting anyway; {_where(res)}")
         return 0
     if cfg.pre_start_policy == "refuse":
-        say(f"pveclean: CT {vmid} pre-start: refusing to start: {len(left)} process(es) of an "
+        say(f"pveclean: CT {vmid} pre-start: refusing to start: {rep.remaining_count()} "
+            "process(es) of an "
             f"earlier run still hold GPUs: {names}; {_where(res)}")
         return ExitCode.REFUSE
-    say(f"pveclean: WARNING: CT {vmid} pre-start: {len(left)} leftover process(es) still hold "
+    say(f"pveclean: WARNING: CT {vmid} pre-start: {rep.remaining_count()} leftover process(es) "
+        "still hold "
         f"GPUs: {names}; starting anyway (pre_start_policy: warn); {_where(res)}")
     return 0
 

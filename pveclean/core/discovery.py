@@ -65,7 +65,8 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope,
                 make: Callable[[list[tuple[records.ProcStatus, str]]], list[Holder]]
                 ) -> tuple[list[str], list[Holder]]:
     """Map container PIDs to host PIDs through NSpid and cross-check with the host view.
-    Returns warnings and the holders only the probe saw (`make` builds them: in the worker)."""
+    Returns warnings and the holders only the probe saw (`make` builds them: in the worker).
+    The container's PID 1 is never taken from the probe (its output is the tenant's)."""
     warnings: list[str] = []
     by_ct_pid = {st.nspid[1]: pid for pid, st in view.statuses.items() if len(st.nspid) >= 2}
     new: list[tuple[records.ProcStatus, str]] = []
@@ -80,6 +81,12 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope,
     for ct_pid, paths in sorted(result.holders.items()):
         host_pid = by_ct_pid.get(ct_pid)
         if host_pid is None:
+            continue
+        if ct_pid == 1:  # the tenant's shell answers for the probe: it cannot make a holder
+            warnings.append(
+                "probe named the container's PID 1 as a GPU holder; ignored: the container's "
+                "PID 1 is never signalled, and whether it holds a GPU is the host view's and "
+                "NVML's to say")
             continue
         h = view.holders.get(host_pid)
         if h is None:

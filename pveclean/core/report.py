@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 
+from pveclean.core import bounds
 from pveclean.core.records import Discovery, GpuMemory, Holder
 from pveclean.core.verdicts import REMAINING, STOPPED, Verdict, with_leaks
 
@@ -170,14 +171,33 @@ class Report:
     leaks: list[dict[str, Any]] | None = None  # a post-stop's
     pre_stop_report: dict[str, Any] | None = None
     removed_cgroups: list[str] | None = None  # a pre-start's
+    holders_not_listed: dict[str, Any] | None = None  # past the caps (core/bounds.py)
+    capped: bool = False  # bounded() was applied: `holders` lists only those within the caps
 
     @property
     def busy(self) -> bool:
         return self.verdict == Verdict.BUSY
 
     def remaining(self) -> list[Holder]:
-        """The holders the run left behind (survived or protected)."""
+        """The listed holders the run left behind (survived or protected): a bounded report
+        lists them first (core/bounds.py); remaining_count() counts them all."""
         return [h for h in self.holders if h.outcome in REMAINING]
+
+    def remaining_count(self) -> int:
+        return sum(self.summary.outcomes.get(str(o), 0) for o in REMAINING)
+
+    def bounded(self) -> Report:
+        """The report within the caps of core/bounds.py: at most bounds.HOLDERS holders
+        listed (the others summarized), each with its device paths and strings cut, and the
+        other lists cut to their share; its YAML stays under bounds.MAX_REPORT_BYTES, so
+        redacting and dumping it take a bounded time. Counts and outcomes stay whole."""
+        cut = {k: bounds.clip(getattr(self, k), b) for k, b in bounds.SECTION_BYTES.items()
+               if getattr(self, k) is not None}
+        if self.capped:  # bounded before (a post-stop's, amended): its holders are
+            return dataclasses.replace(self, **cut)
+        listed, rest = bounds.select(self.holders)
+        return dataclasses.replace(self, holders=listed, holders_not_listed=bounds.not_listed(
+            rest), capped=True, **cut)
 
     def ran_by(self, via: str | None) -> Report:
         """The report, saying after its phase what ran it when that is not the hookscript."""
@@ -232,8 +252,10 @@ class Report:
             d["via"] = self.via
         d.update({"host": self.host, "start": self.start, "duration_s": self.duration_s,
                   "dry_run": self.dry_run, "verdict": str(self.verdict), "summary": summary,
-                  "container": container, "holders": [h.as_dict() for h in self.holders],
-                  "gpus": self.gpus})
+                  "container": container, "holders": [h.as_dict() for h in self.holders]})
+        if self.holders_not_listed is not None:
+            d["holders_not_listed"] = self.holders_not_listed
+        d["gpus"] = self.gpus
         if not self.busy:
             d.update(other_gpu_users=self.other_gpu_users, sources=self.sources,
                      settings=self.settings)
@@ -252,12 +274,16 @@ class Report:
 
 
 def stopped_units(unit_stops: dict[str, Any]) -> set[str]:
-    return {u["unit"] for u in unit_stops["units"] if u.get("action") == "stopped"}
+    return {u["unit"] for u in unit_stops["units"]
+            if isinstance(u, dict) and u.get("action") == "stopped"}  # a cut list ends in text
 
 
 def gpus_used(pre: dict[str, Any] | None) -> set[int]:
-    """The GPU indexes a (pre-stop) report's holders had memory on."""
-    return {int(g) for h in (pre or {}).get("holders", []) for g in (h.get("gpu_memory_mib") or {})}
+    """The GPU indexes a (pre-stop) report's holders had memory on (listed or not)."""
+    pre = pre or {}
+    more = (pre.get("holders_not_listed") or {}).get("gpu_memory_mib") or {}
+    return {int(g) for h in pre.get("holders", []) for g in (h.get("gpu_memory_mib") or {})
+            } | {int(g) for g in more}
 
 
 @dataclass
@@ -267,6 +293,7 @@ class RunResult:
     exit_code: int
     report_error: str | None = None
     ctconf: CtConfig | None = None  # the container's config as the run read it
+    spare: Path | None = None  # where an unsaved report was kept (reportfiles.SPARE_DIR)
 
     @property
     def verdict(self) -> Verdict:

@@ -3,6 +3,7 @@ A container's root can create cgroups without end below its own: every walk is b
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from pathlib import Path
@@ -105,7 +106,9 @@ def _cgroup_dirs(cgroup_dir: Path, limit: int) -> tuple[list[str], str | None]:
 
 
 def tree_pids(cgroup_dir: Path, limit: int | None = None) -> CgroupTree:
-    """PIDs of every process in a cgroup and all cgroups below it -> their relative cgroup."""
+    """PIDs of every process in a cgroup and all cgroups below it -> their relative cgroup.
+    A threaded cgroup's cgroup.procs cannot be read (EOPNOTSUPP, by design: see the kernel's
+    cgroup-v2.rst, "Threads"): its cgroup.threads is, each thread counted as its process."""
     found = CgroupTree()
     if not cgroup_dir.is_dir():
         return found
@@ -114,10 +117,8 @@ def tree_pids(cgroup_dir: Path, limit: int | None = None) -> CgroupTree:
     for d in dirs:
         rel = "." if d == root else d[len(root) + 1 :]
         try:
-            with open(os.path.join(d, "cgroup.procs"), encoding="ascii") as fh:
-                for line in fh:
-                    if line.strip().isdigit():
-                        found[int(line)] = rel
+            for pid in _members(d):
+                found[pid] = rel
         except FileNotFoundError:
             continue  # removed while we walked
         except OSError as exc:
@@ -125,6 +126,38 @@ def tree_pids(cgroup_dir: Path, limit: int | None = None) -> CgroupTree:
             found.truncated = found.truncated or (f"cannot read {where}/cgroup.procs: "
                                                   f"{exc.strerror}")
     return found
+
+
+def _members(d: str) -> list[int]:
+    """The processes of one cgroup: cgroup.procs, or in a threaded cgroup the thread group of
+    each thread in cgroup.threads (a thread that is gone by then is left out)."""
+    try:
+        return _ids(os.path.join(d, "cgroup.procs"))
+    except OSError as exc:
+        if exc.errno != errno.EOPNOTSUPP:
+            raise
+    pids: dict[int, None] = {}
+    for tid in _ids(os.path.join(d, "cgroup.threads")):
+        tgid = thread_group(tid)
+        if tgid is not None:
+            pids[tgid] = None
+    return list(pids)
+
+
+def _ids(file: str) -> list[int]:
+    with open(file, encoding="ascii") as fh:
+        return [int(line) for line in fh if line.strip().isdigit()]
+
+
+def thread_group(tid: int) -> int | None:
+    """The process a thread belongs to: the Tgid of /proc/TID/status (read whole, lines split
+    at \n only: the kernel escapes no other break in a thread's name), or None if it is gone."""
+    text = read_text(procfs.path(tid, "status"))
+    for line in (text or "").split("\n"):
+        if line.startswith("Tgid:"):
+            value = line[5:].strip()
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def remove_empty_cgroups(cgroup_dir: Path) -> list[str]:

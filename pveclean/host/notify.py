@@ -25,9 +25,18 @@ LOCK_WAIT = 2.0  # seconds to wait for the metrics lock: a hook never hangs on i
 MAX_METRICS = 4 << 20  # bytes of an existing textfile read back
 
 
+def survived(rep: dict[str, Any]) -> int:
+    """Holders that survived: counted in the summary (a report lists only some, see
+    core/bounds.py), else in the holders listed."""
+    counted = (rep.get("summary") or {}).get("outcomes", {}).get(str(Outcome.SURVIVED))
+    if isinstance(counted, int):
+        return counted
+    return sum(1 for h in rep.get("holders", []) if h.get("outcome") == Outcome.SURVIVED)
+
+
 def log_line(rep: dict[str, Any], path: str | None) -> str:
     s = rep.get("summary", {})
-    residual = sum(1 for h in rep.get("holders", []) if h.get("outcome") == Outcome.SURVIVED)
+    residual = survived(rep)
     return (
         f"vmid={safe(rep['vmid'], 12)} phase={safe(rep['phase'], 20)} "
         f"verdict={safe(rep['verdict'], 20)} "
@@ -65,7 +74,7 @@ def label(value: object) -> str:
 def _metric_lines(rep: dict[str, Any], now: float) -> list[str]:
     vmid = label(rep["vmid"])
     s = rep.get("summary", {})
-    residual = sum(1 for h in rep.get("holders", []) if h.get("outcome") == Outcome.SURVIVED)
+    residual = survived(rep)
     lab = f'vmid="{vmid}"'
     lines = [f'pveclean_last_run_timestamp_seconds{{{lab},phase="{label(rep["phase"])}"}} '
              f'{now:.0f}']

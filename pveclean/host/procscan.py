@@ -4,6 +4,7 @@ read in the scan's worker (the w_* functions run there)."""
 from __future__ import annotations
 
 from pveclean.core import records
+from pveclean.core.bounds import cap_devices
 from pveclean.core.discovery import protect_reason, unwalked
 from pveclean.core.gpumap import Proc
 from pveclean.core.records import Holder, HostView, Scope
@@ -63,7 +64,7 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
         maps = devnodes.device_maps(pid, scope.devices, cache)
         if fds or maps:
             h = make_holder(st, rel, scope)
-            h.devices = fds + maps
+            h.devices = cap_devices(fds + maps)  # each device kept; the paths bounded
             h.add_source("host")
             holders[pid] = h
     truncated = getattr(tree, "truncated", None)

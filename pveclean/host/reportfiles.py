@@ -10,6 +10,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pveclean.core.bounds import UNSAVED_SHOWN
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -124,6 +126,41 @@ def write(report: dict[str, Any], report_dir: str) -> Path:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise ReportError(f"cannot write report in {d}: {exc.strerror}") from None
+
+
+SPARE_DIR = "/run/pveclean/unsaved"  # tmpfs: writable when the report dir is not, never hung
+SPARE_KEEP = 20  # per container
+
+
+def write_spare(report: dict[str, Any], keep: int = SPARE_KEEP,
+                spare_dir: str = SPARE_DIR) -> Path | None:
+    """A report that could not be written to the report dir, written whole to SPARE_DIR
+    (0600 in 0700, named as in the report dir; at most `keep` per container, the oldest
+    go); None when even that failed. /run is a tmpfs on Proxmox: it cannot hang, and it is
+    gone after a reboot (the syslog line names the file, the report is bounded in size)."""
+    try:
+        path = write(report, spare_dir)
+    except ReportError:
+        return None
+    prune(spare_dir, int(report["vmid"]), keep, max_age_days=365)
+    return path
+
+
+def unsaved_text(report: dict[str, Any], spare: Path | None, limit: int = UNSAVED_SHOWN
+                 ) -> str:
+    """An unsaved report for stderr (the task log, a terminal): its YAML with everything but
+    printable ASCII escaped, cut at a line break within `limit` characters, and where the
+    whole one is."""
+    text = to_yaml({k: v for k, v in report.items() if not k.startswith("_")}, terminal=True)
+    where = (f"the whole report is in {spare}" if spare is not None else
+             "the whole report could not be kept anywhere; see the journal: journalctl -t "
+             "pveclean")
+    if len(text) > limit:
+        end = text.rfind("\n", 0, limit) + 1 or limit
+        text = f"{text[:end]}# … cut here: {len(text) - end} more characters; {where}\n"
+    else:
+        text += f"# {where}\n" if spare is not None else ""
+    return text
 
 
 def list_reports(report_dir: str, vmid: int | None = None) -> list[Path]:

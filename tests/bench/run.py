@@ -7,8 +7,10 @@ ct --dry-run against fuser -v and lsof on the lab's GPU nodes), growth (the cont
 to 500 processes, its holders to 200), cleanup (the seeds' situation: pveclean against
 `fuser -k` on the host and in the container and `ps aux | grep | kill`), hooks (pre-start,
 post-start, pre-stop with nothing to clean), gpus (pveclean gpus against fuser -v with the
-load in the host's cgroups, then in a container without GPUs). Prints the tables with the
-date and machine on top and writes them as Markdown and JSON to bench/results/ (git-ignored).
+load in the host's cgroups, then in a container without GPUs), report-bloat (400 holders of
+64 long GPU paths: report size, task log, wall time against the deadline, peak RSS). Prints
+the tables with the date and machine on top and writes them as Markdown and JSON to
+bench/results/ (git-ignored).
 
 Needs root and LXC, like the lab; without them it prints one line and exits 2. Everything it
 starts (labs, containers, load processes) is torn down at the end, on Ctrl-C or error too.
@@ -41,10 +43,11 @@ from .gpus import bench_gpus
 from .hooks import bench_hooks
 from .load import HostLoad, build_loadproc
 from .measure import VmidPool, machine_info, new_lab, shielded
+from .reportbloat import bench_report_bloat
 from .settings import BenchConfig, quick
 from .table import Results, Row, Table, render_text, write_results
 
-SECTIONS = ("discovery", "growth", "cleanup", "hooks", "gpus")
+SECTIONS = ("discovery", "growth", "cleanup", "hooks", "gpus", "report-bloat")
 RESULTS_DIR = REPO / "bench" / "results"
 Section = tuple[list[Row], list[Table], dict[str, Any]]
 
@@ -144,6 +147,8 @@ def run_sections(cfg: BenchConfig, sections: list[str], res: Results, log: Logge
         record("hooks", lambda: bench_hooks(pool, cfg, log))
     if "gpus" in sections:
         record("gpus", lambda: bench_gpus(pool, cfg, log))
+    if "report-bloat" in sections:
+        record("report-bloat", lambda: bench_report_bloat(pool, cfg, log))
     return ok
 
 

@@ -35,10 +35,14 @@ class BenchConfig:
     # Proxmox's pct is Perl that compiles the PVE stack at every call: each pct call made by
     # pveclean (the probe) sleeps this long first. Rows say which latency they ran with.
     pct_latency_s: float = 0.5
+    # report bloat: holders in one container, each holding this many long GPU device paths
+    bloat_holders: int = 400
+    bloat_paths: int = 64
 
 
 def quick() -> BenchConfig:
     """Every code path once, with tiny sizes (seconds of load, not minutes)."""
     return BenchConfig(host_loads=(0, 20), ct_procs=8, ct_holders=2, runs=1,
                        growth_procs=(8, 12, 16), growth_holders=(2, 4, 6), growth_others=3,
-                       cleanup_runs=1, recipe_sleep=0.1, hook_runs=1)
+                       cleanup_runs=1, recipe_sleep=0.1, hook_runs=1, bloat_holders=20,
+                       bloat_paths=16)

@@ -1,0 +1,226 @@
+"""Caps on what one report lists, all in one place: whatever a container's root does (400
+holders, 64 GPU paths of 4,000 characters each), a report stays under MAX_REPORT_BYTES, so it
+is redacted, dumped and written within the run's deadline and an admin can still read it.
+
+What is cut is counted, never dropped silently: the holders past the cap are summarized in
+`holders_not_listed` (how many, per outcome, their PIDs as ranges, their most frequent names,
+their GPU memory per GPU); a holder's device paths past the cap end in "…+N more"; a list
+past its cap ends in "… N more not listed"; a string past TEXT ends in "…". The holders that
+matter most are listed first: those the run left behind, then those it could not signal.
+Sizes are estimates of the YAML each value becomes, never below it (see `size`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+
+from pveclean.core.records import Holder
+from pveclean.core.verdicts import REMAINING, Outcome
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+MAX_REPORT_BYTES = 1 << 20  # the report file, at most
+HOLDERS = 100  # holders listed in full
+HOLDERS_BYTES = 512 << 10  # ... and at most this much YAML for the listed holders together
+DEVICES = 8  # device paths listed per holder (and one for each other device it holds)
+TEXT = 4096  # characters of one string of a listed holder (PATH_MAX: a whole path)
+DEVICE_CHARS = 512  # characters of one device path label: its start and its end (the device)
+ITEMS = 16  # entries of a holder's other lists (its signals)
+HOLDER_BYTES = 32 << 10  # one holder past this is listed shorter: SHORT characters a string,
+SHORT = 128  # ... SHORT_ITEMS entries a list (an admin still sees who it is and what it held)
+SHORT_ITEMS = 4
+PID_RANGES = 64  # PID ranges of the holders not listed
+NAMES = 10  # names of the holders not listed (the most frequent), each cut to NAME_CHARS
+NAME_CHARS = 64
+SECTION_BYTES = {  # the report's other lists; what is left of MAX_REPORT_BYTES is the rest's
+    "warnings": 64 << 10, "errors": 64 << 10, "hints": 16 << 10, "other_gpu_users": 64 << 10,
+    "unit_stops": 64 << 10, "removed_cgroups": 64 << 10, "leaks": 16 << 10,
+}
+UNSAVED_SHOWN = 16 << 10  # characters of an unsaved report shown on stderr (the task log)
+MORE = "…"
+
+
+def size(v: Any) -> int:
+    """An upper bound on the bytes of `v` in the report's YAML: printable ASCII as is (a
+    quote doubled), other printable text as its escapes (\\u202e: never shorter than its
+    UTF-8), text with anything unprintable at the longest escape per character (\\U000e0001)
+    plus the indentation of each line of a literal block; keys, dashes and indentation per
+    entry. C-speed string methods only: it runs over every listed holder."""
+    if isinstance(v, str):
+        if v.isprintable():
+            quotes = v.count("'") + v.count('"') + v.count("\\")
+            if v.isascii():
+                return len(v) + quotes + 4
+            return len(v.encode("ascii", "backslashreplace")) + quotes + 4
+        return 10 * len(v) + 8 * v.count("\n") + 4
+    if isinstance(v, dict):
+        return sum(size(k) + size(x) + 8 for k, x in v.items()) + 4
+    if isinstance(v, list | tuple | set | frozenset):
+        return sum(size(x) + 8 for x in v) + 4
+    return 24
+
+
+def cut(s: str, limit: int = TEXT) -> str:
+    return s if len(s) <= limit else s[: limit - 1] + MORE
+
+
+def cut_middle(s: str, limit: int = DEVICE_CHARS) -> str:
+    """`s` cut in the middle: a device path label keeps its start and its device number."""
+    if len(s) <= limit:
+        return s
+    half = (limit - 1) // 2
+    return s[:half] + MORE + s[len(s) - (limit - 1 - half):]
+
+
+def clip(v: Any, budget: int, text: int = TEXT) -> Any:
+    """`v` with every string cut to `text` characters and every list cut where the estimated
+    YAML passes `budget`; a cut list ends with how many entries were left out."""
+    if isinstance(v, str):
+        return cut(v, text)
+    if isinstance(v, dict):
+        return {k: clip(x, budget, text) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        out: list[Any] = []
+        used = 0
+        for i, x in enumerate(v):
+            x = clip(x, budget, text)
+            used += size(x) + 8
+            if used > budget:
+                out.append(f"{MORE} {len(v) - i} more not listed")
+                break
+            out.append(x)
+        return out
+    return v
+
+
+_RDEV = re.compile(r" \((?:mmap )?(\d+:\d+)\)$")
+
+
+def _device(label: str) -> str | None:
+    """The device a holder's path label names ("195:0" of "... (195:0)" or "... (mmap
+    195:0)"), or None (the probe's labels name none)."""
+    m = _RDEV.search(label, max(0, len(label) - 32))  # the suffix only: a path can be long
+    return m.group(1) if m else None
+
+
+def cap_devices(labels: list[str], limit: int = DEVICES) -> list[str]:
+    """A holder's device paths: the first one of each device it holds (their number is the
+    host's GPU nodes, not the tenant's to grow), then the others up to `limit`, in their
+    order; past that "…+N more"."""
+    extra = 0
+    if labels and labels[-1].startswith(f"{MORE}+"):  # capped before (at the scan)
+        extra = int(labels[-1][2:].split(" ", 1)[0])
+        labels = labels[:-1]
+    if len(labels) <= limit:
+        return [*labels, f"{MORE}+{extra} more"] if extra else list(labels)
+    seen: set[str] = set()
+    keep: set[int] = set()
+    for i, label in enumerate(labels):
+        dev = _device(label)
+        if dev is not None and dev not in seen:
+            seen.add(dev)
+            keep.add(i)
+    for i in range(len(labels)):
+        if len(keep) >= max(limit, len(seen)):
+            break
+        keep.add(i)
+    more = len(labels) - len(keep) + extra
+    return [labels[i] for i in sorted(keep)] + [f"{MORE}+{more} more"]
+
+
+def bound_holder(h: Holder, text: int = TEXT, items: int = ITEMS, devices: int = DEVICES,
+                 device_chars: int = DEVICE_CHARS) -> Holder:
+    """The holder as a report lists it: strings cut to `text`, device paths to `devices`
+    (each device kept), its other lists to `items`."""
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(h):
+        v = getattr(h, f.name)
+        if f.name == "devices":
+            v = [cut_middle(x, device_chars) for x in cap_devices(v, devices)]
+        elif isinstance(v, str) and len(v) > text:
+            v = cut(v, text)
+        elif isinstance(v, list) and (len(v) > items or any(
+                isinstance(x, str) and len(x) > text for x in v)):
+            v = [cut(x, text) if isinstance(x, str) else x for x in v[:items]]
+            if len(getattr(h, f.name)) > items:
+                v.append(f"{MORE} {len(getattr(h, f.name)) - items} more not listed")
+        else:
+            continue
+        changes[f.name] = v
+    return dataclasses.replace(h, **changes) if changes else h
+
+
+def listed_holder(h: Holder) -> tuple[Holder, int]:
+    """The holder bounded, shorter when it is still over HOLDER_BYTES; and its size."""
+    b = bound_holder(h)
+    need = size(b.as_dict())
+    if need > HOLDER_BYTES:
+        b = bound_holder(h, SHORT, SHORT_ITEMS, SHORT_ITEMS, SHORT)
+        need = size(b.as_dict())
+    return b, need + 8
+
+
+def _rank(h: Holder) -> int:
+    """Which holders a report lists first: those the run left behind, then those it did not
+    signal, then those with GPU memory, then the rest."""
+    if h.outcome in REMAINING:
+        return 0
+    if h.outcome is Outcome.SKIPPED:
+        return 1
+    return 2 if h.gpu_memory_mib else 3
+
+
+def select(holders: list[Holder], limit: int = HOLDERS, budget: int = HOLDERS_BYTES
+           ) -> tuple[list[Holder], list[Holder]]:
+    """(listed, not listed): the holders a report lists in full, bounded, in their order,
+    those that matter most chosen first; the others, to be summarized."""
+    order = sorted(range(len(holders)), key=lambda i: (_rank(holders[i]), i))
+    listed: dict[int, Holder] = {}
+    used = 0
+    for i in order:
+        if len(listed) >= limit:
+            break
+        b, need = listed_holder(holders[i])
+        if used + need > budget:
+            break
+        used += need
+        listed[i] = b
+    rest = [h for i, h in enumerate(holders) if i not in listed]
+    return [listed[i] for i in sorted(listed)], rest
+
+
+def pid_ranges(pids: list[int], limit: int = PID_RANGES) -> str:
+    """1000-1299, 1400, 1402-1410 ... at most `limit` ranges, then how many PIDs more."""
+    ranges: list[list[int]] = []
+    for p in sorted(set(pids)):
+        if ranges and p == ranges[-1][1] + 1:
+            ranges[-1][1] = p
+        else:
+            ranges.append([p, p])
+    shown = [f"{a}-{b}" if b > a else str(a) for a, b in ranges[:limit]]
+    more = sum(b - a + 1 for a, b in ranges[limit:])
+    return ", ".join(shown) + (f", {MORE} {more} more" if more else "")
+
+
+def not_listed(rest: list[Holder]) -> dict[str, Any] | None:
+    """What a report says of the holders it does not list in full."""
+    if not rest:
+        return None
+    outcomes = Counter(str(h.outcome) if h.outcome else "unknown" for h in rest)
+    names = Counter(cut(h.name, NAME_CHARS) for h in rest)
+    top = dict(names.most_common(NAMES))
+    if len(names) > NAMES:
+        top[f"({len(names) - NAMES} other names)"] = sum(names.values()) - sum(top.values())
+    memory: dict[int, int] = {}
+    for h in rest:
+        for gpu, mib in h.gpu_memory_mib.items():
+            memory[int(gpu)] = memory.get(int(gpu), 0) + (mib or 0)
+    return {"count": len(rest), "outcomes": dict(sorted(outcomes.items())),
+            "host_pids": pid_ranges([h.host_pid for h in rest]), "names": top,
+            "gpu_memory_mib": dict(sorted(memory.items())),
+            "why": f"a report lists at most {HOLDERS} holders in full, in at most "
+                   f"{HOLDERS_BYTES >> 10} KiB (those left behind first); `pveclean ct VMID "
+                   "--dry-run` shows what is there now"}
