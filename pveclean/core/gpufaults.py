@@ -90,3 +90,13 @@ class GpuWatch:
                                                  self.held).items() if i not in self._said}
         self._said |= set(new)
         return list(new.values())
+
+
+def unchecked(gpus: list[GpuMemory], procs: object, minors: set[int]) -> list[str]:
+    """Why a post-stop leak check passed over a GPU that may be the container's (`minors`:
+    its configured ones; empty: any): NVML could not read it or list its processes."""
+    faults = {**getattr(procs, "faults", {}), **faults_of(gpus)}
+    minor_of = {g.index: g.minor for g in gpus}
+    return [f"GPU {i} is {status} ({reason}): its memory is not checked for leaks"
+            for i, (status, reason) in sorted(faults.items())
+            if not minors or minor_of.get(i) is None or minor_of[i] in minors]

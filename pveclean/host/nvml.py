@@ -172,10 +172,11 @@ class Nvml:
                 pynvml.nvmlLib = ctypes.CDLL(self.library)
             pynvml.nvmlInit()
             count: int = pynvml.nvmlDeviceGetCount()
+            for index in range(count):  # each GPU on its own: a lost one loses only itself
+                self._handle(pynvml, index)  # (one that fails is asked again by each query)
             return count
 
         try:
-            # the handles are asked per GPU by each query: one lost GPU loses only itself
             self._count = _call_with_timeout(init, self.timeout, "init")
         except NvmlUnavailable as exc:
             self.error = str(exc)

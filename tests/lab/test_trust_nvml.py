@@ -8,7 +8,7 @@ from typing import Any
 
 from tests.harness.fakenvml import FakeNvml
 from tests.harness.lxclab import BUILD, Lab
-from tests.helpers import run_json
+from tests.helpers import reports, run_json, wait_for
 
 GIB = 1024
 
@@ -131,3 +131,35 @@ def test_a_vmd_pci_domain_is_printed_whole(lab: Lab) -> None:
     lab.nvml.pci_domain(0, 0x10000)
     buses = {g["index"]: g["pci_bus_id"] for g in gpus_json(lab)["gpus"]}
     assert buses[0] == "10000:18:00.0" and buses[1] == "0000:19:00.0"
+
+
+def test_post_stop_sees_no_leak_in_another_s_mig_rows(lab: Lab, vmid: int) -> None:
+    """The container stops cleanly while a host process keeps 1 + 3 GiB on its GPU in two
+    MIG instances: post-stop finds no leak. (Before: "leaked GPU 1 3072 MiB" and the advice
+    to reset a GPU another process is using.)"""
+    assert lab.nvml is not None
+    lab.create_ct(vmid, gpus=(1,))
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia1"], gpu_mib={1: 2000})
+    other = lab.run_on_host("inference", hold=[str(lab.nodes["nvidia1"])])
+    (opid,) = other.host_pids(lab)
+    lab.nvml.set_process(1, opid, 1 * GIB, instance=(1, 0))
+    lab.nvml.set_process(1, opid, 3 * GIB, instance=(2, 0))
+    lab.install_hook(vmid)
+    lab.pct("stop", str(vmid))
+    assert wait_for(lambda: reports(lab, vmid, "post-stop"))
+    (post,) = reports(lab, vmid, "post-stop")
+    assert post["leaks"] == [] and post["verdict"] == "nothing-to-do", post["leaks"]
+    assert lab.alive(opid)
+
+
+def test_post_stop_says_a_lost_gpu_of_the_container_is_not_checked(lab: Lab,
+                                                                   vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.create_ct(vmid, gpus=(0, 1))
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 2000})
+    lab.install_hook(vmid)
+    lab.nvml.lose(1)
+    lab.pct("stop", str(vmid))
+    assert wait_for(lambda: reports(lab, vmid, "post-stop"))
+    (post,) = reports(lab, vmid, "post-stop")
+    assert any(w.startswith("GPU 1 is lost") and "not checked" in w for w in post["warnings"])

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from pveclean.core.gpufaults import GpuWatch, config_minors
+from pveclean.core.gpufaults import GpuWatch, config_minors, unchecked
 from pveclean.core.records import GpuDevices, GpuMemory, Scope
 from pveclean.core.report import find_leaks, memory_table
 from pveclean.host import nvml as nvml_mod
@@ -351,3 +351,14 @@ def test_the_worker_s_answer_pickles_with_its_faults() -> None:
     p.faults[1] = ("lost", "handle: GpuIsLost")
     q = pickle.loads(pickle.dumps(p))
     assert q == {5: {0: 1}} and q.faults == {1: ("lost", "handle: GpuIsLost")}
+
+
+def test_the_leak_check_says_which_gpus_of_the_container_it_passed_over() -> None:
+    procs = nvml_mod.GpuProcesses()
+    procs.faults[2] = ("unavailable", "process list: Timeout (Timeout)")
+    gpus = [_g(0, 0), _g(1, None, "lost"), _g(2, 2), _g(3, 3, "lost")]
+    assert unchecked(gpus, procs, {0, 2}) == [
+        "GPU 1 is lost (handle: GpuIsLost): its memory is not checked for leaks",
+        "GPU 2 is unavailable (process list: Timeout (Timeout)): its memory is not checked "
+        "for leaks"]  # GPU 3 is nvidia3, not the container's
+    assert len(unchecked(gpus, procs, set())) == 3
