@@ -253,7 +253,7 @@ class Reads:
         return value
 
     def _nvml(self, fn: Callable[..., Any], end: float, what: str) -> Any:
-        """One NVML query; once NVML failed or hung, none is asked again."""
+        """One NVML query; once NVML hung, none is asked again."""
         return self._nvml_receive(what) if self._nvml_send(fn, end, what) else None
 
     def host(self, scope: Scope, end: float
