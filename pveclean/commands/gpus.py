@@ -23,6 +23,7 @@ from pathlib import Path
 from pveclean.commands.render import render_gpus
 from pveclean.core.config import Config
 from pveclean.core.discovery import stall_for
+from pveclean.core.gpufaults import with_faults
 from pveclean.core.gpumap import (
     Proc,
     gpu_entry,
@@ -89,6 +90,39 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
 
 
 # ---- one look at the host -----------------------------------------------------------------
+def _ask_nvml(nvml: Nvml, warnings: list[str]
+              ) -> tuple[list[GpuMemory], dict[int, dict[int, int | None]], dict[int, str], str]:
+    """GPU memory, processes and PCI bus ids, each answer on its own (a driver that cannot
+    list processes still gives the GPUs and their bus ids), each GPU on its own (one NVML
+    cannot answer for is marked with its status and reason, the others shown)."""
+    gpus: list[GpuMemory] = []
+    used: dict[int, dict[int, int | None]] = {}
+    buses: dict[int, str] = {}
+    failed: list[str] = []
+    for what in ("memory", "processes", "PCI bus ids"):
+        try:
+            if what == "memory":
+                gpus = nvml.memory()
+            elif what == "processes":
+                used = nvml.processes()
+            else:
+                buses = nvml.pci_bus_ids()
+        except NvmlUnavailable as exc:
+            failed.append(f"no {what}: {exc}")
+    if len(failed) == 3:  # NVML itself (init, library): one line says it
+        why = failed[0].split(": ", 1)[1]
+        warnings.append(f"NVML unavailable ({why}): holders from device nodes only, no memory")
+        return gpus, used, buses, f"unavailable: {why}"
+    warnings += [f"NVML gave {f}" for f in failed]
+    gpus = with_faults(gpus, getattr(used, "faults", {}))
+    for g in gpus:
+        if not g.ok:
+            warnings.append(f"GPU {g.index} is {g.status} ({g.reason}): NVML cannot tell who "
+                            "holds memory on it")
+    return gpus, used, buses, "ok" if not failed else f"partial: {'; '.join(failed)}"
+
+
+
 def w_collect(cfg: Config, pci_root: Path, end: float | None = None) -> dict[str, Any]:
     """collect() in a worker (`pveclean gpus`): what can hang there (a pmxcfs that stopped
     answering, /proc/PID/maps of a process wedged in the GPU driver, NVML) hangs the worker,
@@ -169,14 +203,7 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
     if nvml is None:
         nvml_state = "disabled"
     else:
-        try:
-            gpus = nvml.memory()
-            used = nvml.processes()
-            buses = nvml.pci_bus_ids()
-        except NvmlUnavailable as exc:
-            nvml_state = f"unavailable: {exc}"
-            warnings.append(f"NVML unavailable ({exc}): holders from device nodes only, "
-                            "no memory")
+        gpus, used, buses, nvml_state = _ask_nvml(nvml, warnings)
     host: list[Proc] = []
     n_host = 0
     if host_scan is not None:

@@ -15,6 +15,7 @@ import time
 from pveclean.cleanup import cgroup_root, clean, finish, reserve_for
 from pveclean.core.config import PHASES, Config
 from pveclean.core.discovery import stall_for
+from pveclean.core.gpufaults import unchecked
 from pveclean.core.report import Report, RunResult, find_leaks, gpus_used
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
@@ -127,6 +128,8 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
             rep = rep.with_warning(f"post-stop memory check skipped: {reads.nvml_error}")
         else:
             leaks = find_leaks(memory, procs, _container_minors(res.ctconf), gpus_used(pre))
+            for why in unchecked(memory, procs, _container_minors(res.ctconf)):
+                rep = rep.with_warning(why)  # a GPU NVML could not answer for: not judged
     rep = rep.with_leaks(leaks, pre)
     res = finish(rep, cfg, deadline=deadline)
     _unsaved(res)

@@ -48,8 +48,11 @@ def render_gpus(data: dict[str, Any]) -> str:
     for g in data["gpus"]:
         res = f", {_n(g['reserved_mib'])} reserved" if g["reserved_mib"] is not None else ""
         lines += ["", f"GPU {g['index']}  {safe(g['name'], 40)}  {g['pci_bus_id'] or '?'}  "
-                      f"{safe(g['uuid'], 48)}",
-                  f"  memory: {_n(g['used_mib'])} of {_n(g['total_mib'])} MiB used{res}"]
+                      f"{safe(g['uuid'], 48)}"]
+        if g.get("status", "ok") != "ok":  # NVML could not read it: say so, no figures
+            lines.append(f"  {safe(g['status'], 20).upper()}: {safe(g.get('reason'), LONG)}")
+        else:
+            lines.append(f"  memory: {_n(g['used_mib'])} of {_n(g['total_mib'])} MiB used{res}")
         rows: list[tuple[str, ...]] = [("OWNER", "MiB", "HOST PID", "CT PID", "NAME", "UNIT")]
         for p in g["processes"]:
             rows.append((_owner(p, hostnames), _n(p["memory_mib"]), str(p["host_pid"]),
@@ -156,11 +159,13 @@ def summary_line(rep: dict[str, Any]) -> str:
 def memory_lines(rep: dict[str, Any]) -> list[str]:
     out = []
     for g in rep.get("gpus", []):
-        after = g.get("used_after_mib")
+        after, before = g.get("used_after_mib"), g.get("used_before_mib")
         out.append(
-            f"  GPU {g['index']} {safe(g['name'], 40)}: used {g['used_before_mib']} -> "
-            f"{after if after is not None else '?'} MiB of {g['total_mib']}"
-        )
+            f"  GPU {g['index']} {safe(g['name'], 40)}: used "
+            f"{before if before is not None else '?'} -> "
+            f"{after if after is not None else '?'} MiB of {g['total_mib'] or '?'}"
+            + (f" ({safe(g['status'], 20)}: {safe(g.get('reason'), LONG)})"
+               if g.get("status") else ""))
     return out
 
 

@@ -46,8 +46,13 @@ def proc_of_holder(h: Holder, vmid: int) -> Proc:
 
 
 def minors_held(p: Proc, devices: GpuDevices) -> set[int]:
+    return minors_of(p.devices, devices)
+
+
+def minors_of(held: list[str], devices: GpuDevices) -> set[int]:
+    """N of each /dev/nvidiaN among a holder's devices ("PATH (MAJOR:MINOR)")."""
     found = set()
-    for d in p.devices:
+    for d in held:
         m = _RDEV.search(d)
         if not m:
             continue
@@ -95,14 +100,18 @@ def gpu_entry(g: GpuMemory, bus: str | None, procs: Any) -> dict[str, Any]:
         key = owner_label(r)
         owners[key] = owners.get(key, 0) + (r["memory_mib"] or 0)
     unaccounted = None
-    if g.reserved_mib is not None and not unknown:
-        unaccounted = max(g.used_mib - accounted, 0)
+    if g.reserved_mib is not None and not unknown and g.ok:  # a GPU NVML could not read: no
+        unaccounted = max(g.used_mib - accounted, 0)  # figure to judge, so never a leak
     leak = unaccounted if unaccounted is not None and unaccounted > LEAK_SLACK_MIB else 0
-    return {"index": g.index, "name": g.name, "uuid": g.uuid, "pci_bus_id": bus,
-            "minor": g.minor, "total_mib": g.total_mib, "used_mib": g.used_mib,
-            "reserved_mib": g.reserved_mib, "processes": rows,
-            "by_owner_mib": dict(sorted(owners.items(), key=lambda kv: -kv[1])),
-            "unaccounted_mib": unaccounted, "leak_mib": leak}
+    entry = {"index": g.index, "name": g.name, "uuid": g.uuid, "pci_bus_id": bus,
+             "minor": g.minor, "total_mib": g.total_mib if g.ok else None,
+             "used_mib": g.used_mib if g.ok else None,
+             "reserved_mib": g.reserved_mib, "processes": rows,
+             "by_owner_mib": dict(sorted(owners.items(), key=lambda kv: -kv[1])),
+             "unaccounted_mib": unaccounted, "leak_mib": leak, "status": g.status}
+    if not g.ok:
+        entry["reason"] = g.reason
+    return entry
 
 
 def owner_label(p: dict[str, Any]) -> str:

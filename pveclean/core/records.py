@@ -150,6 +150,14 @@ class GpuMemory:
     reserved_mib: int | None
     used_mib: int
     minor: int | None = None  # N of /dev/nvidiaN
+    # "ok"; "lost" (fallen off the bus: GPU_IS_LOST, Xid 79); "unavailable" (another NVML
+    # error): the figures of a GPU that is not ok are not NVML's, and `reason` says why
+    status: str = "ok"
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
 
 
 @dataclass

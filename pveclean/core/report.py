@@ -28,11 +28,15 @@ LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack
 
 def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
                minors: set[int], used_by_ct: set[int]) -> list[dict[str, Any]]:
-    """Memory allocated on the container's GPUs that no live process accounts for."""
+    """Memory allocated on the container's GPUs that no live process accounts for. A PID's
+    figure on a GPU is already the sum of its rows there (one per MIG instance, see
+    host/nvml.py), so no MIG user shows as a leak. A GPU NVML could not read, or whose
+    process list it could not give (`procs.faults`), is not judged: no figure, no leak."""
     leaks = []
+    unread = getattr(procs, "faults", {})
     for g in gpus:
-        if g.reserved_mib is None:
-            continue  # NVML v1 mixes reserved into used: unaccounted memory is unknowable
+        if g.reserved_mib is None or not g.ok or g.index in unread:
+            continue  # NVML v1 mixes reserved into used, or NVML did not answer: unknowable
         if minors and g.minor is not None:
             if g.minor not in minors:
                 continue  # not one of this container's GPUs
@@ -322,21 +326,31 @@ def busy_report(stamp: Stamp, vmid: int, phase: str, dry_run: bool, gpu_config: 
 def memory_table(
     before: list[GpuMemory] | None, after: list[GpuMemory] | None
 ) -> list[dict[str, Any]]:
+    """Each GPU's memory before and after; one NVML could not read (before or after) has
+    no figure for that read, and its `status` (lost, unavailable) and `reason`."""
     out = []
     after_by = {g.index: g for g in after or []}
     for g in before or []:
         a = after_by.get(g.index)
-        out.append({
+        a_ok = a is not None and a.ok
+        row: dict[str, Any] = {
             "index": g.index,
-            "minor": g.minor,
-            "uuid": g.uuid,
-            "name": g.name,
-            "total_mib": g.total_mib,
+            "minor": g.minor if g.minor is not None else (a.minor if a else None),
+            "uuid": g.uuid or (a.uuid if a else ""),
+            "name": g.name or (a.name if a else ""),
+            "total_mib": g.total_mib if g.ok else (a.total_mib if a and a_ok else None),
             "reserved_mib": g.reserved_mib,
-            "used_before_mib": g.used_mib,
-            "used_after_mib": a.used_mib if a else None,
-            "freed_mib": (g.used_mib - a.used_mib) if a else None,
-        })
+            "used_before_mib": g.used_mib if g.ok else None,
+            "used_after_mib": a.used_mib if a is not None and a_ok else None,
+            "freed_mib": (g.used_mib - a.used_mib) if a is not None and a_ok and g.ok
+            else None,
+        }
+        bad = [(when, x) for when, x in (("before", g), ("after", a)) if x and not x.ok]
+        if bad:
+            row["status"] = "lost" if any(x.status == "lost" for _, x in bad) else \
+                "unavailable"
+            row["reason"] = "; ".join(f"{when}: {x.reason}" for when, x in bad)
+        out.append(row)
     return out
 
 

@@ -24,11 +24,60 @@ if TYPE_CHECKING:
     T = TypeVar("T")
 
 
-# index, uuid, name, total MiB, reserved MiB (None: NVML cannot tell), used MiB, minor
-MemoryRow = tuple[int, str, str, int, "int | None", int, "int | None"]
+# index, uuid, name, total MiB, reserved MiB (None: NVML cannot tell), used MiB, minor,
+# status ("ok"; "lost": the GPU fell off the bus; "unavailable": another NVML error), and
+# why when not ok. Figures of a GPU that is not ok are not to be trusted (0 where unread).
+MemoryRow = tuple[int, str, str, int, "int | None", int, "int | None", str, "str | None"]
+Fault = tuple[str, str]  # (status, reason) of one GPU that NVML could not answer for
 
 MIB = 1024 * 1024
+NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED: a getter this GPU does not have
+FUNCTION_NOT_FOUND = 13  # NVML_ERROR_FUNCTION_NOT_FOUND: the driver lacks the symbol
+GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST: fallen off the bus (Xid 79)
+INSUFFICIENT_SIZE = 7
+# The process getters, newest first: a driver before R510 has no _v3 (pynvml then raises
+# NVMLLibraryMismatchError for the unversioned name), one before R450 no _v2 either.
+PROC_GETTERS = {
+    "compute": ("nvmlDeviceGetComputeRunningProcesses_v3",
+                "nvmlDeviceGetComputeRunningProcesses_v2",
+                "nvmlDeviceGetComputeRunningProcesses"),
+    "graphics": ("nvmlDeviceGetGraphicsRunningProcesses_v3",
+                 "nvmlDeviceGetGraphicsRunningProcesses_v2",
+                 "nvmlDeviceGetGraphicsRunningProcesses"),
+}
 
+
+class GpuProcesses(dict[int, dict[int, "int | None"]]):
+    """Host PID -> {GPU index: MiB, None when NVML cannot tell}; `faults`: GPU index ->
+    (status, reason) for each GPU whose process list NVML could not give."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.faults: dict[int, Fault] = {}
+
+
+def pci_id(bus: str) -> str:
+    """A PCI bus id as sysfs names it: NVML pads the domain to 8 digits (00000000:01:00.0,
+    00010000:01:00.0), sysfs keeps at least 4 and every digit of a wider one (10000:01:00.0:
+    Intel VMD)."""
+    dom, _, rest = bus.strip().lower().partition(":")
+    try:
+        return f"{int(dom, 16):04x}:{rest}" if rest else bus.strip().lower()
+    except ValueError:
+        return bus.strip().lower()
+
+
+def fault_of(exc: BaseException, what: str) -> Fault:
+    """The status and reason of a getter's failure: GPU_IS_LOST is `lost`, any other error
+    (UNKNOWN, TIMEOUT, a library mismatch) `unavailable`."""
+    lost = getattr(exc, "value", None) == GPU_IS_LOST
+    return ("lost" if lost else "unavailable", f"{what}: {_describe(exc)}")
+
+
+def merged(faults: list[Fault]) -> Fault:
+    """One status for several failed getters of one GPU: lost when any says so."""
+    status = "lost" if any(s == "lost" for s, _ in faults) else "unavailable"
+    return status, "; ".join(dict.fromkeys(r for _, r in faults))
 
 def nvml_allowance(timeout: float) -> float:
     """How long a worker may be silent in NVML: init, then the query, each bounded by the
@@ -76,7 +125,9 @@ class Nvml:
         self.timeout = timeout
         self.error: str | None = None
         self._nv: Any = None
-        self._handles: list[tuple[int, Any]] = []
+        self._count = 0
+        self._handles: dict[int, Any] = {}  # GPU index -> handle, once NVML gave one
+        self._proc_start = 0  # the newest process getter this driver has (PROC_GETTERS)
 
     @classmethod
     def for_run(cls, library: str | None, deadline_seconds: float) -> Nvml:
@@ -114,17 +165,19 @@ class Nvml:
             self.error = "nvidia-ml-py (pynvml) is not installed"
             raise NvmlUnavailable(self.error) from None
 
-        def init() -> list[tuple[int, Any]]:
+        def init() -> int:
             if self.library and getattr(pynvml, "nvmlLib", None) is None:
                 import ctypes
 
                 pynvml.nvmlLib = ctypes.CDLL(self.library)
             pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
-            return [(i, pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+            count: int = pynvml.nvmlDeviceGetCount()
+            for index in range(count):  # each GPU on its own: a lost one loses only itself
+                self._handle(pynvml, index)  # (one that fails is asked again by each query)
+            return count
 
         try:
-            self._handles = _call_with_timeout(init, self.timeout, "init")
+            self._count = _call_with_timeout(init, self.timeout, "init")
         except NvmlUnavailable as exc:
             self.error = str(exc)
             raise
@@ -148,76 +201,169 @@ class Nvml:
         except Exception as exc:
             raise NvmlUnavailable(f"NVML {what} failed: {_describe(exc)}") from None
 
+    def _handle(self, nv: Any, index: int) -> tuple[Any, Fault | None]:
+        """GPU `index`'s handle, or why NVML gave none (asked again by the next query)."""
+        if index in self._handles:
+            return self._handles[index], None
+        try:
+            self._handles[index] = nv.nvmlDeviceGetHandleByIndex(index)
+        except Exception as exc:  # GPU_IS_LOST, UNKNOWN, TIMEOUT...: this GPU only
+            return None, fault_of(exc, "handle")
+        return self._handles[index], None
+
     def memory(self, timeout: float | None = None) -> list[GpuMemory]:
         return gpu_memory(self.memory_rows(timeout))
 
     def memory_rows(self, timeout: float | None = None) -> list[MemoryRow]:
+        """One row per GPU NVML counts, each read on its own: a GPU whose getters fail is a
+        row with its status and reason, the others are read as ever."""
+
         def q(nv: Any) -> list[MemoryRow]:
-            out: list[MemoryRow] = []
-            for index, h in self._handles:
-                reserved: int | None = None
-                try:
-                    info = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
-                    reserved = int(info.reserved) // MIB
-                except (TypeError, AttributeError, nv.NVMLError):
-                    info = nv.nvmlDeviceGetMemoryInfo(h)
-                name = nv.nvmlDeviceGetName(h)
-                uuid = nv.nvmlDeviceGetUUID(h)
-                try:
-                    minor: int | None = int(nv.nvmlDeviceGetMinorNumber(h))
-                except nv.NVMLError:
-                    minor = None
-                out.append((
-                    index,
-                    uuid.decode() if isinstance(uuid, bytes) else str(uuid),
-                    name.decode() if isinstance(name, bytes) else str(name),
-                    int(info.total) // MIB,  # total
-                    reserved,
-                    int(info.used) // MIB,  # used
-                    minor,
-                ))
-            return out
+            return [self._memory_row(nv, index) for index in range(self._count)]
 
         return self._query("memory query", q, timeout)
 
+    def _memory_row(self, nv: Any, index: int) -> MemoryRow:
+        h, fault = self._handle(nv, index)
+        if h is None:
+            assert fault is not None
+            return (index, "", "", 0, None, 0, None, *fault)
+        faults: list[Fault] = []
+        total = used = 0
+        reserved: int | None = None
+        try:
+            try:
+                info = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+                reserved = int(info.reserved) // MIB
+            except (TypeError, AttributeError, nv.NVMLError):
+                info = nv.nvmlDeviceGetMemoryInfo(h)
+            total, used = int(info.total) // MIB, int(info.used) // MIB
+        except Exception as exc:
+            faults.append(fault_of(exc, "memory"))
+            reserved = None
+        text = {}
+        for what, getter in (("name", nv.nvmlDeviceGetName), ("uuid", nv.nvmlDeviceGetUUID)):
+            try:
+                v = getter(h)
+                text[what] = v.decode() if isinstance(v, bytes) else str(v)
+            except Exception as exc:
+                faults.append(fault_of(exc, what))
+                text[what] = ""
+        minor: int | None = None
+        try:
+            minor = int(nv.nvmlDeviceGetMinorNumber(h))
+        except Exception as exc:
+            if getattr(exc, "value", None) != NOT_SUPPORTED:
+                faults.append(fault_of(exc, "minor"))
+        status, reason = merged(faults) if faults else ("ok", None)
+        return (index, text["uuid"], text["name"], total, reserved, used, minor, status, reason)
+
     def pci_bus_ids(self, timeout: float | None = None) -> dict[int, str]:
-        """GPU index -> PCI bus id as sysfs names it (`0000:01:00.0`); GPUs whose id NVML
-        cannot give are left out."""
+        """GPU index -> PCI bus id as sysfs names it (`0000:01:00.0`, `10000:01:00.0`); GPUs
+        whose id NVML cannot give are left out."""
 
         def q(nv: Any) -> dict[int, str]:
             out: dict[int, str] = {}
-            for index, h in self._handles:
+            for index in range(self._count):
+                h, _ = self._handle(nv, index)
                 try:
-                    bus = nv.nvmlDeviceGetPciInfo(h).busId
-                except nv.NVMLError:
+                    bus = nv.nvmlDeviceGetPciInfo(h).busId if h is not None else None
+                except Exception:
                     continue
-                bus = bus.decode() if isinstance(bus, bytes) else str(bus)
-                # NVML pads the domain to 8 digits (00000000:01:00.0); sysfs uses 4
-                dom, _, rest = bus.lower().partition(":")
-                out[index] = f"{dom[-4:]}:{rest}" if rest else bus.lower()
+                if bus is not None:
+                    out[index] = pci_id(bus.decode() if isinstance(bus, bytes) else str(bus))
             return out
 
         return self._query("PCI query", q, timeout)
 
-    def processes(self, timeout: float | None = None) -> dict[int, dict[int, int | None]]:
-        """Host PID -> {GPU index: MiB or None when NVML cannot tell}."""
+    def processes(self, timeout: float | None = None) -> GpuProcesses:
+        """Host PID -> {GPU index: MiB or None when NVML cannot tell}, each GPU asked on its
+        own (`faults` names those that did not answer). A PID with several rows in one list
+        (one per MIG instance) has their sum; one in both lists (compute and graphics) the
+        larger figure, which is the same memory seen twice."""
 
-        def q(nv: Any) -> dict[int, dict[int, int | None]]:
-            found: dict[int, dict[int, int | None]] = {}
-            for index, h in self._handles:
-                for getter in (
-                    nv.nvmlDeviceGetComputeRunningProcesses,
-                    nv.nvmlDeviceGetGraphicsRunningProcesses,
-                ):
-                    for p in getter(h):
-                        used = p.usedGpuMemory
-                        mib = None if used is None or used >= 2**63 else int(used) // MIB
-                        per = found.setdefault(int(p.pid), {})
-                        if per.get(index) is None:
-                            per[index] = mib
+        def q(nv: Any) -> GpuProcesses:
+            found = GpuProcesses()
+            for index in range(self._count):
+                h, fault = self._handle(nv, index)
+                if h is None:
+                    assert fault is not None
+                    found.faults[index] = fault
+                    continue
+                try:
+                    lists = [self._process_list(nv, h, kind) for kind in PROC_GETTERS]
+                except Exception as exc:
+                    found.faults[index] = fault_of(exc, "process list")
+                    continue
+                for pid, mib in _per_pid(lists).items():
+                    found.setdefault(pid, {})[index] = mib
             return found
 
         return self._query("process query", q, timeout)
+
+    def _process_list(self, nv: Any, h: Any, kind: str) -> list[tuple[int, int | None]]:
+        """(PID, MiB or None) of each row of one of a GPU's process lists, through the
+        newest getter the driver has (v3, else v2, else v1): a getter the driver lacks is
+        FUNCTION_NOT_FOUND, or NVMLLibraryMismatchError, or absent from an older pynvml."""
+        names = PROC_GETTERS[kind]
+        while True:
+            name = names[self._proc_start]
+            try:
+                if self._proc_start == len(names) - 1:
+                    return _v1_rows(nv, name, h)
+                return [(int(p.pid), _mib(p.usedGpuMemory)) for p in getattr(nv, name)(h)]
+            except Exception as exc:
+                missing = (isinstance(exc, AttributeError)
+                           or type(exc).__name__ == "NVMLLibraryMismatchError"
+                           or getattr(exc, "value", None) == FUNCTION_NOT_FOUND)
+                if not missing or self._proc_start == len(names) - 1:
+                    raise
+                self._proc_start += 1  # the driver lacks it: older getters from now on
+
+
+def _mib(used: int | None) -> int | None:
+    return None if used is None or used >= 2**63 else int(used) // MIB
+
+
+def _per_pid(lists: list[list[tuple[int, int | None]]]) -> dict[int, int | None]:
+    """A PID's MiB on one GPU: its rows in one list summed (MIG: one row per instance; None
+    when any row cannot tell), the larger of the lists (None only when every list cannot)."""
+    out: dict[int, int | None] = {}
+    for rows in lists:
+        sums: dict[int, int | None] = {}
+        for pid, mib in rows:
+            if pid in sums:
+                prev = sums[pid]
+                sums[pid] = None if prev is None or mib is None else prev + mib
+            else:
+                sums[pid] = mib
+        for pid, mib in sums.items():
+            if pid not in out or out[pid] is None:
+                out[pid] = mib
+            elif mib is not None:
+                out[pid] = max(out[pid] or 0, mib)
+    return out
+
+
+def _v1_rows(nv: Any, name: str, h: Any) -> list[tuple[int, int | None]]:
+    """The unversioned (v1) process getter, which nvidia-ml-py no longer calls: its rows are
+    nvmlProcessInfo_v1_t (pid, usedGpuMemory), without the MIG instance ids."""
+    import ctypes
+
+    class Info(ctypes.Structure):
+        _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+    fn = nv._nvmlGetFunctionPointer(name)
+    count = ctypes.c_uint(0)
+    ret = fn(h, ctypes.byref(count), None)
+    if ret == 0:
+        return []
+    if ret != INSUFFICIENT_SIZE:
+        raise nv.NVMLError(ret)
+    count.value = count.value * 2 + 5
+    rows = (Info * count.value)()
+    nv._nvmlCheckReturn(fn(h, ctypes.byref(count), rows))
+    return [(int(rows[i].pid), _mib(rows[i].usedGpuMemory)) for i in range(count.value)]
 
 
 def gpu_memory(rows: list[MemoryRow]) -> list[GpuMemory]:
@@ -247,7 +393,7 @@ def w_memory(timeout: float) -> tuple[list[MemoryRow] | None, str | None]:
         return None, str(exc)
 
 
-def w_processes(timeout: float) -> tuple[dict[int, dict[int, int | None]] | None, str | None]:
+def w_processes(timeout: float) -> tuple[GpuProcesses | None, str | None]:
     worker.note(("nvml", "process query"), nvml_allowance(timeout))
     try:
         return Nvml.in_worker(worker.state()).processes(timeout=timeout), None

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from pveclean.core import records
 from pveclean.core.discovery import doing, merge_nvml, stall_problem
+from pveclean.core.gpufaults import GpuWatch, config_minors, with_faults
+from pveclean.core.gpumap import minors_of
 from pveclean.core.records import (
     Deadline,
     GpuMemory,
@@ -163,7 +165,11 @@ class Reads:
         self.scan = Reader(self.worker, stall, self.problems, "not scanned, not signalled")
         self.nvml = Reader(nvml_worker, stall, [], "", min_wait=0.05)
         self.nvml_error: str | None = None if nvml_on else "disabled"
+        # NVML hung or took no request: asked nothing more (an answer that carried an error
+        # leaves the others to be judged on their own)
+        self._nvml_gone = not nvml_on
         self.before: list[GpuMemory] | None = None  # GPU memory when discovery began
+        self.gpus: GpuWatch | None = None  # GPUs NVML could not answer for (see host())
 
     def close(self) -> None:
         """Close the scan's worker if Reads forked it (the caller's workers are the caller's:
@@ -215,25 +221,27 @@ class Reads:
                     ] * len(holders)
 
     def _nvml_send(self, fn: Callable[..., Any], end: float, what: str) -> bool:
-        """Ask NVML's worker and go on; False when NVML is off or failed before."""
-        if self.nvml_error is not None:
+        """Ask NVML's worker and go on; False when NVML is off or hung before."""
+        if self._nvml_gone:
             return False
         try:
             self.nvml.send(fn, self.deadline.cap(self.nvml_timeout), end=end, what=what,
                            skipping=False)
         except Unread as unread:
             self.nvml_error = f"{what} did not answer: {unread.exc}"
+            self._nvml_gone = True
             return False
         return True
 
     def _nvml_receive(self, what: str) -> Any:
-        """The answer of _nvml_send; None when NVML failed or hung (it is asked no more)."""
-        if self.nvml_error is not None:  # failed since it was asked: not waited for
+        """The answer of _nvml_send; None when NVML failed or hung (then asked no more)."""
+        if self._nvml_gone:  # hung since it was asked: not waited for
             self.nvml.forget()
             return None
         try:
             value, err = self.nvml.receive()
         except Unread as unread:
+            self._nvml_gone = True
             if unread.hung:  # "NVML ...: stalled", "...: did not finish in time"
                 why = str(unread.exc).removeprefix(f"{what}: ")
                 self.nvml_error = f"{what} did not answer ({why}; its reader was killed)"
@@ -241,11 +249,11 @@ class Reads:
                 self.nvml_error = str(unread)
             return None
         if err:
-            self.nvml_error = err
+            self.nvml_error = self.nvml_error or err
         return value
 
     def _nvml(self, fn: Callable[..., Any], end: float, what: str) -> Any:
-        """One NVML query; once NVML failed or hung, none is asked again."""
+        """One NVML query; once NVML hung, none is asked again."""
         return self._nvml_receive(what) if self._nvml_send(fn, end, what) else None
 
     def host(self, scope: Scope, end: float
@@ -267,6 +275,14 @@ class Reads:
         if procs is None:
             return view, [], ("disabled" if not self.nvml_on
                               else f"unavailable: {self.nvml_error}")
+        # each GPU judged on its own: one NVML could not answer for is marked, and a problem
+        # when it may be the container's
+        faults = getattr(procs, "faults", {})
+        held = {m for h in view.holders.values() for m in minors_of(h.devices, scope.devices)}
+        self.gpus = GpuWatch(config_minors(scope.probe_patterns), held)
+        self.problems += self.gpus.note(self.before, faults)
+        if self.before is not None and faults:
+            self.before = with_faults(self.before, faults)
 
         def read(found: list[tuple[records.ProcStatus, str]], outside: list[int]
                  ) -> tuple[list[Holder], list[tuple[int, str | None, str | None]]]:
@@ -290,9 +306,13 @@ class Reads:
         return view, nvml_pids
 
     def memory(self, end: float) -> list[GpuMemory] | None:
-
+        """GPU memory now (after a run: a GPU lost since `before` is a problem of the run
+        when it may be the container's)."""
         rows = self._nvml(w_memory, end, "NVML memory query")
-        return None if rows is None else gpu_memory(rows)
+        gpus = None if rows is None else gpu_memory(rows)
+        if self.gpus is not None:
+            self.problems += self.gpus.note(gpus, {})
+        return gpus
 
     def processes(self, end: float) -> dict[int, dict[int, int | None]] | None:
 

@@ -28,8 +28,9 @@ def _pci_ids(text: str) -> list[tuple[str, bool]]:
         m = _PCI.fullmatch(part.strip())
         if not m:
             continue
-        dom = m.group(1) or "0000"
-        addr = f"{dom[-4:]}:{m.group(2)}"
+        # sysfs keeps 4 domain digits, and every digit of a wider one (Intel VMD: 10000)
+        dom = f"{int(m.group(1) or '0', 16):04x}"
+        addr = f"{dom}:{m.group(2)}"
         out.append((f"{addr}.{m.group(3)}", False) if m.group(3) else (addr + ".", True))
     return out
 

@@ -34,6 +34,8 @@ LIB_NAME = "libnvidia-ml.so.1"
 STATE_NAME = "fakenvml.state"
 
 _KINDS = ("compute", "graphics")
+GETTERS = ("handle", "memory", "info", "minor", "procs", "pci")  # what gpu_error can fail
+PROC_VERSIONS = ("v3", "v2")  # process getters an old driver lacks (v2: v3 too)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class FakeProcess:
     mib: int | None  # None: NVML reports the per-process memory as "not available"
     kind: str = "compute"
     counted_mib: int = 0  # with mib None: MiB still counted in the GPU's used memory
+    instance: tuple[int, int] | None = None  # MIG (GPU instance, compute instance) of this row
 
 
 def _token(value: str, what: str) -> str:
@@ -84,11 +87,19 @@ class FakeNvml:
 
     directory: Path
     gpus: dict[int, FakeGpu] = field(default_factory=dict)
-    processes: dict[tuple[int, int], FakeProcess] = field(default_factory=dict)
+    # (gpu, pid, kind, MIG instance or None) -> one row of the GPU's process lists
+    processes: dict[tuple[int, int, str, tuple[int, int] | None], FakeProcess] = field(
+        default_factory=dict)
     leaks: dict[int, int] = field(default_factory=dict)
     init_error_code: str | None = None
     hang_seconds: float | None = None
     proc_query_error_code: str | None = None
+    gpu_errors: dict[tuple[int, str], str] = field(default_factory=dict)  # (gpu, getter)
+    pci_domains: dict[int, int] = field(default_factory=dict)
+    missing: str | None = None  # "v3" or "v2": the process getters an old driver lacks
+    # Built without these process getter symbols at all (a driver before R510: ("v3",));
+    # the library's build is then kept apart from a full one by its flags.
+    without: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory).resolve()
@@ -112,9 +123,16 @@ class FakeNvml:
     # -- build -----------------------------------------------------------------------------
 
     def build(self) -> Path:
-        """Compile the library into the directory (skipped when the .so is newer than the .c)."""
+        """Compile the library into the directory (skipped when the .so is newer than the .c
+        and was built with the same `without`)."""
         lib = self.lib_path
-        if lib.exists() and lib.stat().st_mtime >= SOURCE.stat().st_mtime:
+        flags = [f"-DFAKE_NVML_NO_{v.upper()}" for v in self.without if v in PROC_VERSIONS]
+        stamp = self.directory / ".build-flags"
+        try:
+            same = stamp.read_text() == " ".join(flags)
+        except OSError:
+            same = not flags
+        if same and lib.exists() and lib.stat().st_mtime >= SOURCE.stat().st_mtime:
             return lib
         cc = os.environ.get("CC") or "gcc"
         compiler = shutil.which(cc)
@@ -124,7 +142,8 @@ class FakeNvml:
             )
         fd, tmp = tempfile.mkstemp(prefix=".libnvidia-ml.", suffix=".so", dir=self.directory)
         os.close(fd)
-        cmd = [compiler, "-shared", "-fPIC", "-O2", "-Wall", "-o", tmp, str(SOURCE), "-ldl"]
+        cmd = [compiler, "-shared", "-fPIC", "-O2", "-Wall", *flags, "-o", tmp, str(SOURCE),
+               "-ldl"]
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if result.returncode != 0:
@@ -132,6 +151,7 @@ class FakeNvml:
                     f"building the fake NVML library failed ({' '.join(cmd)}):\n{result.stderr}"
                 )
             os.replace(tmp, lib)  # atomic: a concurrent loader never sees a partial .so
+            stamp.write_text(" ".join(flags))
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -177,11 +197,16 @@ class FakeNvml:
         mib: int | None,
         kind: str = "compute",
         counted_mib: int = 0,
+        instance: tuple[int, int] | None = None,
     ) -> None:
         """Give host ``pid`` ``mib`` MiB on ``gpu`` (counted only while the pid is alive).
 
         ``mib=None`` makes NVML report usedGpuMemory as not available; ``counted_mib`` is then
-        still added to the GPU's used memory while the process lives.
+        still added to the GPU's used memory while the process lives. ``instance``: the MIG
+        (GPU instance, compute instance) of this row; a PID may have one row per instance,
+        each listed and counted (without it, the PID's one row of this kind on the GPU is
+        replaced). A PID in both lists (compute and graphics) has its memory counted twice
+        by the fake: give one of the rows ``mib`` and the other None for NVML's C+G row.
         """
         _non_negative(gpu, "gpu")
         if _non_negative(pid, "pid") == 0:
@@ -191,11 +216,16 @@ class FakeNvml:
         if mib is not None:
             _non_negative(mib, "mib")
         _non_negative(counted_mib, "counted_mib")
-        self.processes[(gpu, pid)] = FakeProcess(gpu, pid, mib, kind, counted_mib)
+        if instance is not None:
+            instance = (_non_negative(instance[0], "gi"), _non_negative(instance[1], "ci"))
+        self.processes[(gpu, pid, kind, instance)] = FakeProcess(gpu, pid, mib, kind,
+                                                                 counted_mib, instance)
         self.write()
 
     def remove_process(self, gpu: int, pid: int) -> None:
-        self.processes.pop((gpu, pid), None)
+        """Remove every row of ``pid`` on ``gpu`` (each MIG instance's too)."""
+        for key in [k for k in self.processes if k[:2] == (gpu, pid)]:
+            del self.processes[key]
         self.write()
 
     def leak(self, gpu: int, mib: int) -> None:
@@ -228,6 +258,42 @@ class FakeNvml:
         self.proc_query_error_code = None if error is None else _error_token(error)
         self.write()
 
+    def gpu_error(self, gpu: int, getter: str, error: str | int | None) -> None:
+        """Make one getter of GPU ``gpu`` fail with an NVML error (None: answer again).
+        ``getter``: handle, memory, info (name and UUID), minor, procs (every process call)
+        or pci. The other GPUs and getters answer."""
+        _non_negative(gpu, "gpu")
+        if getter not in GETTERS:
+            raise ValueError(f"getter must be one of {GETTERS}: {getter!r}")
+        if error is None:
+            self.gpu_errors.pop((gpu, getter), None)
+        else:
+            self.gpu_errors[(gpu, getter)] = _error_token(error)
+        self.write()
+
+    def lose(self, gpu: int, getters: tuple[str, ...] = GETTERS) -> None:
+        """GPU ``gpu`` fell off the bus (Xid 79): its ``getters`` answer GPU_IS_LOST, while
+        init and the other GPUs work, as with the driver's NVML."""
+        for getter in getters:
+            self.gpu_error(gpu, getter, "GPU_IS_LOST")
+
+    def pci_domain(self, gpu: int, domain: int) -> None:
+        """The PCI domain of ``gpu``'s bus id (0x10000 and above: behind Intel VMD)."""
+        _non_negative(gpu, "gpu")
+        if _non_negative(domain, "domain") > 0xFFFFFFFF:
+            raise ValueError("a PCI domain has at most 32 bits")
+        self.pci_domains[gpu] = domain
+        self.write()
+
+    def old_driver(self, missing: str | None) -> None:
+        """Answer as a driver without the ``missing`` process getters: "v3" (before R510),
+        "v2" (v2 and v3), None (a current driver). pynvml then sees FUNCTION_NOT_FOUND, as
+        for a symbol the library lacks (see `without` for a build that lacks them)."""
+        if missing is not None and missing not in PROC_VERSIONS:
+            raise ValueError(f"missing must be one of {PROC_VERSIONS} or None: {missing!r}")
+        self.missing = missing
+        self.write()
+
     def render(self) -> str:
         lines = ["# fake NVML state, written by tests/harness/fakenvml.py"]
         if self.init_error_code is not None:
@@ -236,6 +302,12 @@ class FakeNvml:
             lines.append(f"hang {self.hang_seconds!r}")
         if self.proc_query_error_code is not None:
             lines.append(f"proc_query_error {self.proc_query_error_code}")
+        if self.missing is not None:
+            lines.append(f"missing {self.missing}")
+        for (gpu, getter), code in sorted(self.gpu_errors.items()):
+            lines.append(f"gpu_error {gpu} {getter} {code}")
+        for gpu, domain in sorted(self.pci_domains.items()):
+            lines.append(f"pci_domain {gpu} {domain:x}")
         for g in sorted(self.gpus.values(), key=lambda g: g.index):
             lines.append(
                 f"gpu {g.index} {g.uuid} {g.name} {g.total_mib} {g.reserved_mib} {g.minor}"
@@ -247,7 +319,8 @@ class FakeNvml:
                 used = f"na:{p.counted_mib}"
             else:
                 used = "na"
-            lines.append(f"proc {p.gpu} {p.pid} {used} {p.kind}")
+            mig = f" {p.instance[0]} {p.instance[1]}" if p.instance is not None else ""
+            lines.append(f"proc {p.gpu} {p.pid} {used} {p.kind}{mig}")
         for gpu, mib in sorted(self.leaks.items()):
             lines.append(f"leak {gpu} {mib}")
         return "\n".join(lines) + "\n"

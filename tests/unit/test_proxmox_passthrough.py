@@ -27,11 +27,13 @@ def test_pci_ids(text: str, ids: list[tuple[str, bool]]) -> None:
     assert passthrough._pci_ids(text) == ids
 
 
-@pytest.mark.xfail(strict=True, reason="a 5-digit PCI domain (Intel VMD: sysfs names "
-                   "10000:e1:00.0) is cut to its last 4 digits, so the VM's GPU is matched "
-                   "against 0000:e1:00.0, another device")
 def test_a_wide_pci_domain_is_kept() -> None:
+    """A 5-digit PCI domain (Intel VMD: sysfs names 10000:e1:00.0) is kept whole, so the
+    VM's GPU is not matched against 0000:e1:00.0, another device; an 8-digit one as NVML
+    writes it is cut to what sysfs shows."""
     assert passthrough._pci_ids("10000:e1:00.0") == [("10000:e1:00.0", False)]
+    assert passthrough._pci_ids("00010000:e1:00") == [("10000:e1:00.", True)]
+    assert passthrough._pci_ids("00000000:e1:00.0") == [("0000:e1:00.0", False)]
 
 
 MAPPINGS = """\

@@ -15,11 +15,24 @@
  * malformed lines are ignored):
  *
  *   gpu <index> <uuid> <name> <total_mib> <reserved_mib> [<minor>]
- *   proc <gpu_index> <host_pid> <used_mib|na|na:<mib>> [compute|graphics]
+ *   proc <gpu_index> <host_pid> <used_mib|na|na:<mib>> [compute|graphics [<gi> <ci>]]
  *   leak <gpu_index> <mib>
  *   init_error <NAME|code>
  *   hang <seconds>
  *   proc_query_error <NAME|code>
+ *   gpu_error <gpu_index> handle|memory|info|minor|procs|pci <NAME|code>
+ *   pci_domain <gpu_index> <hex domain>
+ *   missing v3|v2
+ *
+ * A proc line with <gi> <ci> is one row of a MIG instance: one PID may have several
+ * rows on one GPU (one per GPU/compute instance), each listed and counted on its own.
+ * gpu_error makes one getter of one GPU fail ("handle": nvmlDeviceGetHandleBy*; "info":
+ * name and UUID; "procs": every running-process call), as a GPU that fell off the bus
+ * (GPU_IS_LOST, Xid 79) or answers with an error does; the other GPUs answer.
+ * pci_domain gives a GPU a PCI domain (Intel VMD: 0x10000 and above).
+ * "missing v3" makes the _v3 process calls answer FUNCTION_NOT_FOUND, as pynvml sees a
+ * driver before R510 (no such symbol); "missing v2" the _v2 ones too.  A build with
+ * -DFAKE_NVML_NO_V3 (and -DFAKE_NVML_NO_V2) leaves those symbols out altogether.
  *
  * A proc counts only while /proc/<pid>/stat exists and its state is not Z/X (a Z
  * leader counts while another thread of the process runs, as the driver sees it).
@@ -54,6 +67,7 @@ enum {
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_MEMORY = 20,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
@@ -149,16 +163,23 @@ struct gpu {
 };
 
 struct proc {
-    unsigned int gpu, pid, kind, na, listed;
+    unsigned int gpu, pid, kind, na, listed, gi, ci;
     unsigned long long mib;
 };
+
+enum { F_HANDLE, F_MEMORY, F_INFO, F_MINOR, F_PROCS, F_PCI, NFAULTS };
+static const char *const FAULT_NAMES[NFAULTS] = {"handle", "memory", "info",
+                                                 "minor", "procs", "pci"};
 
 struct state {
     int ngpus, nprocs;
     int init_error, proc_error;
+    int missing_v3, missing_v2;
     double hang;
     struct gpu gpus[MAX_GPUS];
     struct proc procs[MAX_PROCS];
+    int fault[MAX_GPUS][NFAULTS]; /* per GPU index, per getter: an NVML error or 0 */
+    unsigned int domain[MAX_GPUS];
 };
 
 /* One static byte per possible GPU: handles are real pointers into it. */
@@ -214,6 +235,12 @@ static struct gpu *find_gpu(struct state *st, unsigned int index)
     return NULL;
 }
 
+/* The error a getter of GPU `index` is made to answer (0: none). */
+static nvmlReturn_t fault(const struct state *st, unsigned int index, int which)
+{
+    return index < MAX_GPUS ? st->fault[index][which] : NVML_SUCCESS;
+}
+
 static void parse_line(struct state *st, char *line)
 {
     char *tok[8], *save = NULL, *p;
@@ -243,9 +270,12 @@ static void parse_line(struct state *st, char *line)
         strcpy(g.uuid, tok[2]);
         strcpy(g.name, tok[3]);
         st->gpus[st->ngpus++] = g;
-    } else if (strcmp(tok[0], "proc") == 0 && (n == 4 || n == 5)) {
+    } else if (strcmp(tok[0], "proc") == 0 && (n == 4 || n == 5 || n == 7)) {
         struct proc pr;
         memset(&pr, 0, sizeof(pr));
+        pr.gi = pr.ci = NO_INSTANCE;
+        if (n == 7 && (!parse_uint(tok[5], &pr.gi) || !parse_uint(tok[6], &pr.ci)))
+            return;
         if (st->nprocs >= MAX_PROCS || !parse_uint(tok[1], &pr.gpu) ||
             !parse_uint(tok[2], &pr.pid) || pr.pid == 0)
             return;
@@ -255,7 +285,7 @@ static void parse_line(struct state *st, char *line)
             pr.na = 1;
         else if (!parse_ull(tok[3], &pr.mib))
             return;
-        if (n == 5) {
+        if (n >= 5) {
             if (strcmp(tok[4], "graphics") == 0)
                 pr.kind = KIND_GRAPHICS;
             else if (strcmp(tok[4], "compute") != 0)
@@ -279,6 +309,25 @@ static void parse_line(struct state *st, char *line)
         parse_error(tok[1], &st->init_error);
     } else if (strcmp(tok[0], "proc_query_error") == 0 && n == 2) {
         parse_error(tok[1], &st->proc_error);
+    } else if (strcmp(tok[0], "gpu_error") == 0 && n == 4) {
+        unsigned int gi;
+        int f, code;
+        if (!parse_uint(tok[1], &gi) || gi >= MAX_GPUS || !parse_error(tok[3], &code))
+            return;
+        for (f = 0; f < NFAULTS; f++)
+            if (strcmp(tok[2], FAULT_NAMES[f]) == 0)
+                st->fault[gi][f] = code;
+    } else if (strcmp(tok[0], "pci_domain") == 0 && n == 3) {
+        unsigned int gi;
+        char *end;
+        unsigned long v = strtoul(tok[2], &end, 16);
+        if (parse_uint(tok[1], &gi) && gi < MAX_GPUS && *end == '\0' && v <= 0xFFFFFFFFul)
+            st->domain[gi] = (unsigned int)v;
+    } else if (strcmp(tok[0], "missing") == 0 && n == 2) {
+        if (strcmp(tok[1], "v3") == 0)
+            st->missing_v3 = 1;
+        else if (strcmp(tok[1], "v2") == 0)
+            st->missing_v2 = st->missing_v3 = 1;
     } else if (strcmp(tok[0], "hang") == 0 && n == 2) {
         char *end;
         double v = strtod(tok[1], &end);
@@ -581,7 +630,7 @@ API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t 
     if (r == NVML_SUCCESS) {
         if (!device || !find_gpu(st, index))
             r = NVML_ERROR_INVALID_ARGUMENT;
-        else
+        else if ((r = fault(st, index, F_HANDLE)) == NVML_SUCCESS)
             *device = (nvmlDevice_t)(HANDLE_BASE + index);
     }
     free(st);
@@ -605,8 +654,9 @@ API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *devic
             r = NVML_ERROR_NOT_FOUND;
             for (i = 0; i < st->ngpus; i++) {
                 if (strcmp(st->gpus[i].uuid, uuid) == 0) {
-                    *device = (nvmlDevice_t)(HANDLE_BASE + st->gpus[i].index);
-                    r = NVML_SUCCESS;
+                    r = fault(st, st->gpus[i].index, F_HANDLE);
+                    if (r == NVML_SUCCESS)
+                        *device = (nvmlDevice_t)(HANDLE_BASE + st->gpus[i].index);
                     break;
                 }
             }
@@ -639,7 +689,7 @@ API nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *min
     if (r == NVML_SUCCESS) {
         if (!minorNumber)
             r = NVML_ERROR_INVALID_ARGUMENT;
-        else
+        else if ((r = fault(st, g->index, F_MINOR)) == NVML_SUCCESS)
             *minorNumber = g->minor;
     }
     free(st);
@@ -651,7 +701,7 @@ API nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int
     struct state *st;
     struct gpu *g;
     nvmlReturn_t r = enter_dev(device, &st, &g);
-    if (r == NVML_SUCCESS)
+    if (r == NVML_SUCCESS && (r = fault(st, g->index, F_INFO)) == NVML_SUCCESS)
         r = copy_str(name, length, g->name);
     free(st);
     return r;
@@ -662,7 +712,7 @@ API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int
     struct state *st;
     struct gpu *g;
     nvmlReturn_t r = enter_dev(device, &st, &g);
-    if (r == NVML_SUCCESS)
+    if (r == NVML_SUCCESS && (r = fault(st, g->index, F_INFO)) == NVML_SUCCESS)
         r = copy_str(uuid, length, g->uuid);
     free(st);
     return r;
@@ -676,15 +726,17 @@ API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci
     if (r == NVML_SUCCESS) {
         if (!pci) {
             r = NVML_ERROR_INVALID_ARGUMENT;
-        } else {
+        } else if ((r = fault(st, g->index, F_PCI)) == NVML_SUCCESS) {
             memset(pci, 0, sizeof(*pci));
-            pci->domain = 0;
+            pci->domain = st->domain[g->index];
             pci->bus = 0x18 + g->index;
             pci->device = 0;
             pci->pciDeviceId = 0x233010DE;
             pci->pciSubSystemId = 0x16C110DE;
-            snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "0000:%02X:00.0", pci->bus);
-            snprintf(pci->busId, sizeof(pci->busId), "00000000:%02X:00.0", pci->bus);
+            /* as the driver writes them: the legacy id keeps 4 domain digits, busId 8 */
+            snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "%04X:%02X:00.0",
+                     pci->domain & 0xFFFF, pci->bus);
+            snprintf(pci->busId, sizeof(pci->busId), "%08X:%02X:00.0", pci->domain, pci->bus);
         }
     }
     free(st);
@@ -699,6 +751,8 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memo
     if (r == NVML_SUCCESS) {
         if (!memory) {
             r = NVML_ERROR_INVALID_ARGUMENT;
+        } else if ((r = fault(st, g->index, F_MEMORY)) != NVML_SUCCESS) {
+            /* the getter's own error */
         } else {
             unsigned long long used = g->reserved_mib + allocated_mib(st, g);
             if (used > g->total_mib)
@@ -722,6 +776,8 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t
             r = NVML_ERROR_INVALID_ARGUMENT;
         } else if (memory->version != nvmlMemory_v2) {
             r = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+        } else if ((r = fault(st, g->index, F_MEMORY)) != NVML_SUCCESS) {
+            /* the getter's own error */
         } else {
             unsigned long long used = allocated_mib(st, g);
             if (used > g->total_mib - g->reserved_mib)
@@ -739,7 +795,7 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t
 /* ---- process lists ---------------------------------------------------- */
 
 static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount, void *infos,
-                                      unsigned int kind, int v1)
+                                      unsigned int kind, int version)
 {
     struct state *st;
     struct gpu *g;
@@ -751,8 +807,12 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
         return r;
     if (!infoCount) {
         r = NVML_ERROR_INVALID_ARGUMENT;
+    } else if ((version == 3 && st->missing_v3) || (version == 2 && st->missing_v2)) {
+        r = NVML_ERROR_FUNCTION_NOT_FOUND;
     } else if (st->proc_error) {
         r = st->proc_error;
+    } else if ((r = fault(st, g->index, F_PROCS)) != NVML_SUCCESS) {
+        /* this GPU's process list fails */
     } else {
         for (i = 0; i < st->nprocs; i++) {
             struct proc *p = &st->procs[i];
@@ -770,7 +830,7 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
                 unsigned long long mem = p->na ? NVML_VALUE_NOT_AVAILABLE_ULL : p->mib * MIB;
                 if (!p->listed)
                     continue;
-                if (v1) {
+                if (version == 1) {
                     nvmlProcessInfo_v1_t *e = (nvmlProcessInfo_v1_t *)infos + k;
                     e->pid = p->pid;
                     e->usedGpuMemory = mem;
@@ -778,8 +838,8 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
                     nvmlProcessInfo_v2_t *e = (nvmlProcessInfo_v2_t *)infos + k;
                     e->pid = p->pid;
                     e->usedGpuMemory = mem;
-                    e->gpuInstanceId = NO_INSTANCE;
-                    e->computeInstanceId = NO_INSTANCE;
+                    e->gpuInstanceId = p->gi;
+                    e->computeInstanceId = p->ci;
                 }
                 k++;
             }
@@ -790,15 +850,23 @@ static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCou
     return r;
 }
 
-#define PROC_FN(fname, kind, v1)                                                          \
+#define PROC_FN(fname, kind, version)                                                     \
     API nvmlReturn_t fname(nvmlDevice_t device, unsigned int *infoCount, void *infos)     \
     {                                                                                     \
-        return running_processes(device, infoCount, infos, kind, v1);                     \
+        return running_processes(device, infoCount, infos, kind, version);                \
     }
 
+/* A driver before R510 has no _v3 calls; one before R450 no _v2 either. */
+#if defined(FAKE_NVML_NO_V2) && !defined(FAKE_NVML_NO_V3)
+#define FAKE_NVML_NO_V3
+#endif
 PROC_FN(nvmlDeviceGetComputeRunningProcesses, KIND_COMPUTE, 1)
-PROC_FN(nvmlDeviceGetComputeRunningProcesses_v2, KIND_COMPUTE, 0)
-PROC_FN(nvmlDeviceGetComputeRunningProcesses_v3, KIND_COMPUTE, 0)
 PROC_FN(nvmlDeviceGetGraphicsRunningProcesses, KIND_GRAPHICS, 1)
-PROC_FN(nvmlDeviceGetGraphicsRunningProcesses_v2, KIND_GRAPHICS, 0)
-PROC_FN(nvmlDeviceGetGraphicsRunningProcesses_v3, KIND_GRAPHICS, 0)
+#ifndef FAKE_NVML_NO_V2
+PROC_FN(nvmlDeviceGetComputeRunningProcesses_v2, KIND_COMPUTE, 2)
+PROC_FN(nvmlDeviceGetGraphicsRunningProcesses_v2, KIND_GRAPHICS, 2)
+#endif
+#ifndef FAKE_NVML_NO_V3
+PROC_FN(nvmlDeviceGetComputeRunningProcesses_v3, KIND_COMPUTE, 3)
+PROC_FN(nvmlDeviceGetGraphicsRunningProcesses_v3, KIND_GRAPHICS, 3)
+#endif

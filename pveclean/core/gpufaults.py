@@ -1,0 +1,102 @@
+"""GPUs that NVML could not answer for (lost, unavailable): their marks in the records, and
+which of them a run on one container cannot vouch for.
+
+NVML is asked per GPU (host/nvml.py): a GPU that fell off the bus (GPU_IS_LOST, Xid 79) or
+answers with an error is a record with its status and reason, while the others are used.
+What the container held on such a GPU cannot be verified: when the GPU may be one of the
+container's, the run says so as a problem (never `clean`); a GPU shown to be another's
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from pveclean.core.records import GpuMemory
+
+Fault = tuple[str, str]  # (status, reason)
+_NODE = re.compile(r"/dev/nvidia(\d+)")
+
+
+def config_minors(paths: list[str]) -> set[int] | None:
+    """N of each /dev/nvidiaN among a container's configured device paths; None when they
+    name none (a bind of the whole /dev, LXC's nvidia mount hook, a config pveclean cannot
+    read: any GPU may be the container's)."""
+    return {int(m.group(1)) for p in paths if (m := _NODE.fullmatch(p))} or None
+
+
+def faults_of(gpus: list[GpuMemory] | None) -> dict[int, Fault]:
+    return {g.index: (g.status, g.reason or g.status) for g in gpus or [] if not g.ok}
+
+
+def worst(a: Fault, b: Fault) -> Fault:
+    """Two faults of one GPU as one: lost when either says so, both reasons."""
+    status = "lost" if "lost" in (a[0], b[0]) else "unavailable"
+    reasons = list(dict.fromkeys((a[1], b[1])))
+    return status, "; ".join(reasons)
+
+
+def with_faults(gpus: list[GpuMemory], faults: dict[int, Fault]) -> list[GpuMemory]:
+    """The GPUs, each that another answer failed for (its process list) marked with it."""
+    out = []
+    for g in gpus:
+        f = faults.get(g.index)
+        if f is not None:
+            status, reason = worst((g.status, g.reason or ""), f) if not g.ok else f
+            g = dataclasses.replace(g, status=status, reason=reason.strip("; "))
+        out.append(g)
+    return out
+
+
+def unverified(faults: dict[int, Fault], seen: list[GpuMemory], minors: set[int] | None,
+               held: set[int]) -> dict[int, str]:
+    """GPU index -> problem, for each faulted GPU that may be the container's: its minor
+    (N of /dev/nvidiaN, from any answer in `seen`) is one the container's config names
+    (`minors`; None: it cannot tell, so every GPU may be) or one its holders held (`held`);
+    a GPU whose minor NVML did not give may be the container's when one of those minors
+    belongs to no GPU that answered."""
+    ok_minors = {g.minor for g in seen if g.ok and g.minor is not None}
+    known = {g.index: g.minor for g in seen if g.minor is not None}
+    out: dict[int, str] = {}
+    for index, (status, reason) in sorted(faults.items()):
+        if minors is not None:
+            mine = minors | held
+            minor = known.get(index)
+            if minor is not None and minor not in mine:
+                continue
+            if minor is None and not mine - ok_minors:
+                continue
+        out[index] = (f"GPU {index} is {status} ({reason}): NVML cannot tell what the "
+                      "container holds on it, so it is not verified free")
+    return out
+
+
+class GpuWatch:
+    """One run's GPU faults over its NVML answers (before, process lists, after): `note`
+    returns the problems not said yet, one per GPU that may be the container's."""
+
+    def __init__(self, minors: set[int] | None, held: set[int]) -> None:
+        self.minors, self.held = minors, held
+        self.faults: dict[int, Fault] = {}
+        self.seen: list[GpuMemory] = []
+        self._said: set[int] = set()
+
+    def note(self, gpus: list[GpuMemory] | None, faults: dict[int, Fault]) -> list[str]:
+        self.seen += gpus or []
+        for index, f in [*faults_of(gpus).items(), *faults.items()]:
+            self.faults[index] = worst(self.faults[index], f) if index in self.faults else f
+        new = {i: text for i, text in unverified(self.faults, self.seen, self.minors,
+                                                 self.held).items() if i not in self._said}
+        self._said |= set(new)
+        return list(new.values())
+
+
+def unchecked(gpus: list[GpuMemory], procs: object, minors: set[int]) -> list[str]:
+    """Why a post-stop leak check passed over a GPU that may be the container's (`minors`:
+    its configured ones; empty: any): NVML could not read it or list its processes."""
+    faults = {**getattr(procs, "faults", {}), **faults_of(gpus)}
+    minor_of = {g.index: g.minor for g in gpus}
+    return [f"GPU {i} is {status} ({reason}): its memory is not checked for leaks"
+            for i, (status, reason) in sorted(faults.items())
+            if not minors or minor_of.get(i) is None or minor_of[i] in minors]
