@@ -64,10 +64,9 @@ def discover(
         except RuntimeError as exc:
             sources["probe"] = f"failed: {exc}"
             warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
-    if fz is not None:
-        fz.hold()
     scan_end = end - min(keep, max(end - time.monotonic(), 0.0) / 2)
-    view, others, nvml_status, late = reads.host(scope, end, scan_end)
+    view, others, nvml_status, late = reads.host(scope, end, scan_end,
+                                                   None if fz is None else fz.hold)
     sources["nvml"] = nvml_status
     if view is None:
         sources["host"] = "did not finish"

@@ -251,20 +251,24 @@ class Reads:
         """One NVML query; once NVML failed or hung, none is asked again."""
         return self._nvml_receive(what) if self._nvml_send(fn, end, what) else None
 
-    def host(self, scope: Scope, end: float, scan_end: float | None = None
+    def host(self, scope: Scope, end: float, scan_end: float | None = None,
+             hold: Callable[[], None] | None = None
              ) -> tuple[HostView | None, list[dict[str, object]], str, list[Holder]]:
         """(host view with NVML merged, other GPU users, NVML status, holders NVML alone
-        names). NVML's memory and process lists are asked first and read after the scan; the
-        memory is kept in `before`. The scan ends by `scan_end` (default `end`); when it does
-        not finish, NVML's list is still used: each NVML process whose own cgroup is in the
-        container's tree is a holder (the fourth item), proven and stopped as any other."""
+        names). NVML's memory (kept in `before`) and process lists are read first, then
+        `hold()` (the freezer) and the scan: the container is frozen while its tree is read,
+        never while NVML is waited for. The scan ends by `scan_end` (default `end`); when it
+        does not finish, NVML's list is still used: each NVML process whose own cgroup is in
+        the container's tree is a holder (the fourth item), proven and stopped as any other."""
         memory_asked = self._nvml_send(w_memory, end, "NVML memory query")
         asked = self._nvml_send(w_processes, end, "NVML process query")
-        view = self._scan(scope, end if scan_end is None else scan_end, "host scan")
         if memory_asked:
             rows = self._nvml_receive("NVML memory query")
             self.before = None if rows is None else gpu_memory(rows)
         procs = self._nvml_receive("NVML process query") if asked else None
+        if hold is not None:
+            hold()
+        view = self._scan(scope, end if scan_end is None else scan_end, "host scan")
         status = ("ok" if procs is not None else "disabled" if not self.nvml_on
                   else f"unavailable: {self.nvml_error}")
         if isinstance(view, str):
