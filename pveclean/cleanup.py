@@ -159,10 +159,10 @@ def stop_and_verify(
     fz: Freezer,
 ) -> tuple[list[Holder], bool, int, float | None]:
     """Returns (all holders handled, verified-free, rounds used, last exit, monotonic).
-    Every read goes through the worker; the parent holds the pidfds and signals. Identities
-    are proven and signals decided and sent with the tree frozen (`fz`), the SIGTERM grace
-    and the waits between looks run thawed; a look is frozen. Looks read the fds and maps of
-    the holders and of processes new since discovery; the one that settles reads them all."""
+    Every read goes through the worker; the parent holds the pidfds and signals. Proofs and
+    signals are decided and sent frozen (`fz`); the SIGTERM grace and the waits run thawed.
+    A look is frozen and reads the fds and maps of the holders and of processes new since
+    discovery; the settling look reads them all, thawed (docs/security.md)."""
     all_holders = list(disc.holders)
     handled: set[ProcIdentity] = {h.identity for h in all_holders}
     targets = [h for h in all_holders if not h.protected]
@@ -195,7 +195,7 @@ def stop_and_verify(
         chase: list[Holder] = []
         term = True
         while True:
-            fz.hold()
+            fz.set(not full)  # the settling look runs thawed: see docs/security.md
             chase += _late_holders(disc, scope, reads, end, handled, all_holders)
             if policy.chase_late(len(chase), deadline.expired()):
                 break
@@ -222,6 +222,7 @@ def stop_and_verify(
             if step.step is not Step.POLL:
                 return all_holders, step.verified, round_no, last_exit
             fz.release()
+            full = False
             time.sleep(step.wait)
         round_no += 1
         if not term:

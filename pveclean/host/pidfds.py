@@ -212,8 +212,9 @@ def stop(
     if term:
         hold(False)
         wait_exits(targets, min(t0 + grace, deadline_at))
-        hold(True)
     after_term = time.monotonic()
+    if term and any(t.exited_at is None for t in targets):
+        hold(True)
     rest = [t for t in targets if t.exited_at is None]
     for t in rest:
         _send(t, signal.SIGKILL, t0)
