@@ -169,9 +169,7 @@ def stop_and_verify(
     round_no = 0
     end = deadline.end - reserve_for(cfg)
     last_exit: float | None = None
-    view = disc.view
-    quiet = None if view is None else {p: st.starttime for p, st in view.statuses.items()
-                                       if p not in view.holders}
+    quiet = policy.known_idle(disc.view)
     full, term = False, True
     while True:
         fz.hold()
@@ -194,18 +192,19 @@ def stop_and_verify(
         clean_since: float | None = None
         chase: list[Holder] = []
         term = True
-        while True:
-            fz.set(not full)  # the settling look runs thawed: see docs/security.md
+        while True:  # thawed here; a look freezes (the settling one aside: docs/security.md)
             chase += _late_holders(disc, scope, reads, end, handled, all_holders)
             if policy.chase_late(len(chase), deadline.expired()):
                 break
-            rescan = reads.rescan(scope, known, end, None if full else quiet, disc.scanned)
+            rescan = reads.rescan(scope, known, end, None if full else quiet, disc.scanned,
+                                  None if full else fz.hold)
             look, new = policy.look_at(rescan, handled)
             step = policy.next_step(look, round_no, cfg.chase_rounds, deadline.expired(),
                                     deadline.clock(), end, clean_since)
             clean_since = step.clean_since
             if step.step is Step.SETTLED and step.verified and quiet and not full:
                 full = True  # a non-holder may have been passed a GPU fd (SCM_RIGHTS)
+                fz.release()
                 continue
             if step.step is Step.CHASE:
                 chase, full = new, False

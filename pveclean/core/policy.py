@@ -63,6 +63,14 @@ def with_grace(new: int, signalled: int) -> bool:
     return new <= signalled
 
 
+def known_idle(view: HostView | None) -> dict[int, int] | None:
+    """The processes discovery saw holding nothing (PID -> start time): a verification look
+    does not read their fds and maps again (the settling look does). None: no view."""
+    if view is None:
+        return None
+    return {pid: st.starttime for pid, st in view.statuses.items() if pid not in view.holders}
+
+
 def next_step(look: Look | None, rounds_used: int, rounds_allowed: int, expired: bool,
               now: float, end: float, clean_since: float | None) -> Decision:
     """The next step after a look at `now` (on the deadline's clock); `end`: when the time for

@@ -295,21 +295,24 @@ class Reads:
         return read
 
     def rescan(self, scope: Scope, known: set[int], end: float,
-               quiet: dict[int, int] | None = None, scanned: bool = True
+               quiet: dict[int, int] | None = None, scanned: bool = True,
+               hold: Callable[[], None] | None = None
                ) -> tuple[HostView, set[int]] | None:
         """The container's holders now, and the NVML processes that are ours: NVML's
         processes whose own cgroup is in the tree are holders too. `quiet`: processes known
         to hold nothing, whose fds and maps are not read again (procscan.scan_host).
         `scanned` False: discovery's scan did not finish, so none is tried again: only NVML
-        is looked at (the verdict stays residual with the scan's problem)."""
+        is looked at (the verdict stays residual with the scan's problem). `hold()` (the
+        freezer) comes after NVML's answer, before the scan, as in host()."""
         asked = self._nvml_send(w_processes, end, "NVML process query")
+        procs = self._nvml_receive("NVML process query") if asked else None
+        if hold is not None:
+            hold()
         view: HostView | str = HostView({}, {}, {}, None)
         if scanned:
             view = self._scan(scope, end, "verification scan", quiet)
         if isinstance(view, str):
-            self.nvml.forget()
             return None
-        procs = self._nvml_receive("NVML process query") if asked else None
         if procs:
             merge_nvml(view, procs, self._nvml_reader(scope, end))
         # A PID of ours that NVML still lists has not released its memory yet.
