@@ -196,3 +196,5 @@ def test_what_a_freeze_costs(lab: Lab, vmid: int) -> None:
         assert freeze.startswith("frozen 1 time(s)"), freeze
         print(f"\n{len(lab.tree_pids(vmid))} processes: {freeze}")
         assert thawed(lab, vmid)
+    code, rep = run_json(lab, vmid, "--dry-run")  # a dry run changes nothing: no freeze
+    assert rep["sources"]["freeze"].startswith("not used: a dry run changes nothing"), rep
