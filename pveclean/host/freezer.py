@@ -16,6 +16,7 @@ guard (SIGKILL of the whole unit) left frozen. docs/security.md, "A tree that ho
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -148,7 +149,7 @@ class Freezer:
         try:
             cgroupfs.set_frozen(self.cgroup_dir, False)
         except OSError as exc:  # the cgroup went away (the container stopped): nothing held
-            if exc.errno != 2:
+            if exc.errno != errno.ENOENT:
                 self.warnings.append(f"thawing CT {self.vmid} failed: {exc.strerror}")
         took = time.monotonic() - self._since
         self.held_s += took
@@ -168,7 +169,7 @@ class Freezer:
             with contextlib.suppress(OSError):
                 self._record.unlink()
             self._record = None
-        if self._guard is not None:
+        if self._guard is not None and self._guard[1] >= 0:
             pid, w = self._guard
             self._guard = None
             with contextlib.suppress(OSError):
@@ -187,7 +188,12 @@ class Freezer:
         except OSError as exc:
             self.warnings.append(f"cannot write the freeze record {record}: {exc.strerror}; "
                                  "a run killed while it holds a freeze relies on its guard")
-        self._guard = _guard(self.cgroup_dir, record)
+        try:
+            self._guard = _guard(self.cgroup_dir, record)
+        except OSError as exc:  # out of processes: the record is what is left
+            self._guard = (0, -1)
+            self.warnings.append(f"no guard for the freeze ({exc.strerror}): a run killed "
+                                 "while it holds one leaves the thaw to the next run")
 
     def summary(self) -> str:
         """For the report's sources: what the freezer did."""

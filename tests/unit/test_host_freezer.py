@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from pveclean.host import cgroupfs, freezer
 from pveclean.host.freezer import Freezer
 
@@ -93,3 +95,18 @@ def test_the_guard_thaws_when_its_run_dies_frozen(tmp_path: Path) -> None:
         time.sleep(0.01)
     assert cgroupfs.freeze_file(cg) == "0"
     assert not freezer.record_path(state, 129).exists()
+
+
+def test_no_guard_when_fork_fails_is_said_and_the_freeze_still_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cg = fake_cgroup(tmp_path, settles=True)
+
+    def no_fork(*_a: object) -> tuple[int, int]:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(freezer, "_guard", no_fork)
+    with Freezer(cg, str(tmp_path / "state"), 129) as fz:
+        fz.hold()
+        assert cgroupfs.freeze_file(cg) == "1"
+    assert cgroupfs.freeze_file(cg) == "0"
+    assert fz.warnings and fz.warnings[0].startswith("no guard for the freeze")
