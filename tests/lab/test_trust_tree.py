@@ -48,6 +48,10 @@ def test_a_holder_hopping_between_fresh_cgroups_is_stopped(lab: Lab, vmid: int) 
     w = lab.run_program(vmid, "hopper", ["--hold", GPU])
     (pid,) = w.host_pids(lab)
     lab.set_gpu_memory(w, {0: 4096})
+    # a dry run does not freeze: the walk may miss it, its own cgroup still makes it ours
+    _code, dry = run_json(lab, vmid, "--dry-run")
+    assert [h["host_pid"] for h in dry["holders"]] == [pid], dry
+    assert not dry["other_gpu_users"], dry["other_gpu_users"]
     code, rep = run_json(lab, vmid)
     assert code == 0 and rep["verdict"] == "clean", rep
     assert [h["host_pid"] for h in rep["holders"]] == [pid], rep["holders"]
