@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +17,7 @@ from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, devnodes, notify, pidfds, reportfiles
 from pveclean.host.clock import stamp, start_deadline
+from pveclean.host.freezer import Freezer
 from pveclean.host.lock import Busy, container_lock
 from pveclean.host.nvml import Nvml
 from pveclean.host.pidfds import fd_budget, raise_open_files_limit
@@ -33,9 +32,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from pveclean.core.config import Config
-    from pveclean.proxmox.pct import PctReader
-
 
 def discover(
     scope: Scope,
@@ -44,9 +40,13 @@ def discover(
     deadline: Deadline,
     end: float,
     no_probe: str = "disabled in config",
+    fz: Freezer | None = None,
+    keep: float = 0.0,
 ) -> Discovery:
     """Host view and NVML decide; the probe is started here and left running (the run
-    merges it when it arrives, see stop_and_verify): it never holds up a stop or a verdict."""
+    merges it when it arrives, see stop_and_verify): it never holds up a stop or a verdict.
+    The tree is read frozen (`fz`); the host scan leaves `keep` s of the time to `end` (at
+    most half of it) for stopping what NVML alone names, should the scan not finish."""
     sources = {"host": "ok"}
     warnings: list[str] = []
     running = scope.running
@@ -56,19 +56,24 @@ def discover(
     elif not running:
         sources["probe"] = "container not running"
     else:
-
         try:
             probing = PctReader(start_probe(scope, pct_command))
             sources["probe"] = "pending"
         except RuntimeError as exc:
             sources["probe"] = f"failed: {exc}"
             warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
-    view, others, nvml_status = reads.host(scope, end)
+    scan_end = end - min(keep, max(end - time.monotonic(), 0.0) / 2)
+    view, others, nvml_status, late = reads.host(scope, end, scan_end,
+                                                   None if fz is None else fz.hold)
     sources["nvml"] = nvml_status
     if view is None:
         sources["host"] = "did not finish"
-        return Discovery([], running, None, len(cgroupfs.tree_pids(scope.cgroup_dir)), sources,
-                         warnings, [], list(reads.problems), probing, scanned=False)
+        if late:
+            warnings.append(f"the host scan did not finish: {len(late)} process(es) that NVML "
+                            "lists in the container's cgroup tree are stopped; others may hold "
+                            "GPU nodes unseen")
+        return Discovery(late, running, None, len(cgroupfs.tree_pids(scope.cgroup_dir)),
+                         sources, warnings, others, list(reads.problems), probing, scanned=False)
     holders = sorted(view.holders.values(), key=lambda h: h.host_pid)
     return Discovery(holders, running, view.init_pid, len(view.tree), sources, warnings, others,
                      list(reads.problems), probing, view=view)
@@ -123,22 +128,11 @@ def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
 
 
 def _drop_probe(disc: Discovery, why: str) -> None:
-    """Kill a probe still running, its whole process group, without reading what it wrote
-    (a `pct exec` stuck in a frozen container may never close its pipes)."""
-    if disc.probe is None:
-        return
-    import subprocess  # imported by the probe's start
-
-    proc = disc.probe.proc
-    disc.probe = None
-    disc.sources["probe"] = why
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for pipe in (proc.stdout, proc.stderr):
-        if pipe is not None:
-            pipe.close()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(0.05)
+    """Kill a probe still running, its whole process group, unread (PctReader.abandon)."""
+    if disc.probe is not None:
+        probing, disc.probe = disc.probe, None
+        disc.sources["probe"] = why
+        probing.abandon()
 
 
 def stop_and_verify(
@@ -149,16 +143,23 @@ def stop_and_verify(
     reads: Reads,
     deadline: Deadline,
     progress: Progress | None,
+    fz: Freezer,
 ) -> tuple[list[Holder], bool, int, float | None]:
     """Returns (all holders handled, verified-free, rounds used, last exit, monotonic).
-    Every read goes through the worker; the parent holds the pidfds and signals."""
+    Every read goes through the worker; the parent holds the pidfds and signals. Proofs and
+    signals are decided and sent frozen (`fz`); the SIGTERM grace and the waits run thawed.
+    A look is frozen and reads the fds and maps of the holders and of processes new since
+    discovery; the settling look reads them all, thawed (docs/security.md)."""
     all_holders = list(disc.holders)
     handled: set[ProcIdentity] = {h.identity for h in all_holders}
     targets = [h for h in all_holders if not h.protected]
     round_no = 0
     end = deadline.end - reserve_for(cfg)
     last_exit: float | None = None
+    quiet = policy.known_idle(disc.view)
+    full, term = False, True
     while True:
+        fz.hold()
         batch = fd_budget()
         for i in range(0, len(targets), batch):  # one batch unless the hard limit is low
             proven, rejected = pidfds.prove_all(
@@ -170,23 +171,31 @@ def stop_and_verify(
                 exited = pidfds.stop(
                     proven, grace, end, progress,
                     lambda pids: reads.call(pidfds.describe, pids,
-                                            end=deadline.end, what="survivors' state"))
+                                            end=deadline.end, what="survivors' state"),
+                    fz.set, term)
                 if exited is not None:
                     last_exit = max(last_exit or exited, exited)
         known = {h.host_pid for h in all_holders}
         clean_since: float | None = None
         chase: list[Holder] = []
-        while True:
+        term = True
+        while True:  # thawed here; a look freezes (the settling one aside: docs/security.md)
             chase += _late_holders(disc, scope, reads, end, handled, all_holders)
             if policy.chase_late(len(chase), deadline.expired()):
                 break
-            rescan = reads.rescan(scope, known, end)
+            rescan = reads.rescan(scope, known, end, None if full else quiet, disc.scanned,
+                                  None if full else fz.hold)
             look, new = policy.look_at(rescan, handled)
             step = policy.next_step(look, round_no, cfg.chase_rounds, deadline.expired(),
                                     deadline.clock(), end, clean_since)
             clean_since = step.clean_since
+            if step.step is Step.SETTLED and step.verified and quiet and not full:
+                full = True  # a non-holder may have been passed a GPU fd (SCM_RIGHTS)
+                fz.release()
+                continue
             if step.step is Step.CHASE:
-                chase = new
+                chase, full = new, False
+                term = policy.with_grace(len(new), len(targets))
                 break
             if step.step is Step.RESPAWNED:  # they keep coming back: report them
                 parents = _parents(reads, new, end)
@@ -198,8 +207,13 @@ def stop_and_verify(
                     all_holders.append(h)
             if step.step is not Step.POLL:
                 return all_holders, step.verified, round_no, last_exit
+            fz.release()
+            full = False
             time.sleep(step.wait)
         round_no += 1
+        if not term:
+            for h in chase:
+                h.signals.append(policy.NO_GRACE)
         if progress:
             progress(f"round {round_no}: {len(chase)} new holder(s) appeared; stopping them")
         parents = _parents(reads, chase, end)
@@ -258,7 +272,6 @@ def clean(
             res = _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
                          deadline, started, stop_units, scan)
         else:
-
             wait = min(cfg.lock_wait_seconds, max(0.0, deadline.remaining() - reserve_for(cfg)))
             try:
                 with container_lock(cfg.state_dir, vmid, wait, f"{phase} run"):
@@ -319,46 +332,54 @@ def _clean(
         no_probe = ("disabled in config" if not cfg.probe else
                     "container not running" if not scope.running else
                     "not run: a dry run shows what the host view and NVML find")
-        disc = discover(scope, reads, cfg.pct_command if cfg.probe and not dry_run else None,
-                        deadline, end, no_probe)
-        before = reads.before  # asked with the host scan
-        if idle:
-            disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
-        if progress:
-            progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
-        unit_stops = None
-        if stop_units:
-
-            unit_stops = guestunits.before_stop(vmid, cfg, scope, disc, deadline, dry_run, progress)
-        rounds = 0
-        verify_s: float | None = None
-        last_exit: float | None = None
-        if dry_run:
-            holders = disc.holders
-            for h in holders:
-                h.outcome = Outcome.PROTECTED if h.protected else Outcome.WOULD_STOP
-            verdict = Verdict.DRY_RUN
-        elif not disc.holders:
-            holders = []
-            verdict = Verdict.NOTHING_TO_DO
-        else:
-            for h in disc.holders:
-                if h.protected:
-                    h.outcome = Outcome.PROTECTED
-            g = cfg.grace_seconds if grace is None else grace
-            holders, verified, rounds, last_exit = stop_and_verify(disc, scope, cfg, g, reads,
-                                                                   deadline, progress)
-            if last_exit is not None:
-                # how long verification took after the last holder was gone (pidfd readable)
-                verify_s = round(time.monotonic() - last_exit, 3)
-            verdict = verdicts.after_stop(verified, [h.outcome for h in holders])
+        g = cfg.grace_seconds if grace is None else grace
+        fz = Freezer(scope.cgroup_dir, cfg.state_dir, vmid, not (dry_run or idle),
+                     "not used: a dry run changes nothing (its tree was read while it ran)"
+                     if dry_run else "not needed: container stopped, its cgroup tree is empty")
+        with fz:  # thawed on every way out; a run that dies: freezer.py
+            disc = discover(scope, reads, cfg.pct_command if cfg.probe and not dry_run else None,
+                            deadline, end, no_probe, fz, 0.0 if dry_run else g + 1)
+            before = reads.before  # asked with the host scan
+            if idle:
+                disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
+            if progress:
+                progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
+            unit_stops = None
+            if stop_units:
+                fz.release()  # systemctl runs in the container
+                unit_stops = guestunits.before_stop(vmid, cfg, scope, disc, deadline, dry_run,
+                                                    progress)
+            rounds = 0
+            verify_s: float | None = None
+            last_exit: float | None = None
+            if dry_run:
+                holders = disc.holders
+                for h in holders:
+                    h.outcome = Outcome.PROTECTED if h.protected else Outcome.WOULD_STOP
+                verdict = Verdict.DRY_RUN
+            elif not disc.holders:
+                holders = []
+                verdict = Verdict.NOTHING_TO_DO
+            else:
+                for h in disc.holders:
+                    if h.protected:
+                        h.outcome = Outcome.PROTECTED
+                holders, verified, rounds, last_exit = stop_and_verify(disc, scope, cfg, g, reads,
+                                                                       deadline, progress, fz)
+                if last_exit is not None:
+                    # how long verification took after the last holder was gone (pidfd readable)
+                    verify_s = round(time.monotonic() - last_exit, 3)
+                verdict = verdicts.after_stop(verified, [h.outcome for h in holders])
+        disc.sources["freeze"] = fz.summary()
+        disc.warnings += fz.warnings
         if disc.probe is not None:
             late = ("not waited for: the host view and NVML found nothing to clean"
                     if not holders else
                     f"late: not finished when the run ended ({deadline.elapsed():.2f} s); "
                     "its findings were not used")
             _drop_probe(disc, late)
-        after = reads.memory(end) if not (dry_run or idle or not disc.scanned) else before
+        asked = not (dry_run or idle) and (disc.scanned or bool(holders))
+        after = reads.memory(end) if asked else before
         problems = list(dict.fromkeys(reads.problems))
         errors += problems
         verdict = verdicts.with_problems(verdict, problems)
@@ -369,7 +390,6 @@ def _clean(
         rep = build_report(stamp(started, deadline.elapsed()), vmid, phase, dry_run, found,
                            ctconf.gpu_lines(), cfg)
         if unit_stops is not None or holders:  # else there is nothing to say of units
-
             if phase == "manual" and last_exit is not None:
                 # a stopping container's units stop with it: hooks do not wait for restarts
                 guestunits.await_restarts(holders, scope.cgroup_dir.parent.parent,

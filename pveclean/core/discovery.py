@@ -112,10 +112,12 @@ def merge_nvml(view: HostView, procs: dict[int, dict[int, int | None]],
                               tuple[list[Holder], list[tuple[int, str | None, str | None]]]]
                ) -> list[dict[str, object]]:
     """Attach NVML memory to the container's holders; return GPU users outside it. `read`
-    makes holders of the container's other NVML processes and names the GPU users outside it
-    (w_nvml_pids: /proc reads, in the scan's worker); asked only when there are any."""
+    makes holders of the container's other NVML processes, those the walk saw and those it
+    did not whose own cgroup is in the container's tree (membership is the process's own
+    /proc/PID/cgroup, not the walk), and names the GPU users outside it (w_nvml_pids: /proc
+    reads, in the scan's worker); asked only when there are any."""
     found: list[tuple[records.ProcStatus, str]] = []
-    outside: list[int] = []
+    unseen: list[int] = []
     for pid, per_gpu in sorted(procs.items()):
         h = view.holders.get(pid)
         if h is not None:
@@ -124,10 +126,10 @@ def merge_nvml(view: HostView, procs: dict[int, dict[int, int | None]],
         elif pid in view.statuses:
             found.append((view.statuses[pid], view.tree.get(pid, ".")))
         else:
-            outside.append(pid)
-    if not found and not outside:
+            unseen.append(pid)
+    if not found and not unseen:
         return []
-    built, named = read(found, outside)
+    built, named = read(found, unseen)
     for h in built:
         h.gpu_memory_mib.update(procs[h.host_pid])
         h.add_source("nvml")

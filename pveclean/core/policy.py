@@ -13,7 +13,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pveclean.core.records import Holder, HostView, ProcIdentity
 
-POLL_INTERVAL = 0.02  # rescans while verifying; each is a cgroup walk, not a /proc walk
+POLL_INTERVAL = 0.02  # rescans while verifying: a walk, and /proc of new processes only
 SETTLE = 0.05  # a clean result must hold this long, so a respawn racing us is seen
 
 
@@ -49,6 +49,26 @@ def chase_late(pending: int, expired: bool) -> bool:
     """Holders only the late probe saw are stopped in a round of their own, while time is left
     (they do not count against the rounds: the probe was not in time for the first)."""
     return pending > 0 and not expired
+
+
+NO_GRACE = ("no SIGTERM: more holders appeared than the round before signalled (processes "
+            "that multiply when asked to stop); SIGKILL with the tree frozen")
+
+
+def with_grace(new: int, signalled: int) -> bool:
+    """Whether a chase round's `new` holders get SIGTERM and the grace: not when they
+    outnumber the holders the round before signalled. A holder that forks children on SIGTERM
+    would double with every round (and every run) while it is asked; killed frozen, none of
+    them runs again. A respawn (one worker for one) keeps its SIGTERM."""
+    return new <= signalled
+
+
+def known_idle(view: HostView | None) -> dict[int, int] | None:
+    """The processes discovery saw holding nothing (PID -> start time): a verification look
+    does not read their fds and maps again (the settling look does). None: no view."""
+    if view is None:
+        return None
+    return {pid: st.starttime for pid, st in view.statuses.items() if pid not in view.holders}
 
 
 def next_step(look: Look | None, rounds_used: int, rounds_allowed: int, expired: bool,

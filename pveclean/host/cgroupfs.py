@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import os
 import re
+import select
+import time
 from pathlib import Path
 
 from pveclean.errors import PvecleanError
@@ -238,3 +240,46 @@ def frozen(pid: int) -> bool:
             if state and state.strip() in ("FROZEN", "FREEZING"):
                 return True
     return False
+
+
+# ---- the cgroup v2 freezer of a host-owned level (host/freezer.py sequences it) ------------
+def freeze_file(cgroup_dir: Path) -> str | None:
+    """cgroup.freeze's value ("0" or "1"); None where there is none (no such cgroup, a
+    kernel before 5.2, the root cgroup)."""
+    text = read_text(str(cgroup_dir / "cgroup.freeze"))
+    return None if text is None else text.strip()
+
+
+def set_frozen(cgroup_dir: Path, on: bool) -> None:
+    """Write cgroup.freeze (OSError as the kernel says it). The freezer is hierarchical:
+    a cgroup below (the tenant's ns/) cannot thaw what this level froze."""
+    fd = os.open(cgroup_dir / "cgroup.freeze", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, b"1" if on else b"0")
+    finally:
+        os.close(fd)
+
+
+def wait_frozen(cgroup_dir: Path, bound: float) -> bool:
+    """Wait up to `bound` s for cgroup.events to say "frozen 1" (every task of the tree
+    stopped). A task in uninterruptible sleep in a driver freezes only when it leaves the
+    kernel, which may be never: the caller goes on after `bound` and says so."""
+    end = time.monotonic() + bound
+    try:
+        fd = os.open(cgroup_dir / "cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLPRI)  # kernfs wakes pollers when the file changes
+        while True:
+            if b"\nfrozen 1" in b"\n" + os.pread(fd, 4096, 0):
+                return True
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            poller.poll(min(left, 0.002) * 1000)  # polled too: a missed wake costs 2 ms
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

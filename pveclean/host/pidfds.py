@@ -193,20 +193,32 @@ def stop(
     progress: Callable[[str], None] | None = None,
     describe_fn: Callable[[list[int]], dict[int, tuple[str | None, str | None, bool]] | None]
     | None = None,
+    hold: Callable[[bool], None] | None = None,
+    term: bool = True,
 ) -> float | None:
     """SIGTERM all at once, poll up to `grace`, SIGKILL the rest, poll until the deadline.
-    Returns when (monotonic) the last of them exited, None if none did."""
+    Returns when (monotonic) the last of them exited, None if none did. `hold(on)` freezes
+    (True) or thaws (False) the container's tree (host/freezer.py); it is called frozen:
+    the grace runs thawed (a process exits cleanly only if it runs), the SIGKILLs are
+    decided and sent frozen, their exits waited for thawed. `term` False: SIGKILL at once,
+    no SIGTERM and no grace (processes that multiply when asked to stop)."""
+    hold = hold or (lambda _on: None)
     t0 = time.monotonic()
-    termed = [t for t in targets if _send(t, signal.SIGTERM, t0)]
+    termed = [t for t in targets if _send(t, signal.SIGTERM, t0)] if term else []
     if progress and termed:
         left = deadline_at - time.monotonic()
         progress(f"SIGTERM sent to {len(termed)}; waiting up to {min(grace, left):.1f} s for "
                  f"them to exit (deadline in {left:.1f} s)")
-    wait_exits(targets, min(t0 + grace, deadline_at))
+    if term:
+        hold(False)
+        wait_exits(targets, min(t0 + grace, deadline_at))
     after_term = time.monotonic()
+    if term and any(t.exited_at is None for t in targets):
+        hold(True)
     rest = [t for t in targets if t.exited_at is None]
     for t in rest:
         _send(t, signal.SIGKILL, t0)
+    hold(False)
     if rest:
         if progress:
             progress(f"SIGKILL sent to {len(rest)} still running after the grace "

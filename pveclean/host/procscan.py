@@ -37,9 +37,11 @@ def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder
 
 
 def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
-              stall: float | None = None) -> HostView:
+              stall: float | None = None, quiet: dict[int, int] | None = None) -> HostView:
     """The host view. In the worker, each PID is announced before its /proc files are read,
-    so a read that hangs (FUSE, NFS, a wedged driver) is pinned to its PID (see worker.py)."""
+    so a read that hangs (FUSE, NFS, a wedged driver) is pinned to its PID (see worker.py).
+    `quiet`: PID -> start time of processes known to hold nothing (a verification look): their
+    fds and maps are not read again while the PID is the same process."""
     tree = cgroupfs.tree_pids(scope.cgroup_dir)
     holders: dict[int, Holder] = {}
     statuses: dict[int, records.ProcStatus] = {}
@@ -55,6 +57,8 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
         statuses[pid] = st
         if scope.running and len(st.nspid) >= 2 and st.nspid[1] == 1:
             init_pid = pid
+        if quiet is not None and quiet.get(pid) == st.starttime:
+            continue
         if st.state == "Z" and not procfs.live_threads(pid):
             continue  # a zombie holds nothing: its fds and mappings are gone
         # (a zombie leader with live threads holds through them: device_fds reads those)
@@ -78,11 +82,18 @@ def w_scan(scope: Scope, skip: frozenset[int], stall: float) -> HostView:
     return scan_host(scope, skip, stall)
 
 
-def w_nvml_pids(found: list[tuple[records.ProcStatus, str]], outside: list[int], scope: Scope
+def w_rescan(scope: Scope, quiet: dict[int, int] | None, skip: frozenset[int], stall: float
+             ) -> HostView:
+    return scan_host(scope, skip, stall, quiet)
+
+
+def w_nvml_pids(found: list[tuple[records.ProcStatus, str]], unseen: list[int], scope: Scope
                 ) -> tuple[list[Holder], list[tuple[int, str | None, str | None]]]:
     """merge_nvml's reads: holders of the container's processes NVML lists (a zombie is left
     out: NVML lists an exited process until the driver lets go), and the name and cgroup of
-    each GPU user outside the container."""
+    each GPU user outside the container. An NVML process the walk did not see belongs to the
+    container when its own cgroup says so (one hopping from cgroup to cgroup, one started
+    after the walk): it is a holder like the others."""
     built = []
     for st, rel in found:
         worker.note(("pid", st.pid), None)
@@ -90,10 +101,16 @@ def w_nvml_pids(found: list[tuple[records.ProcStatus, str]], outside: list[int],
             continue
         built.append(make_holder(st, rel, scope))
     named: list[tuple[int, str | None, str | None]] = []
-    for pid in outside:
+    base = f"/lxc/{scope.vmid}"
+    for pid in unseen:
         worker.note(("pid", pid), None)
+        cg = cgroupfs.pid_cgroup(pid)
         st2 = procfs.read_status(pid)
-        named.append((pid, st2.name if st2 else None, cgroupfs.pid_cgroup(pid)))
+        if st2 is not None and records.in_tree(cg, scope.vmid) and cg is not None:
+            if st2.state != "Z" or procfs.live_threads(pid):
+                built.append(make_holder(st2, cg[len(base) + 1:] or ".", scope))
+            continue  # a zombie of the container holds nothing: neither ours nor another's
+        named.append((pid, st2.name if st2 else None, cg))
     return built, named
 
 

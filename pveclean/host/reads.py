@@ -21,7 +21,7 @@ from pveclean.core.records import (
 )
 from pveclean.host import pidfds, worker
 from pveclean.host.nvml import gpu_memory, w_memory, w_processes
-from pveclean.host.procscan import w_nvml_pids, w_scan
+from pveclean.host.procscan import w_nvml_pids, w_rescan, w_scan
 from pveclean.host.worker import RemoteError, WorkerError
 
 TYPE_CHECKING = False
@@ -188,10 +188,13 @@ class Reads:
         """Why each worker killed in this run was killed."""
         return self.nvml_worker.killed + self.worker.killed
 
-    def _scan(self, scope: Scope, end: float, what: str) -> HostView | str:
-        """The host view, or why there is none (a problem is recorded)."""
+    def _scan(self, scope: Scope, end: float, what: str,
+              quiet: dict[int, int] | None = None) -> HostView | str:
+        """The host view, or why there is none (a problem is recorded); `quiet`: see
+        procscan.scan_host."""
         try:
-            view: HostView = self.scan.call(w_scan, scope, end=end, what=what)
+            view: HostView = (self.scan.call(w_scan, scope, end=end, what=what) if quiet is None
+                              else self.scan.call(w_rescan, scope, quiet, end=end, what=what))
             return view
         except Unread as unread:
             if not unread.hung:
@@ -256,25 +259,36 @@ class Reads:
         """One NVML query; once NVML hung, none is asked again."""
         return self._nvml_receive(what) if self._nvml_send(fn, end, what) else None
 
-    def host(self, scope: Scope, end: float
-             ) -> tuple[HostView | None, list[dict[str, object]], str]:
-        """(host view with NVML merged, other GPU users, NVML status). NVML's memory and
-        process lists are asked first and read after the scan; the memory is kept in
-        `before`."""
+    def host(self, scope: Scope, end: float, scan_end: float | None = None,
+             hold: Callable[[], None] | None = None
+             ) -> tuple[HostView | None, list[dict[str, object]], str, list[Holder]]:
+        """(host view with NVML merged, other GPU users, NVML status, holders NVML alone
+        names). NVML's memory (kept in `before`) and process lists are read first, then
+        `hold()` (the freezer) and the scan: the container is frozen while its tree is read,
+        never while NVML is waited for. The scan ends by `scan_end` (default `end`); when it
+        does not finish, NVML's list is still used: each NVML process whose own cgroup is in
+        the container's tree is a holder (the fourth item), proven and stopped as any other."""
         memory_asked = self._nvml_send(w_memory, end, "NVML memory query")
         asked = self._nvml_send(w_processes, end, "NVML process query")
-        view = self._scan(scope, end, "host scan")
         if memory_asked:
             rows = self._nvml_receive("NVML memory query")
             self.before = None if rows is None else gpu_memory(rows)
-        if isinstance(view, str):
-            self.nvml.forget()  # not needed now; the run asks it nothing more
-            return None, [], (f"unavailable: {self.nvml_error}" if self.nvml_error
-                              else f"not asked: the host scan {view}")
         procs = self._nvml_receive("NVML process query") if asked else None
+        if hold is not None:
+            hold()
+        view = self._scan(scope, end if scan_end is None else scan_end, "host scan")
+        status = ("ok" if procs is not None else "disabled" if not self.nvml_on
+                  else f"unavailable: {self.nvml_error}")
+        if isinstance(view, str):
+            if procs is None:
+                return None, [], (status if self.nvml_error or not self.nvml_on
+                                  else f"not asked: the host scan {view}"), []
+            alone = HostView({}, {}, {}, None)
+            others = merge_nvml(alone, procs, self._nvml_reader(scope, end))
+            return None, others, status, sorted(alone.holders.values(),
+                                                key=lambda h: h.host_pid)
         if procs is None:
-            return view, [], ("disabled" if not self.nvml_on
-                              else f"unavailable: {self.nvml_error}")
+            return view, [], status, []
         # each GPU judged on its own: one NVML could not answer for is marked, and a problem
         # when it may be the container's
         faults = getattr(procs, "faults", {})
@@ -283,26 +297,43 @@ class Reads:
         self.problems += self.gpus.note(self.before, faults)
         if self.before is not None and faults:
             self.before = with_faults(self.before, faults)
+        return view, merge_nvml(view, procs, self._nvml_reader(scope, end)), "ok", []
 
-        def read(found: list[tuple[records.ProcStatus, str]], outside: list[int]
+    def _nvml_reader(self, scope: Scope, end: float) -> Callable[..., Any]:
+        """merge_nvml's `read`: w_nvml_pids in the scan's worker."""
+
+        def read(found: list[tuple[records.ProcStatus, str]], unseen: list[int]
                  ) -> tuple[list[Holder], list[tuple[int, str | None, str | None]]]:
-            got = self.call(w_nvml_pids, found, outside, scope, end=end,
+            got = self.call(w_nvml_pids, found, unseen, scope, end=end,
                             what="reading NVML's processes")
             return got if isinstance(got, tuple) else ([], [])
 
-        return view, merge_nvml(view, procs, read), "ok"
+        return read
 
-    def rescan(self, scope: Scope, known: set[int], end: float
+    def rescan(self, scope: Scope, known: set[int], end: float,
+               quiet: dict[int, int] | None = None, scanned: bool = True,
+               hold: Callable[[], None] | None = None
                ) -> tuple[HostView, set[int]] | None:
-        """The container's holders now, and the NVML processes that are ours."""
+        """The container's holders now, and the NVML processes that are ours: NVML's
+        processes whose own cgroup is in the tree are holders too. `quiet`: processes known
+        to hold nothing, whose fds and maps are not read again (procscan.scan_host).
+        `scanned` False: discovery's scan did not finish, so none is tried again: only NVML
+        is looked at (the verdict stays residual with the scan's problem). `hold()` (the
+        freezer) comes after NVML's answer, before the scan, as in host()."""
         asked = self._nvml_send(w_processes, end, "NVML process query")
-        view = self._scan(scope, end, "verification scan")
-        if isinstance(view, str):
-            self.nvml.forget()
-            return None
         procs = self._nvml_receive("NVML process query") if asked else None
+        if hold is not None:
+            hold()
+        view: HostView | str = HostView({}, {}, {}, None)
+        if scanned:
+            view = self._scan(scope, end, "verification scan", quiet)
+        if isinstance(view, str):
+            return None
+        if procs:
+            merge_nvml(view, procs, self._nvml_reader(scope, end))
         # A PID of ours that NVML still lists has not released its memory yet.
-        nvml_pids = {p for p in procs or () if p in view.statuses or p in known}
+        nvml_pids = {p for p in procs or () if p in view.statuses or p in known
+                     or p in view.holders}
         return view, nvml_pids
 
     def memory(self, end: float) -> list[GpuMemory] | None:

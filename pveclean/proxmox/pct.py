@@ -94,6 +94,18 @@ class PctReader:
                 self.bufs[fd], self.caps[fd], self.line_len[fd] = bytearray(), (name, cap), 0
                 self.open.add(fd)
 
+    def abandon(self) -> None:
+        """Kill the process group without reading what it wrote (a `pct exec` stuck in a
+        frozen container may never close its pipes)."""
+        import subprocess  # imported by the start
+
+        _kill(self.proc)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(0.05)
+
     @property
     def done(self) -> bool:
         return bool(self.over) or not self.open

@@ -421,6 +421,22 @@ class Lab:
             self.set_gpu_memory(w, gpu_mib)
         return w
 
+    def run_program(self, vmid: int, program: str, args: list[str], wait: int = 1
+                    ) -> Workload:
+        """Start one of the attack programs of holder/ (/opt/lab/bin/<program>) inside the
+        container, detached, with `args` and `--ready`; it writes its ready line itself."""
+        self._counter += 1
+        tag = f"{vmid}-{program}{self._counter}"
+        ready = f"/tmp/ready-{tag}"
+        argv = [f"/opt/lab/bin/{program}", *args, "--ready", ready]
+        quoted = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+        self.pct("exec", str(vmid), "--", "/bin/sh", "-c",
+                 f"{quoted} </dev/null >/dev/null 2>&1 &")
+        w = Workload(vmid, tag, self.rootfs(vmid) / ready.lstrip("/"))
+        self.workloads.append(w)
+        self._wait_ready(w, wait)
+        return w
+
     def run_on_host(self, name: str, hold: list[str], gpu_mib: dict[int, int] | None = None,
                     pidns: bool = False, cgroup: Path | None = None) -> Workload:
         """A holder outside every container (the host's own GPU user)."""

@@ -68,6 +68,7 @@ def test_seeds_situation_is_cleaned_exactly(lab: Lab, vmid: int, vmid2: int) -> 
     assert rep["summary"]["freed_mib"] == 4 * TP_MIB + VLLM_MIB + NCCL_MIB
     gpu0 = rep["gpus"][0]
     assert gpu0["used_before_mib"] - gpu0["used_after_mib"] == TP_MIB + VLLM_MIB
+    assert rep["sources"].pop("freeze").startswith("frozen ")  # the tree held still
     assert rep["sources"] == {"host": "ok", "probe": "ok", "nvml": "ok"}
     # the other users of GPU 0 are reported, never signalled
     other_pids = {o["host_pid"] for o in rep["other_gpu_users"]}

@@ -18,7 +18,7 @@ from pveclean.host import cgroupfs, devnodes, procfs
 from pveclean.host.configfile import load
 from pveclean.host.prelude import NvmlWorker
 from tests.harness.lxclab import Lab, Workload
-from tests.helpers import run_json, start_in_ct
+from tests.helpers import run_json, start_in_ct, wait_for
 
 
 def host_pid_of_ready(lab: Lab, w: Workload) -> int:
@@ -52,7 +52,8 @@ def test_holder_whose_main_thread_exited_is_found_and_stopped(lab: Lab, vmid: in
     (h,) = rep["holders"]
     assert h["host_pid"] == pid and "host" in h["sources"] and "nvml" in h["sources"]
     assert h["gpu_memory_mib"] == {0: 4000} or h["gpu_memory_mib"] == {"0": 4000}
-    assert not lab.alive(pid) and not Path(f"/proc/{pid}").exists()
+    # its parent, frozen while the run looked, reaps it once the container is thawed
+    assert not lab.alive(pid) and wait_for(lambda: not Path(f"/proc/{pid}").exists(), 2)
 
 
 def test_gpu_node_bind_mounted_at_another_path_is_found(lab: Lab, vmid: int) -> None:

@@ -1,0 +1,64 @@
+/* hopper: a GPU holder that hops from fresh cgroup to fresh cgroup inside its container.
+ * Build: gcc -static -O2 -Wall -o hopper hopper.c
+ * hopper --hold PATH --ready FILE [--exit-after S]
+ * Opens PATH, mounts the container's cgroup2 view at /tmp/hopper-cg (its root is the
+ * container's own cgroup namespace root), appends "<pid> hopper\n" to FILE, then forever:
+ * mkdir a new cgroup, move itself there, rmdir the one it left. A walk that lists the tree's
+ * cgroups and then reads each one's processes finds it in none: it is always in a cgroup
+ * made after the walk listed its parent. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BASE "/tmp/hopper-cg"
+
+static void die(const char *what, int err)
+{
+    fprintf(stderr, "hopper: %s: %s\n", what, strerror(err));
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    const char *hold = NULL, *ready = NULL;
+    long exit_after = 900;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--hold") && i + 1 < argc) hold = argv[++i];
+        else if (!strcmp(argv[i], "--ready") && i + 1 < argc) ready = argv[++i];
+        else if (!strcmp(argv[i], "--exit-after") && i + 1 < argc) exit_after = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--")) break;
+        else die(argv[i], EINVAL);
+    }
+    if (!hold || !ready) die("--hold and --ready are required", EINVAL);
+    if (open(hold, O_RDWR) < 0) die(hold, errno);
+    mkdir(BASE, 0755);
+    if (mount("none", BASE, "cgroup2", 0, NULL) < 0 && errno != EBUSY) die("mount cgroup2", errno);
+    char cur[64] = "", next[64], procs[96];
+    int rfd = open(ready, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (rfd < 0) die(ready, errno);
+    dprintf(rfd, "%d hopper\n", (int)getpid());
+    close(rfd);
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned long n = 0;; n++) {
+        snprintf(next, sizeof next, BASE "/hop-%d-%lu", (int)getpid(), n);
+        if (mkdir(next, 0755) < 0) continue;
+        snprintf(procs, sizeof procs, "%s/cgroup.procs", next);
+        int fd = open(procs, O_WRONLY);
+        if (fd >= 0) {
+            dprintf(fd, "%d", (int)getpid());
+            close(fd);
+        }
+        if (cur[0]) rmdir(cur);
+        memcpy(cur, next, sizeof cur);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec > exit_after) _exit(0);
+    }
+}
