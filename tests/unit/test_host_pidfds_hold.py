@@ -14,7 +14,7 @@ from pveclean.host import pidfds
 
 def target(argv: list[str]) -> tuple[pidfds.Target, subprocess.Popen[bytes]]:
     p = subprocess.Popen(argv)
-    h = Holder(host_pid=p.pid, starttime=0, ct_pid=None, name="sleep", exe=None, cmdline="",
+    h = Holder(host_pid=p.pid, starttime=0, ct_pid=None, name="sleep", exe=None, argv=(),
                uid=0, user="root", state="S", ppid=os.getpid(), cgroup="/lxc/129/ns")
     return pidfds.Target(h, os.pidfd_open(p.pid)), p
 
