@@ -43,6 +43,7 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
     holders: dict[int, Holder] = {}
     statuses: dict[int, records.ProcStatus] = {}
     init_pid = None
+    unjudged: dict[int, list[str]] = {}
     cache = devnodes.ScanCache()
     for pid, rel in tree.items():
         if pid in skip:
@@ -56,20 +57,21 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
             init_pid = pid
         if st.state == "Z" and not procfs.live_threads(pid):
             continue  # a zombie holds nothing: its fds and mappings are gone
-        # (a zombie leader with live threads holds through them: device_fds reads those)
-        fds = devnodes.device_fds(pid, scope.devices, cache)
-        if fds is None:
+        # (a zombie leader with live threads holds through them: judge_fds reads those)
+        got = devnodes.judge(pid, scope.devices, cache)
+        if got is None:
             continue
-        maps = devnodes.device_maps(pid, scope.devices, cache)
-        if fds or maps:
+        if got.unjudged:
+            unjudged[pid] = got.unjudged
+        if got.held:
             h = make_holder(st, rel, scope)
-            h.devices = fds + maps
+            h.devices = got.held
             h.add_source("host")
             holders[pid] = h
     truncated = getattr(tree, "truncated", None)
     if truncated:
         holders[0] = unwalked(str(truncated), scope)
-    return HostView(holders, statuses, tree, init_pid)
+    return HostView(holders, statuses, tree, init_pid, unjudged)
 
 
 # ---- reads made in the scan's worker (see worker.py); module-level so they pickle --------

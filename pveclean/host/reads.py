@@ -186,6 +186,7 @@ class Reads:
         """The host view, or why there is none (a problem is recorded)."""
         try:
             view: HostView = self.scan.call(w_scan, scope, end=end, what=what)
+            self.problems += view.unjudged_problems()  # not judged is not innocent
             return view
         except Unread as unread:
             if not unread.hung:
