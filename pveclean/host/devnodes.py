@@ -36,8 +36,10 @@ SAFE_FS = frozenset({
     "fuse", "fuseblk", "nfs", "nfs4", "cifs", "smb3", "ceph", "virtiofs",
 })
 MAX_MOUNTINFO = 4 << 20  # bytes of one mount namespace's mountinfo read
-MAX_FDS = 16384  # fds judged per process (one statx each); the rest: not judged
-MAX_MAPS = 64 << 20  # bytes of one process's maps read; the mappings past it: not judged
+MAX_FDS = 4096  # fds judged per process (one statx each, about 10 us) ...
+EXTRA_FDS = 32768  # ... and beyond it, while the scan has these left; the rest: not judged
+MAX_MAPS = 16 << 20  # bytes of one process's maps read; the mappings past it: not judged
+_MAY_BE_RING = (stat.S_IFREG, 0)  # an anon inode's type (S_IFREG since Linux 6.15)
 
 
 def safe_fs(fstype: bytes) -> bool:
@@ -76,6 +78,7 @@ class ScanCache:
     files, -1 for no device (processes map the same libraries)."""
 
     def __init__(self) -> None:
+        self.extra_fds = EXTRA_FDS  # fds past MAX_FDS that may still be judged, scan-wide
         self.rdevs: dict[tuple[tuple[int, int], int], int] = {}
         self._risky: dict[str, Risky] = {}
 
@@ -161,16 +164,30 @@ def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged) 
     except OSError:
         return None
     table = _FdTable(base, dfd, devices, cache, out)
+    table.risky = cache.risky(base)
+    quick = None if table.risky.ids else statx.raw()  # the loop below, for most fds
+    anon = statx.anon_inode_dev()
     n = 0
     try:
         with os.scandir(dfd) as entries:
             for entry in entries:
-                if n == MAX_FDS:
-                    out.unjudged.append(f"more than {MAX_FDS} open fds: those past the first "
-                                        f"{MAX_FDS} not judged")
-                    break
+                if n >= MAX_FDS:
+                    if cache.extra_fds <= 0:
+                        out.unjudged.append(f"more than {n} open fds: those past the first "
+                                            f"{n} not judged")
+                        break
+                    cache.extra_fds -= 1
                 n += 1
-                table.judge(entry.name)
+                name = entry.name
+                if quick is not None and quick(dfd, name.encode(), statx.FLAGS, statx.MASK,
+                                               statx.BUF) == 0:
+                    kind = stat.S_IFMT(statx.mode(statx.BUF))
+                    if kind == stat.S_IFCHR:
+                        if not devices.matches(os.makedev(*statx.rdev(statx.BUF))):
+                            continue
+                    elif kind not in _MAY_BE_RING or statx.dev(statx.BUF) != anon:
+                        continue
+                table.judge(name)
     except OSError:
         return n or None  # gone while listed
     finally:

@@ -20,8 +20,31 @@ AT_STATX_DONT_SYNC = 0x4000
 STATX_TYPE_MODE_INO = 0x1 | 0x2 | 0x100
 SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64
 RESOLVE_NO_MAGICLINKS, RESOLVE_IN_ROOT = 0x02, 0x10
+FLAGS = AT_STATX_DONT_SYNC | AT_NO_AUTOMOUNT
+MASK = STATX_TYPE_MODE_INO
 _libc: Any = None
 _buf: Any = None  # struct statx; scans are single-threaded
+BUF: Any = None  # the same, once loaded: raw() callers read it with mode(), rdev(), dev()
+_H, _II = struct.Struct("<H"), struct.Struct("<II")
+
+
+def mode(buf: Any) -> int:
+    return int(_H.unpack_from(buf, 28)[0])  # stx_mode
+
+
+def rdev(buf: Any) -> tuple[int, int]:
+    return _II.unpack_from(buf, 128)  # stx_rdev_major, _minor
+
+
+def dev(buf: Any) -> tuple[int, int]:
+    return _II.unpack_from(buf, 136)  # stx_dev_major, _minor
+
+
+def raw() -> Any:
+    """libc's statx itself, for a loop over thousands of fds: fn(dir_fd, name, FLAGS, MASK,
+    BUF) == 0, then mode(BUF)...; None without it."""
+    lib = _load()
+    return None if lib is False else lib.statx
 
 
 @dataclass(frozen=True)
@@ -33,7 +56,7 @@ class Stat:
 
 
 def _load() -> Any:
-    global _libc, _buf
+    global _libc, _buf, BUF
     if _libc is None:
         import ctypes
 
@@ -44,7 +67,7 @@ def _load() -> Any:
                            ctypes.c_char_p]
             fn.restype = ctypes.c_int
             lib.syscall.restype = ctypes.c_long
-            _buf = ctypes.create_string_buffer(256)
+            _buf = BUF = ctypes.create_string_buffer(256)
             _libc = lib
         except (AttributeError, OSError):
             _libc = False
@@ -66,9 +89,8 @@ def statx(path: str | bytes, dir_fd: int = AT_FDCWD, flags: int = 0) -> Stat | i
                     st.st_ino)
     import ctypes
 
-    raw = path.encode("utf-8", "surrogateescape") if isinstance(path, str) else path
-    if lib.statx(dir_fd, raw, AT_STATX_DONT_SYNC | AT_NO_AUTOMOUNT | flags,
-                 STATX_TYPE_MODE_INO, _buf) != 0:
+    name = path.encode("utf-8", "surrogateescape") if isinstance(path, str) else path
+    if lib.statx(dir_fd, name, FLAGS | flags, MASK, _buf) != 0:
         return ctypes.get_errno() or errno.EIO
     (mode,) = struct.unpack_from("<H", _buf, 28)  # stx_mode
     (ino,) = struct.unpack_from("<Q", _buf, 32)  # stx_ino

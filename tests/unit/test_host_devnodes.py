@@ -20,6 +20,7 @@ MOUNTINFO = ("25 1 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw\n"
              "26 1 253:1 / / rw,relatime shared:1 - ext4 /dev/mapper/root rw\n"
              "27 26 0:42 / /mnt/far rw - 9p far rw,trans=tcp\n"
              "28 26 0:43 / /mnt/fuse rw - fuse.sshfs me@far:/ rw\n")
+SAFE_MOUNTINFO = MOUNTINFO.replace(" 9p ", " nfs4 ")
 
 
 @pytest.fixture
@@ -95,10 +96,12 @@ def test_an_fd_on_a_gpu_node_is_found_once_and_nothing_else(proc: Path, tmp_path
                                                             stats: list[str]) -> None:
     (tmp_path / "data.bin").write_bytes(b"x")
     task(proc / "70", {"0": ("/dev/null", 25), "1": (str(tmp_path / "data.bin"), 26),
-                       "2": ("socket:[123]", None), "3": ("/dev/null", 25)})
+                       "2": ("socket:[123]", None), "3": ("/dev/null", 25)},
+         mountinfo=SAFE_MOUNTINFO)
     got = devnodes.judge_fds(70, DEVICES)
     assert got is not None and got.held == [f"/dev/null {HIT}"] and got.unjudged == []
-    assert "1" in stats  # a regular file: looked at, no match
+    # one raw statx each; a second look only at the GPU nodes and at the dangling pipe link
+    assert sorted(stats) == ["0", "2", "3"]
     assert devnodes.judge_fds(70, GpuDevices({}, frozenset({195}))) == devnodes.Judged()
 
 
@@ -133,10 +136,16 @@ def test_an_fd_whose_stat_fails_is_not_judged(proc: Path) -> None:
 def test_an_fd_table_past_the_cap_is_judged_by_what_was_read(
         proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(devnodes, "MAX_FDS", 2)
-    task(proc / "70", {str(n): ("/dev/null", 25) for n in range(3)})
-    got = devnodes.judge_fds(70, DEVICES)
+    monkeypatch.setattr(devnodes, "EXTRA_FDS", 3)  # scan-wide, past each process's MAX_FDS
+    for pid in (70, 71):
+        task(proc / str(pid), {str(n): ("/dev/null", 25) for n in range(4)},
+             mountinfo=SAFE_MOUNTINFO)
+    cache = devnodes.ScanCache()
+    got = devnodes.judge_fds(70, DEVICES, cache)
+    assert got == devnodes.Judged([f"/dev/null {HIT}"], [])  # 2 + 2 of the extra 3
+    got = devnodes.judge_fds(71, DEVICES, cache)
     assert got is not None and got.held == [f"/dev/null {HIT}"]
-    assert got.unjudged == ["more than 2 open fds: those past the first 2 not judged"]
+    assert got.unjudged == ["more than 3 open fds: those past the first 3 not judged"]
 
 
 def test_a_gone_process_has_no_fds_but_none(proc: Path) -> None:
