@@ -36,9 +36,11 @@ SAFE_FS = frozenset({
     "fuse", "fuseblk", "nfs", "nfs4", "cifs", "smb3", "ceph", "virtiofs",
 })
 MAX_MOUNTINFO = 4 << 20  # bytes of one mount namespace's mountinfo read
-MAX_FDS = 4096  # fds judged per process (one statx each, about 10 us) ...
-EXTRA_FDS = 32768  # ... and beyond it, while the scan has these left; the rest: not judged
+MAX_FDS = 2048  # fds judged per process (one statx each, 10-25 us) ...
+EXTRA_FDS = 16384  # ... and beyond it, while the scan has these left; the rest: not judged
+PROGRESS_EVERY = 1024  # fds or maps lines between two progress() calls (see judge())
 MAX_MAPS = 16 << 20  # bytes of one process's maps read; the mappings past it: not judged
+Progress = Callable[[], None] | None
 _MAY_BE_RING = (stat.S_IFREG, 0)  # an anon inode's type (S_IFREG since Linux 6.15)
 
 
@@ -97,6 +99,7 @@ class Judged:
 
     held: list[str] = field(default_factory=list)
     unjudged: list[str] = field(default_factory=list)
+    capped: bool = False  # a cap (MAX_FDS, MAX_MAPS) cut the reading
 
 
 def _fd_info(base: str, fd: str) -> fstext.FdInfo | None:
@@ -156,7 +159,8 @@ class _FdTable:
                          self.ring_done)
 
 
-def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged) -> int | None:
+def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
+                 progress: Progress) -> int | None:
     """Judge the fd table of the task at `base` into `out`, streamed (os.scandir), at most
     MAX_FDS fds; how many it has, None if it is gone."""
     try:
@@ -175,9 +179,12 @@ def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged) 
                     if cache.extra_fds <= 0:
                         out.unjudged.append(f"more than {n} open fds: those past the first "
                                             f"{n} not judged")
+                        out.capped = True
                         break
                     cache.extra_fds -= 1
                 n += 1
+                if progress is not None and n % PROGRESS_EVERY == 0:
+                    progress()
                 name = entry.name
                 if quick is not None and quick(dfd, name.encode(), statx.FLAGS, statx.MASK,
                                                statx.BUF) == 0:
@@ -195,20 +202,20 @@ def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged) 
     return n
 
 
-def judge_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None
-              ) -> Judged | None:
+def judge_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None,
+              progress: Progress = None) -> Judged | None:
     """The GPU nodes `pid` holds through fds and io_uring fixed files, at any path (a bind
     mount of /dev/nvidia0 at /opt/g counts), and what could not be judged; None if the
     process is gone. A process whose main thread exited shows no fds on /proc/PID/fd: its
     live threads' fd tables are read then."""
     cache = cache or ScanCache()
     out = Judged()
-    n = _judge_table(procfs.path(pid), devices, cache, out)
+    n = _judge_table(procfs.path(pid), devices, cache, out, progress)
     if n is None:
         return None
     if n == 0:
         for tbase in thread_bases(pid, "fd"):
-            _judge_table(tbase, devices, cache, out)
+            _judge_table(tbase, devices, cache, out, progress)
     return out
 
 
@@ -219,7 +226,8 @@ def device_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None
     return None if got is None else got.held
 
 
-def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged) -> int:
+def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
+                progress: Progress) -> int:
     """Judge the mappings of the task at `base` into `out`; how many lines maps had. Read in
     chunks, parsed line by line, each (st_dev, inode) judged once; at most MAX_MAPS bytes."""
     cut = [False]
@@ -228,6 +236,8 @@ def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged) -
     n = 0
     for line in fstext.lines(uring.read_capped(f"{base}/maps", MAX_MAPS, cut)):
         n += 1
+        if progress is not None and n % PROGRESS_EVERY == 0:
+            progress()
         m = fstext.file_mapping(line)
         if m is None or (m.dev, m.inode) in seen:
             continue  # anonymous, [heap], [stack], [anon:...]; or judged above
@@ -253,18 +263,20 @@ def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged) -
     if cut[0]:
         out.unjudged.append(f"maps longer than {MAX_MAPS >> 20} MiB: the mappings past it "
                             "not judged")
+        out.capped = True
     return n
 
 
-def judge_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None) -> Judged:
+def judge_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None,
+               progress: Progress = None) -> Judged:
     """Mappings of GPU devices at any path, matched on the device number behind
     /proc/PID/map_files, and what could not be judged. A zombie leader's threads share its
     mappings: the first live thread's maps are read then."""
     cache = cache or ScanCache()
     out = Judged()
-    if _judge_maps(procfs.path(pid), devices, cache, out) == 0:
+    if _judge_maps(procfs.path(pid), devices, cache, out, progress) == 0:
         for tbase in thread_bases(pid, "maps"):
-            if _judge_maps(tbase, devices, cache, out):
+            if _judge_maps(tbase, devices, cache, out, progress):
                 break
     return out
 
@@ -274,17 +286,18 @@ def device_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None) -
     return judge_maps(pid, devices, cache).held
 
 
-def judge(pid: int, devices: GpuDevices, cache: ScanCache,
-          maps_first: Callable[[int], bool] | None = None) -> Judged | None:
+def judge(pid: int, devices: GpuDevices, cache: ScanCache, progress: Progress = None
+          ) -> Judged | None:
     """fds, io_uring fixed files and mappings of `pid` together; None if it is gone.
-    `maps_first`: whether to read maps at all (None: always)."""
-    got = judge_fds(pid, devices, cache)
+    `progress`: called every PROGRESS_EVERY fds or maps lines, to tell the worker's stall
+    policy that a long table is being read, not hung on (worker.note or worker.mark)."""
+    got = judge_fds(pid, devices, cache, progress)
     if got is None:
         return None
-    if maps_first is None or maps_first(pid):
-        maps = judge_maps(pid, devices, cache)
-        got.held += maps.held
-        got.unjudged += maps.unjudged
+    maps = judge_maps(pid, devices, cache, progress)
+    got.held += maps.held
+    got.unjudged += maps.unjudged
+    got.capped |= maps.capped
     return got
 
 

@@ -4,6 +4,7 @@ cgroups, read by forked readers that share the work (see HostScan)."""
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 from pveclean.core.gpumap import Proc, full_name
@@ -52,7 +53,7 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
         if pid in skip:
             continue  # its reads hung in an earlier try
         worker.mark(pid)
-        got = devnodes.judge(pid, devices, cache)
+        got = devnodes.judge(pid, devices, cache, partial(worker.mark, pid))
         if got is None:
             continue
         if got.unjudged:

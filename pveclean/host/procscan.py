@@ -3,6 +3,8 @@ read in the scan's worker (the w_* functions run there)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from pveclean.core import records
 from pveclean.core.discovery import protect_reason, unwalked
 from pveclean.core.gpumap import Proc
@@ -44,6 +46,9 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
     statuses: dict[int, records.ProcStatus] = {}
     init_pid = None
     unjudged: dict[int, list[str]] = {}
+    # (PID, start time) -> why: a process past a cap and holding nothing in what was read,
+    # kept for the worker's later scans of this run (a tenant's bloat costs the run once)
+    capped: dict[tuple[int, int], list[str]] = worker.state().setdefault("capped", {})
     cache = devnodes.ScanCache()
     for pid, rel in tree.items():
         if pid in skip:
@@ -58,11 +63,16 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
         if st.state == "Z" and not procfs.live_threads(pid):
             continue  # a zombie holds nothing: its fds and mappings are gone
         # (a zombie leader with live threads holds through them: judge_fds reads those)
-        got = devnodes.judge(pid, scope.devices, cache)
+        if (pid, st.starttime) in capped:  # not read again: see below
+            unjudged[pid] = capped[pid, st.starttime]
+            continue
+        got = devnodes.judge(pid, scope.devices, cache, partial(worker.note, ("pid", pid), stall))
         if got is None:
             continue
         if got.unjudged:
             unjudged[pid] = got.unjudged
+        if got.capped and not got.held:  # a verification rescan of this run reads it no more:
+            capped[pid, st.starttime] = got.unjudged  # it keeps the run residual already
         if got.held:
             h = make_holder(st, rel, scope)
             h.devices = got.held
