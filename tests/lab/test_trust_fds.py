@@ -117,7 +117,11 @@ def test_an_o_path_fd_is_no_holder(lab: Lab, vmid: int) -> None:
 
 
 def measured(lab: Lab, *args: str) -> Spawned:
+    """A run as Proxmox makes it (cleared environment; PYTHONPATH kept: a checkout under
+    test), with its wall time and the peak RSS of its process tree."""
     env = {**HOOK_ENV, "PVECLEAN_CONFIG": str(lab.config_path)}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return spawn_like_proxmox([*pveclean_exe(), *args], lab.root, env)
 
 
