@@ -231,18 +231,21 @@ def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
     """Judge the mappings of the task at `base` into `out`; how many lines maps had. Read in
     chunks, parsed line by line, each (st_dev, inode) judged once; at most MAX_MAPS bytes."""
     cut = [False]
-    seen: set[tuple[tuple[int, int], int]] = set()
+    seen: set[tuple[bytes, bytes]] = set()  # (dev, inode) as maps shows them
     risky: Risky | None = None
     n = 0
     for line in fstext.lines(uring.read_capped(f"{base}/maps", MAX_MAPS, cut)):
         n += 1
         if progress is not None and n % PROGRESS_EVERY == 0:
             progress()
-        m = fstext.file_mapping(line)
-        if m is None or (m.dev, m.inode) in seen:
+        f = line.split(b" ", 5)
+        if len(f) < 5 or f[4] == b"0" or (f[3], f[4]) in seen:
             continue  # anonymous, [heap], [stack], [anon:...]; or judged above
+        seen.add((f[3], f[4]))
+        m = fstext.parse_mapping(line)
+        if m is None:
+            continue
         key = (m.dev, m.inode)
-        seen.add(key)
         rdev = cache.rdevs.get(key)
         if rdev is None:
             if risky is None:

@@ -103,15 +103,6 @@ def parse_mapping(line: bytes) -> Mapping | None:
         return None
 
 
-def file_mapping(line: bytes) -> Mapping | None:
-    """parse_mapping() of a line that maps a file (inode not 0), else None; cheap for the
-    anonymous lines that are most of a maps file."""
-    f = line.split(b" ", 5)
-    if len(f) < 5 or f[4] == b"0":
-        return None
-    return parse_mapping(line)
-
-
 # ---- fdinfo (fs/proc/fd.c seq_show, io_uring/fdinfo.c) -----------------------------------
 O_PATH = 0o10000000
 
