@@ -66,7 +66,7 @@ def read_risky(base: str) -> Risky:
     ids: set[int] = set()
     devs: set[tuple[int, int]] = set()
     cut = [False]
-    for line in fstext.lines(uring.read_capped(f"{base}/mountinfo", MAX_MOUNTINFO, cut)):
+    for line in fstext.lines(statx.read_capped(f"{base}/mountinfo", MAX_MOUNTINFO, cut)):
         m = fstext.parse_mount(line)
         if m is not None and not safe_fs(m.fstype):
             ids.add(m.mount_id)
@@ -160,7 +160,7 @@ class _FdTable:
 
 
 def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
-                 progress: Progress) -> int | None:
+                 progress: Progress, first: bool = False) -> int | None:
     """Judge the fd table of the task at `base` into `out`, streamed (os.scandir), at most
     MAX_FDS fds; how many it has, None if it is gone."""
     try:
@@ -195,6 +195,8 @@ def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
                     elif kind not in _MAY_BE_RING or statx.dev(statx.BUF) != anon:
                         continue
                 table.judge(name)
+                if first and out.held:
+                    break
     except OSError:
         return n or None  # gone while listed
     finally:
@@ -203,19 +205,19 @@ def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
 
 
 def judge_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None,
-              progress: Progress = None) -> Judged | None:
+              progress: Progress = None, first: bool = False) -> Judged | None:
     """The GPU nodes `pid` holds through fds and io_uring fixed files, at any path (a bind
     mount of /dev/nvidia0 at /opt/g counts), and what could not be judged; None if the
     process is gone. A process whose main thread exited shows no fds on /proc/PID/fd: its
     live threads' fd tables are read then."""
     cache = cache or ScanCache()
     out = Judged()
-    n = _judge_table(procfs.path(pid), devices, cache, out, progress)
+    n = _judge_table(procfs.path(pid), devices, cache, out, progress, first)
     if n is None:
         return None
     if n == 0:
         for tbase in thread_bases(pid, "fd"):
-            _judge_table(tbase, devices, cache, out, progress)
+            _judge_table(tbase, devices, cache, out, progress, first)
     return out
 
 
@@ -234,7 +236,7 @@ def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
     seen: set[tuple[bytes, bytes]] = set()  # (dev, inode) as maps shows them
     risky: Risky | None = None
     n = 0
-    for line in fstext.lines(uring.read_capped(f"{base}/maps", MAX_MAPS, cut)):
+    for line in fstext.lines(statx.read_capped(f"{base}/maps", MAX_MAPS, cut)):
         n += 1
         if progress is not None and n % PROGRESS_EVERY == 0:
             progress()
@@ -302,6 +304,21 @@ def judge(pid: int, devices: GpuDevices, cache: ScanCache, progress: Progress = 
     got.unjudged += maps.unjudged
     got.capped |= maps.capped
     return got
+
+
+def still_holds(pid: int, devices: GpuDevices) -> bool:
+    """For the identity check just before a signal: does `pid`, found holding by the scan,
+    hold a GPU node still, or can that not be ruled out (part of it not judged)? Stops at
+    the first GPU node; MAX_FDS fds at most (no scan-wide extra)."""
+    cache = ScanCache()
+    cache.extra_fds = 0
+    got = judge_fds(pid, devices, cache, first=True)
+    if got is None:
+        return False
+    if not got.held:
+        maps = judge_maps(pid, devices, cache)
+        got.held, got.unjudged = maps.held, got.unjudged + maps.unjudged
+    return bool(got.held or got.unjudged)
 
 
 def nvidia_majors(proc_devices: str | None = None) -> frozenset[int]:

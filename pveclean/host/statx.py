@@ -1,12 +1,13 @@
-"""statx(AT_STATX_DONT_SYNC) and openat2(RESOLVE_IN_ROOT) through ctypes: the two system
-calls devnodes judges files with, loaded on the first scan (scans run in the worker, so the
-parent of a run never imports ctypes)."""
+"""The system calls devnodes judges files with: statx(AT_STATX_DONT_SYNC) and
+openat2(RESOLVE_IN_ROOT) through ctypes, loaded on the first scan (scans run in the worker, so
+the parent of a run never imports ctypes), and a capped, chunked read of a /proc file."""
 
 from __future__ import annotations
 
 import errno
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 TYPE_CHECKING = False
@@ -132,3 +133,29 @@ def anon_inode_dev() -> tuple[int, int]:
             finally:
                 os.close(fd)
     return _anon_dev
+
+
+def read_capped(path: str, limit: int, cut: list[bool]) -> Iterator[bytes]:
+    """A file's bytes in chunks, at most `limit`; cut[0] is set when there was more. Gone or
+    unreadable: nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        got = 0
+        while True:
+            chunk = os.read(fd, min(1 << 18, limit + 1 - got))
+            if not chunk:
+                return
+            got += len(chunk)
+            if got > limit:
+                cut[0] = True
+                chunk = chunk[: len(chunk) - (got - limit)]
+                yield chunk[: chunk.rfind(b"\n") + 1]  # no line cut in two
+                return
+            yield chunk
+    except OSError:
+        return
+    finally:
+        os.close(fd)

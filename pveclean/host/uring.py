@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 
 from pveclean.core.records import GpuDevices
 from pveclean.host import fstext, statx
@@ -17,39 +16,13 @@ MAX_RING_FILES = 4096  # distinct registered paths judged per process
 URING = "anon_inode:[io_uring]"
 
 
-def read_capped(path: str, limit: int, cut: list[bool]) -> Iterator[bytes]:
-    """A file's bytes in chunks, at most `limit`; cut[0] is set when there was more. Gone or
-    unreadable: nothing."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        got = 0
-        while True:
-            chunk = os.read(fd, min(1 << 18, limit + 1 - got))
-            if not chunk:
-                return
-            got += len(chunk)
-            if got > limit:
-                cut[0] = True
-                chunk = chunk[: len(chunk) - (got - limit)]
-                yield chunk[: chunk.rfind(b"\n") + 1]  # no line cut in two
-                return
-            yield chunk
-    except OSError:
-        return
-    finally:
-        os.close(fd)
-
-
 def ring_files(base: str, fd: str) -> fstext.UringFiles | str:
     """The registered files of ring fd `fd` of the task at `base`, or why they cannot be
     known. The kernel lists them only when it gets the ring's lock at once (a trylock: a
     thread inside io_uring_enter or io_uring_register holds it); asked twice."""
     for _ in range(2):
         cut = [False]
-        files = fstext.uring_files(fstext.lines(read_capped(f"{base}/fdinfo/{fd}",
+        files = fstext.uring_files(fstext.lines(statx.read_capped(f"{base}/fdinfo/{fd}",
                                                             MAX_RING_INFO, cut)))
         if files is not None and (files.complete or not cut[0]):
             return files

@@ -261,3 +261,17 @@ def test_nvidia_majors_from_proc_devices(tmp_path: Path) -> None:
     f.write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n195 nvidia\n"
                  "508 nvidia-uvm\n509 nvidia-caps\n10 misc\n\nBlock devices:\n 259 nvidia-x\n")
     assert devnodes.nvidia_majors(str(f)) == frozenset({195, 508, 509})
+
+
+def test_still_holds_stops_at_the_first_node_and_keeps_what_it_cannot_rule_out(
+        proc: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stats: list[str]) -> None:
+    (tmp_path / "data.bin").write_bytes(b"x")
+    task(proc / "70", {"0": ("/dev/null", 25), "1": ("/dev/null", 25)}, mountinfo=SAFE_MOUNTINFO)
+    assert devnodes.still_holds(70, DEVICES) and len(stats) == 1  # the first node is enough
+    task(proc / "71", {"0": (str(tmp_path / "data.bin"), 26)}, mountinfo=SAFE_MOUNTINFO)
+    assert not devnodes.still_holds(71, DEVICES)
+    assert not devnodes.still_holds(72, DEVICES)  # gone
+    monkeypatch.setattr(devnodes, "MAX_FDS", 1)  # the node past the cap: not ruled out
+    task(proc / "73", {str(n): (str(tmp_path / "data.bin"), 26) for n in range(3)},
+         mountinfo=SAFE_MOUNTINFO)
+    assert devnodes.still_holds(73, DEVICES)
