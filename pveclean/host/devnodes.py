@@ -14,6 +14,7 @@ past a cap the process is judged by what was read and the rest is reported as no
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import stat
@@ -256,7 +257,7 @@ def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
             if m.dev not in risky.devs:
                 st = statx.statx(f"{base}/map_files/{m.map_file}")
                 if isinstance(st, int):
-                    if st != 2:  # ENOENT: unmapped since
+                    if st != errno.ENOENT:  # unmapped since
                         out.unjudged.append(f"mapping {m.map_file}: statx failed "
                                             f"({os.strerror(st)}); not judged")
                     continue

@@ -6,6 +6,7 @@ peak RSS of at most 100 MB; a full `pveclean ct` must stop the NVML holder."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,10 @@ MAPS, DEPTH = 65000, 16
 
 
 def _run(lab: Lab, *args: str) -> Spawned:
+    """As Proxmox runs it (cleared environment; PYTHONPATH kept: a checkout under test)."""
     env = {**HOOK_ENV, "PVECLEAN_CONFIG": str(lab.config_path)}
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return spawn_like_proxmox([*pveclean_exe(), *args], lab.root, env)
 
 
