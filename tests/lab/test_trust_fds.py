@@ -2,7 +2,8 @@
 mountinfo (a bind mount detached by `umount -l`, a mount point holding "\\f", a mountinfo past
 4 MiB), a GPU node registered with io_uring as a fixed file, an O_PATH fd that never opened
 the device, and a tenant that bloats its fd tables and its maps. Each was "not a GPU" (or a
-holder, for O_PATH, or a run past its deadline and its memory) before."""
+holder, for O_PATH, or a run past its deadline and its memory) before. Last, what happens to
+an fd in flight in an SCM_RIGHTS message (not caught by the scan; caught by NVML)."""
 
 from __future__ import annotations
 
@@ -162,3 +163,23 @@ def test_maps_bloat_stays_within_deadline_and_memory(lab: Lab, vmid: int) -> Non
         assert rss_mb <= MAX_RSS_MB, (args, rss_mb, run.output[-2000:])
         assert str(holder.host_pids(lab)[0]) in run.output, (args, run.output[-2000:])
     assert lab.alive(pid)
+
+
+def test_an_fd_in_flight_is_seen_only_through_nvml(lab: Lab, vmid: int) -> None:
+    """What happens (docs/security.md): a GPU node's only open file sits in an unread
+    SCM_RIGHTS message, in no fd table. The scan does not see it; NVML does, once the
+    process has GPU memory, and the run stops it."""
+    lab.create_ct(vmid, gpus=(0,))
+    w = start_in_ct(lab, vmid, "scm_inflight", ["/dev/nvidia0"])
+    (pid,) = w.host_pids(lab)
+    targets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    assert "/dev/nvidia0" not in targets
+    code, rep = run_json(lab, vmid, "--dry-run")
+    assert code == 0 and pid not in [h["host_pid"] for h in rep["holders"]], rep  # the gap
+    assert lab.nvml is not None
+    lab.nvml.set_process(0, pid, 2048)
+    code, rep = run_json(lab, vmid)
+    assert code == 0 and rep["verdict"] == "clean", rep
+    (h,) = [h for h in rep["holders"] if h["host_pid"] == pid]
+    assert h["sources"] == ["nvml"], h
+    assert not lab.alive(pid)
