@@ -194,6 +194,7 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
             warnings.append(f"CT {vmid}: its cgroup tree could not be read; its holders are "
                             "shown only as NVML lists them")
             continue
+        warnings += [f"CT {vmid}: {p}" for p in view.unjudged_problems()]
         for h in view.holders.values():
             procs[h.host_pid] = proc_of_holder(h, vmid)
     nvml_state = "ok"

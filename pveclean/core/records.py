@@ -56,6 +56,19 @@ class HostView:
     statuses: dict[int, ProcStatus]
     tree: dict[int, str]
     init_pid: int | None
+    # host PID -> why part of what it holds could not be judged (an fd table or maps past
+    # its cap, an fd whose stat failed, an io_uring ring whose files were not listed)
+    unjudged: dict[int, list[str]] = field(default_factory=dict)
+
+    def unjudged_problems(self, most: int = 20) -> list[str]:
+        """One problem per process that could not be judged whole (any rules out `clean`),
+        at most `most` of them and a line that counts the rest."""
+        out = [f"PID {pid}: {'; '.join(why[:3])}{' ...' if len(why) > 3 else ''}"
+               for pid, why in sorted(self.unjudged.items())[:most]]
+        if len(self.unjudged) > most:
+            out.append(f"{len(self.unjudged) - most} more processes could not be judged "
+                       "whole (fds, io_uring files or mappings not judged)")
+        return out
 
 
 @dataclass(frozen=True)

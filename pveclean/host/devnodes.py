@@ -1,252 +1,325 @@
 """GPU device nodes: which device numbers count, and which of them a process holds through an
-fd or a mapping, never stat()ing a file on FUSE, NFS or another file system that can hang."""
+fd, an io_uring fixed file or a mapping; what could not be judged is said, never taken for
+"not a GPU". One implementation serves the container scan and `pveclean gpus`' host scan.
+
+An fd or a mapping is judged by the device number behind it: statx(AT_STATX_DONT_SYNC) of
+/proc/PID/fd/N or /proc/PID/map_files/..., which FUSE, NFS, CIFS and ceph answer from their
+cache, never asking a daemon or a server. A mount whose file system ignores DONT_SYNC (9p,
+gfs2, an unknown type: see SAFE_FS) is never stat()ed where mountinfo names it; where no
+mountinfo does (a detached mount, a line past the read cap), the statx is made anyway, in
+the scan's worker, whose stall policy bounds a hang (the PID is then skipped and named, and
+the run is `residual`). Every read is streamed and capped per process (MAX_FDS, MAX_MAPS):
+past a cap the process is judged by what was read and the rest is reported as not judged.
+"""
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import stat
-import struct
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from pveclean.core.records import GpuDevices
-from pveclean.host import procfs
-from pveclean.host.procfs import listdir, read_bytes, read_text, readlink, thread_bases
+from pveclean.host import fstext, procfs, statx, uring
+from pveclean.host.procfs import read_text, readlink, thread_bases
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-
-# File systems whose inodes stat() answers from memory, without a server or a user-space
-# daemon: device nodes live on these (devtmpfs, tmpfs for a container's /dev, the host's
-# disk for nodes made by hand). Everything else -- fuse.*, nfs, cifs/smb3, 9p, ceph,
-# virtiofs, glusterfs, unknown types -- is never stat()ed: a hung server or a malicious FUSE
-# daemon in the container would hang pveclean. A GPU node cannot live on those anyway
-# (they refuse or ignore mknod), so nothing is missed.
-LOCAL_FS = frozenset({
+# File systems whose getattr answers statx(AT_STATX_DONT_SYNC) from kernel memory: local
+# ones, pseudo ones, and FUSE, NFS, CIFS and ceph, which keep to DONT_SYNC. Any other type
+# (9p, gfs2, ocfs2, afs, an unknown one) may ask a server: its files are not stat()ed.
+SAFE_FS = frozenset({
     "devtmpfs", "tmpfs", "ramfs", "devpts", "ext2", "ext3", "ext4", "xfs", "btrfs", "zfs",
-    "overlay", "f2fs", "bcachefs", "jfs", "reiserfs",
+    "overlay", "f2fs", "bcachefs", "jfs", "reiserfs", "squashfs", "erofs", "iso9660", "vfat",
+    "msdos", "exfat", "ntfs", "ntfs3", "udf", "nilfs2", "hfsplus", "proc", "sysfs", "cgroup",
+    "cgroup2", "mqueue", "hugetlbfs", "securityfs", "debugfs", "tracefs", "bpf", "pstore",
+    "configfs", "fusectl", "binfmt_misc", "autofs", "nsfs", "efivarfs", "rpc_pipefs",
+    "fuse", "fuseblk", "nfs", "nfs4", "cifs", "smb3", "ceph", "virtiofs",
 })
-MAX_MOUNTINFO = 4 << 20  # bytes read of one process's mountinfo
+MAX_MOUNTINFO = 4 << 20  # bytes of one mount namespace's mountinfo read
+MAX_FDS = 2048  # fds judged per process (one statx each, 10-25 us) ...
+EXTRA_FDS = 16384  # ... and beyond it, while the scan has these left; the rest: not judged
+PROGRESS_EVERY = 1024  # fds or maps lines between two progress() calls (see judge())
+MAX_MAPS = 16 << 20  # bytes of one process's maps read; the mappings past it: not judged
+Progress = Callable[[], None] | None
+_MAY_BE_RING = (stat.S_IFREG, 0)  # an anon inode's type (S_IFREG since Linux 6.15)
 
 
-@dataclass
-class Mounts:
-    """One mount namespace's mounts as a process sees them: mount ID and st_dev -> fs type."""
-
-    by_id: dict[int, str]
-    by_dev: dict[str, str]  # "major:minor" -> fs type (st_dev, as /proc/PID/maps shows it)
+def safe_fs(fstype: bytes) -> bool:
+    name = fstype.decode("ascii", "replace")
+    return name in SAFE_FS or name.startswith("fuse.")
 
 
-def parse_mountinfo(text: str) -> Mounts:
-    by_id: dict[int, str] = {}
-    by_dev: dict[str, str] = {}
-    for line in text.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields_l, fields_r = left.split(), right.split()
-        if not sep or len(fields_l) < 5 or not fields_r or not fields_l[0].isdigit():
-            continue
-        by_id[int(fields_l[0])] = fields_r[0]
-        by_dev.setdefault(fields_l[2], fields_r[0])
-    return Mounts(by_id, by_dev)
+@dataclass(frozen=True)
+class Risky:
+    """The mounts of one mount namespace whose files are never stat()ed (see SAFE_FS)."""
+
+    ids: frozenset[int]
+    devs: frozenset[tuple[int, int]]
 
 
-def read_mounts(base: str) -> Mounts:
-    """Mounts of the namespace of the task at `base` (/proc/PID or /proc/PID/task/TID)."""
-    raw = read_bytes(f"{base}/mountinfo", MAX_MOUNTINFO)
-    if raw is None:
-        return Mounts({}, {})
-    return parse_mountinfo(raw.decode("utf-8", "replace"))
+NO_RISK = Risky(frozenset(), frozenset())
 
 
-def _fd_mnt_id(base: str, fd: str) -> int | None:
-    """The mount ID of fd `fd` of the task at `base` (fdinfo's third line)."""
-    raw = read_bytes(f"{base}/fdinfo/{fd}", 512, one_read=True)
-    if raw is None:
-        return None
-    at = raw.find(b"mnt_id:")
-    if at < 0:
-        return None
-    value = raw[at + 7 : raw.find(b"\n", at)].strip()
-    return int(value) if value.isdigit() else None
-
-
-AT_FDCWD = -100
-AT_STATX_DONT_SYNC = 0x4000
-STATX_TYPE_MODE = 0x3
-_statx_fn: Any = None
-_statx_buf: Any = None  # struct statx; scans are single-threaded
-
-
-def _libc_statx() -> Any:
-    """statx() through ctypes, loaded on the first scan: scans run in the worker, so the
-    parent of a run never imports ctypes."""
-    global _statx_fn, _statx_buf
-    if _statx_fn is None:
-        import ctypes
-
-        try:
-            _statx_buf = ctypes.create_string_buffer(256)
-            fn = ctypes.CDLL(None, use_errno=True).statx
-            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint,
-                           ctypes.c_char_p]
-            fn.restype = ctypes.c_int
-            _statx_fn = fn
-        except (AttributeError, OSError):
-            _statx_fn = False
-    return _statx_fn
-
-
-def stat_nosync(path: str) -> tuple[int, int] | None:
-    """(st_mode, st_rdev) of the file `path` leads to, by statx(AT_STATX_DONT_SYNC): FUSE,
-    NFS, CIFS, 9p and ceph answer from their cache instead of asking a daemon or a server.
-    The mount-type check before it is the first guard; this one holds when the container
-    swaps what an fd number points to between that check and this call. None: gone."""
-    fn = _libc_statx()
-    if fn is False:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return st.st_mode, st.st_rdev
-    buf = _statx_buf
-    if fn(AT_FDCWD, path.encode(), AT_STATX_DONT_SYNC, STATX_TYPE_MODE, buf) != 0:
-        return None
-    (mode,) = struct.unpack_from("<H", buf, 28)  # struct statx: stx_mode
-    major, minor = struct.unpack_from("<II", buf, 128)  # stx_rdev_major, stx_rdev_minor
-    return mode, os.makedev(major, minor)
+def read_risky(base: str) -> Risky:
+    """The risky mounts in the first MAX_MOUNTINFO bytes of the task's mountinfo, read and
+    parsed line by line (a mount point may hold any byte but a newline)."""
+    ids: set[int] = set()
+    devs: set[tuple[int, int]] = set()
+    cut = [False]
+    for line in fstext.lines(statx.read_capped(f"{base}/mountinfo", MAX_MOUNTINFO, cut)):
+        m = fstext.parse_mount(line)
+        if m is not None and not safe_fs(m.fstype):
+            ids.add(m.mount_id)
+            devs.add(m.dev)
+    return Risky(frozenset(ids), frozenset(devs)) if ids else NO_RISK
 
 
 class ScanCache:
-    """What one scan may share between the processes it looks at: each mount namespace's
+    """What one scan shares between the processes it looks at: each mount namespace's risky
     mounts (the container's processes share one), and (st_dev, inode) -> st_rdev of mapped
-    files (they map the same libraries). A mount ID missing from the cached table is
-    looked up again (a mount made during the scan)."""
+    files, -1 for no device (processes map the same libraries)."""
 
     def __init__(self) -> None:
-        self.rdevs: dict[tuple[str, str], int] = {}
-        self._mounts: dict[str, Mounts] = {}
+        self.extra_fds = EXTRA_FDS  # fds past MAX_FDS that may still be judged, scan-wide
+        self.rdevs: dict[tuple[tuple[int, int], int], int] = {}
+        self._risky: dict[str, Risky] = {}
 
-    def mounts(self, base: str, fresh: bool = False) -> Mounts:
+    def risky(self, base: str) -> Risky:
         ns = readlink(f"{base}/ns/mnt")
         if ns is None:
-            return read_mounts(base)
-        if fresh or ns not in self._mounts:
-            self._mounts[ns] = read_mounts(base)
-        return self._mounts[ns]
+            return read_risky(base)
+        if ns not in self._risky:
+            self._risky[ns] = read_risky(base)
+        return self._risky[ns]
 
 
-def _fd_holds(base: str, name: str, devices: GpuDevices, cache: ScanCache,
-              mounts: list[Any]) -> str | None:
-    """The GPU node fd `name` of the task at `base` holds, matched by device number only."""
-    target = readlink(f"{base}/fd/{name}")  # never touches the file's own file system
-    if target is None or not target.startswith("/"):
-        return None  # socket:[..], pipe:[..], anon_inode:..
-    rdev = fd_char_rdev(base, name, cache, mounts)
-    if rdev is not None and devices.matches(rdev):
-        return f"{target} ({os.major(rdev)}:{os.minor(rdev)})"
-    return None
+@dataclass
+class Judged:
+    """What one process holds, and why part of it could not be judged (empty: all was)."""
+
+    held: list[str] = field(default_factory=list)
+    unjudged: list[str] = field(default_factory=list)
+    capped: bool = False  # a cap (MAX_FDS, MAX_MAPS) cut the reading
 
 
-def fd_char_rdev(base: str, name: str, cache: ScanCache, mounts: list[Any]) -> int | None:
-    """The device number behind fd `name` of the task at `base` if it is a character device
-    on a local file system; None otherwise. Never stat()s a file on FUSE, NFS, CIFS, 9p...
-    (it could hang): the fd's mount (fdinfo's mnt_id) is looked up first. `mounts`: the
-    task's [Mounts or None, refreshed once], shared by the calls for one task."""
-    mnt_id = _fd_mnt_id(base, name)
-    if mnt_id is None:
+def _fd_info(base: str, fd: str) -> fstext.FdInfo | None:
+    raw = procfs.read_bytes(f"{base}/fdinfo/{fd}", 512, one_read=True)
+    return None if raw is None else fstext.parse_fdinfo(raw)
+
+
+class _FdTable:
+    """One task's fd table, judged fd by fd (see judge_fds)."""
+
+    def __init__(self, base: str, dfd: int, devices: GpuDevices, cache: ScanCache,
+                 out: Judged) -> None:
+        self.base, self.dfd, self.devices, self.cache, self.out = base, dfd, devices, cache, out
+        self.seen: set[tuple[tuple[int, int], int]] = set()  # GPU files already held
+        self.ring_done: dict[bytes, str | None] = {}
+        self.risky: Risky | None = None
+
+    def judge(self, name: str) -> None:
+        if self.risky is None:
+            self.risky = self.cache.risky(self.base)
+        if self.risky.ids:  # only here is fdinfo read before the statx
+            info = _fd_info(self.base, name)
+            if info is not None and info.mnt_id in self.risky.ids:
+                return
+        st = statx.statx(name, self.dfd)
+        if isinstance(st, int):
+            self._failed(name, st)
+        elif stat.S_ISCHR(st.mode):
+            if self.devices.matches(st.rdev) and (st.dev, st.ino) not in self.seen:
+                info = _fd_info(self.base, name)
+                if info is not None and info.flags & fstext.O_PATH:
+                    return  # an O_PATH fd never opened the device
+                self.seen.add((st.dev, st.ino))
+                target = self._link(name) or f"fd {name}"
+                self.out.held.append(f"{target} ({os.major(st.rdev)}:{os.minor(st.rdev)})")
+        elif st.dev == statx.anon_inode_dev() and self._link(name) == uring.URING:
+            self._ring(name)
+
+    def _failed(self, name: str, err: int) -> None:
+        target = self._link(name)
+        if target is None:
+            return  # closed since it was listed
+        if target == uring.URING:
+            self._ring(name)
+        elif target.startswith("/"):
+            self.out.unjudged.append(f"fd {name} ({target[:200]}): statx failed "
+                                     f"({os.strerror(err)}); not judged")
+
+    def _link(self, name: str) -> str | None:
+        try:
+            return os.readlink(name, dir_fd=self.dfd)
+        except OSError:
+            return None
+
+    def _ring(self, name: str) -> None:
+        uring.judge_ring(self.base, name, self.devices, self.out.held, self.out.unjudged,
+                         self.ring_done)
+
+
+def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
+                 progress: Progress, first: bool = False) -> int | None:
+    """Judge the fd table of the task at `base` into `out`, streamed (os.scandir), at most
+    MAX_FDS fds; how many it has, None if it is gone."""
+    try:
+        dfd = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
         return None
-    known = mounts[0]
-    if known is None:
-        known = mounts[0] = cache.mounts(base)
-    if mnt_id not in known.by_id and not mounts[1]:  # once per process: a lazily
-        known = mounts[0] = cache.mounts(base, fresh=True)  # unmounted one stays unknown
-        mounts[1] = True
-    if known.by_id.get(mnt_id) not in LOCAL_FS:
+    table = _FdTable(base, dfd, devices, cache, out)
+    table.risky = cache.risky(base)
+    quick = None if table.risky.ids else statx.raw()  # the loop below, for most fds
+    anon = statx.anon_inode_dev()
+    n = 0
+    try:
+        with os.scandir(dfd) as entries:
+            for entry in entries:
+                if n >= MAX_FDS:
+                    if cache.extra_fds <= 0:
+                        out.unjudged.append(f"more than {n} open fds: those past the first "
+                                            f"{n} not judged")
+                        out.capped = True
+                        break
+                    cache.extra_fds -= 1
+                n += 1
+                if progress is not None and n % PROGRESS_EVERY == 0:
+                    progress()
+                name = entry.name
+                if quick is not None and quick(dfd, name.encode(), statx.FLAGS, statx.MASK,
+                                               statx.BUF) == 0:
+                    kind = stat.S_IFMT(statx.mode(statx.BUF))
+                    if kind == stat.S_IFCHR:
+                        if not devices.matches(os.makedev(*statx.rdev(statx.BUF))):
+                            continue
+                    elif kind not in _MAY_BE_RING or statx.dev(statx.BUF) != anon:
+                        continue
+                table.judge(name)
+                if first and out.held:
+                    break
+    except OSError:
+        return n or None  # gone while listed
+    finally:
+        os.close(dfd)
+    return n
+
+
+def judge_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None,
+              progress: Progress = None, first: bool = False) -> Judged | None:
+    """The GPU nodes `pid` holds through fds and io_uring fixed files, at any path (a bind
+    mount of /dev/nvidia0 at /opt/g counts), and what could not be judged; None if the
+    process is gone. A process whose main thread exited shows no fds on /proc/PID/fd: its
+    live threads' fd tables are read then."""
+    cache = cache or ScanCache()
+    out = Judged()
+    n = _judge_table(procfs.path(pid), devices, cache, out, progress, first)
+    if n is None:
         return None
-    st = stat_nosync(f"{base}/fd/{name}")
-    return st[1] if st is not None and stat.S_ISCHR(st[0]) else None
+    if n == 0:
+        for tbase in thread_bases(pid, "fd"):
+            _judge_table(tbase, devices, cache, out, progress, first)
+    return out
 
 
 def device_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None
                ) -> list[str] | None:
-    """Paths (as the process sees them) of open fds on GPU devices, at any path (a bind mount
-    of /dev/nvidia0 at /opt/g counts); None if the process is gone. A process whose main
-    thread exited shows no fds on /proc/PID/fd: its live threads' fd tables are read then."""
-    base = procfs.path(pid)
-    names = listdir(f"{base}/fd")
-    if names is None:
-        return None
-    held: list[str] = []
-    todo = [(base, names)] if names else []
-    if not names:
-        for tbase in thread_bases(pid, "fd"):
-            tnames = listdir(f"{tbase}/fd")
-            if tnames is not None:
-                todo.append((tbase, tnames))
+    """judge_fds()'s GPU nodes alone; None if the process is gone."""
+    got = judge_fds(pid, devices, cache)
+    return None if got is None else got.held
+
+
+def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
+                progress: Progress) -> int:
+    """Judge the mappings of the task at `base` into `out`; how many lines maps had. Read in
+    chunks, parsed line by line, each (st_dev, inode) judged once; at most MAX_MAPS bytes."""
+    cut = [False]
+    seen: set[tuple[bytes, bytes]] = set()  # (dev, inode) as maps shows them
+    risky: Risky | None = None
+    n = 0
+    for line in fstext.lines(statx.read_capped(f"{base}/maps", MAX_MAPS, cut)):
+        n += 1
+        if progress is not None and n % PROGRESS_EVERY == 0:
+            progress()
+        f = line.split(b" ", 5)
+        if len(f) < 5 or f[4] == b"0" or (f[3], f[4]) in seen:
+            continue  # anonymous, [heap], [stack], [anon:...]; or judged above
+        seen.add((f[3], f[4]))
+        m = fstext.parse_mapping(line)
+        if m is None:
+            continue
+        key = (m.dev, m.inode)
+        rdev = cache.rdevs.get(key)
+        if rdev is None:
+            if risky is None:
+                risky = cache.risky(base)
+            rdev = -1
+            if m.dev not in risky.devs:
+                st = statx.statx(f"{base}/map_files/{m.map_file}")
+                if isinstance(st, int):
+                    if st != errno.ENOENT:  # unmapped since
+                        out.unjudged.append(f"mapping {m.map_file}: statx failed "
+                                            f"({os.strerror(st)}); not judged")
+                    continue
+                rdev = st.rdev if stat.S_ISCHR(st.mode) else -1
+            cache.rdevs[key] = rdev
+        if rdev >= 0 and devices.matches(rdev):
+            name = m.name.decode("utf-8", "replace")
+            out.held.append(f"{name} (mmap {os.major(rdev)}:{os.minor(rdev)})")
+    if cut[0]:
+        out.unjudged.append(f"maps longer than {MAX_MAPS >> 20} MiB: the mappings past it "
+                            "not judged")
+        out.capped = True
+    return n
+
+
+def judge_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None,
+               progress: Progress = None) -> Judged:
+    """Mappings of GPU devices at any path, matched on the device number behind
+    /proc/PID/map_files, and what could not be judged. A zombie leader's threads share its
+    mappings: the first live thread's maps are read then."""
     cache = cache or ScanCache()
-    for where, fds in todo:
-        mounts: list[Any] = [None, False]  # this task's Mounts, and refreshed once
-        for name in fds:
-            hit = _fd_holds(where, name, devices, cache, mounts)
-            if hit and hit not in held:
-                held.append(hit)
-    return held
+    out = Judged()
+    if _judge_maps(procfs.path(pid), devices, cache, out, progress) == 0:
+        for tbase in thread_bases(pid, "maps"):
+            if _judge_maps(tbase, devices, cache, out, progress):
+                break
+    return out
 
 
 def device_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None) -> list[str]:
-    """Mappings of GPU devices at any path, matched on the device number behind
-    /proc/PID/map_files; only files on local file systems are stat()ed."""
-    base = procfs.path(pid)
-    text = read_text(f"{base}/maps")
-    if not text:
-        for tbase in thread_bases(pid, "maps"):  # zombie leader: its threads share the mappings
-            text = read_text(f"{tbase}/maps")
-            if text:
-                base = tbase
-                break
-        if not text:
-            return []
-    cache = cache or ScanCache()
-    rdevs = cache.rdevs
-    mounts: Mounts | None = None
-    refreshed = False
-    held: list[str] = []
-    seen: set[tuple[str, str]] = set()
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 6 or parts[4] == "0" or not parts[5].startswith("/"):
-            continue  # anonymous, [heap], [stack], [vdso]
-        key = (parts[3], parts[4])  # st_dev of the file's file system, inode
-        if key in seen:
-            continue
-        seen.add(key)
-        rdev = rdevs.get(key)
-        if rdev is None:
-            if mounts is None:
-                mounts = cache.mounts(base)
-            dev = _dev_key(parts[3])
-            if dev not in mounts.by_dev and not refreshed:
-                mounts, refreshed = cache.mounts(base, fresh=True), True
-            rdev = -1
-            if mounts.by_dev.get(dev) in LOCAL_FS:
-                st = stat_nosync(f"{base}/map_files/{parts[0]}")
-                rdev = st[1] if st is not None and stat.S_ISCHR(st[0]) else -1
-            rdevs[key] = rdev
-        if rdev >= 0 and devices.matches(rdev):
-            held.append(f"{parts[5]} (mmap {os.major(rdev)}:{os.minor(rdev)})")
-    return held
+    """judge_maps()'s GPU nodes alone."""
+    return judge_maps(pid, devices, cache).held
 
 
-def _dev_key(maps_dev: str) -> str:
-    """maps shows st_dev as hex "fd:01", mountinfo as decimal "253:1"."""
-    major, _, minor = maps_dev.partition(":")
-    try:
-        return f"{int(major, 16)}:{int(minor, 16)}"
-    except ValueError:
-        return maps_dev
+def judge(pid: int, devices: GpuDevices, cache: ScanCache, progress: Progress = None
+          ) -> Judged | None:
+    """fds, io_uring fixed files and mappings of `pid` together; None if it is gone.
+    `progress`: called every PROGRESS_EVERY fds or maps lines, to tell the worker's stall
+    policy that a long table is being read, not hung on (worker.note or worker.mark)."""
+    got = judge_fds(pid, devices, cache, progress)
+    if got is None:
+        return None
+    maps = judge_maps(pid, devices, cache, progress)
+    got.held += maps.held
+    got.unjudged += maps.unjudged
+    got.capped |= maps.capped
+    return got
+
+
+def still_holds(pid: int, devices: GpuDevices) -> bool:
+    """For the identity check just before a signal: does `pid`, found holding by the scan,
+    hold a GPU node still, or can that not be ruled out (part of it not judged)? Stops at
+    the first GPU node; MAX_FDS fds at most (no scan-wide extra)."""
+    cache = ScanCache()
+    cache.extra_fds = 0
+    got = judge_fds(pid, devices, cache, first=True)
+    if got is None:
+        return False
+    if not got.held:
+        maps = judge_maps(pid, devices, cache)
+        got.held, got.unjudged = maps.held, got.unjudged + maps.unjudged
+    return bool(got.held or got.unjudged)
 
 
 def nvidia_majors(proc_devices: str | None = None) -> frozenset[int]:
@@ -255,7 +328,7 @@ def nvidia_majors(proc_devices: str | None = None) -> frozenset[int]:
     text = read_text(proc_devices or procfs.path("devices")) or ""
     majors: set[int] = set()
     in_char = False
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if line.startswith("Character"):
             in_char = True
         elif line.startswith("Block"):
@@ -278,3 +351,4 @@ def gpu_devices(patterns: Iterable[str], proc_devices: str | None = None) -> Gpu
             if stat.S_ISCHR(st.st_mode):
                 rdevs.setdefault(st.st_rdev, path)
     return GpuDevices(rdevs, nvidia_majors(proc_devices))
+

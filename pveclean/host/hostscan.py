@@ -4,6 +4,7 @@ cgroups, read by forked readers that share the work (see HostScan)."""
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
 from pveclean.core.gpumap import Proc, full_name
@@ -12,10 +13,6 @@ from pveclean.core.units import unit_of
 from pveclean.host import cgroupfs, devnodes, procfs, worker
 from pveclean.host.reads import Reader, Unread
 from pveclean.host.worker import Worker
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 
 def host_pids(root: Path) -> dict[int, str]:
@@ -41,89 +38,34 @@ def host_pids(root: Path) -> dict[int, str]:
     return found
 
 
-def _maps_mention(pid: int, needles: tuple[bytes, ...]) -> bool:
-    """Cheap pre-check before parsing /proc/PID/maps: does any GPU node's name occur?"""
-    data = procfs.read_bytes(procfs.path(pid, "maps"))
-    return data is not None and any(n in data for n in needles)
-
-
-def _needles(devices: GpuDevices) -> tuple[bytes, ...]:
-    """What _maps_mention looks for: b"nvidia" and the GPU nodes' names, without a name that
-    contains another (nvidia0 and nvidiactl add nothing to nvidia: one search, not eight)."""
-    names = {b"nvidia", *(os.path.basename(p).encode() for p in devices.rdevs.values())}
-    return tuple(sorted(n for n in names if n and not any(o != n and o in n for o in names)))
-
-
-def _fds(pid: int, devices: GpuDevices, same_ns: bool, cache: dict[str, str | None],
-         mounts: devnodes.ScanCache) -> list[str] | None:
-    """devnodes.device_fds for a host process, with fewer system calls: paths are looked up
-    relative to the fd directory, only a path under /dev or naming nvidia is looked at, and
-    one of our own mount namespace once for the whole scan (what a path leads to is the same
-    for every process that sees the same /dev: `cache` keeps path -> held or None); in
-    another mount namespace each such fd is. Looked at as procfs does: never stat()ed on
-    FUSE, NFS... None: gone."""
-    base = procfs.path(pid)
-    try:
-        dfd = os.open(f"{base}/fd", os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return None
-    held: list[str] = []
-    task_mounts: list[Any] = [None, False]
-    try:
-        for name in os.listdir(dfd):
-            try:
-                target = os.readlink(name, dir_fd=dfd)
-            except OSError:
-                continue
-            if not (target.startswith("/dev/") or "nvidia" in target):
-                continue  # as procfs (a superset): only what may be a node is looked at
-            if same_ns and target in cache:
-                hit = cache[target]
-            else:
-                rdev = devnodes.fd_char_rdev(base, name, mounts, task_mounts)
-                hit = (f"{target} ({os.major(rdev)}:{os.minor(rdev)})"
-                       if rdev is not None and devices.matches(rdev) else None)
-                if same_ns:
-                    cache[target] = hit
-            if hit is not None:
-                held.append(hit)
-    except OSError:
-        return None
-    finally:
-        os.close(dfd)
-    return held
-
-
-def _mntns(pid: int | str) -> str | None:
-    return procfs.readlink(procfs.path(pid, "ns", "mnt"))
-
-
-def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices, own_ns: str | None,
-                 needles: tuple[bytes, ...], skip: frozenset[int], stall: float | None
-                 ) -> list[Proc]:
-    """In a reader: the GPU holders among `pids` (host PID, cgroup). Each PID is marked
-    before its /proc files are read, so a read that hangs is pinned to its PID (a mark, not a
-    note: there are thousands; the reader's receive() bounds each by `stall`)."""
+def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
+                 skip: frozenset[int], stall: float | None
+                 ) -> tuple[list[Proc], list[str]]:
+    """In a reader: the GPU holders among `pids` (host PID, cgroup), judged as a container's
+    processes are (devnodes.judge), and one line per process that could not be judged
+    whole. Each PID is marked before its /proc files are read, so a read that hangs is
+    pinned to its PID (a mark, not a note: there are thousands; the reader's receive()
+    bounds each by `stall`)."""
     out = []
-    cache: dict[str, str | None] = {}
-    mounts = devnodes.ScanCache()
+    unjudged: list[str] = []
+    cache = devnodes.ScanCache()
     for pid, cgroup in pids:
         if pid in skip:
             continue  # its reads hung in an earlier try
         worker.mark(pid)
-        fds = _fds(pid, devices, own_ns is not None and _mntns(pid) == own_ns, cache, mounts)
-        if fds is None:
+        got = devnodes.judge(pid, devices, cache, partial(worker.mark, pid))
+        if got is None:
             continue
-        maps = (devnodes.device_maps(pid, devices, mounts) if _maps_mention(pid, needles)
-                else [])
-        if not fds and not maps:
+        if got.unjudged:
+            unjudged.append(f"host PID {pid}: {'; '.join(got.unjudged[:3])}")
+        if not got.held:
             continue
         st = procfs.read_status(pid)
         if st is None or st.state == "Z":
             continue
         out.append(Proc(pid, full_name(st.name, procfs.argv(pid)), "host", cgroup=cgroup,
-                        unit=unit_of(cgroup), devices=fds + maps))
-    return out
+                        unit=unit_of(cgroup), devices=got.held))
+    return out, unjudged
 
 
 READER_PROCESSES = 500  # host processes per forked reader beyond the first
@@ -144,10 +86,8 @@ class HostScan:
 
     def __init__(self, root: Path, devices: GpuDevices, exclude: set[int], stall: float,
                  end: float | None = None, readers: int | None = None) -> None:
-        needles = _needles(devices)
         pids = [(p, cg) for p, cg in host_pids(root).items() if p not in exclude]
         self.count = len(pids)
-        own_ns = _mntns("self")
         n = readers or min(os.cpu_count() or 1, MAX_READERS,
                            max(1, len(pids) // READER_PROCESSES))
         self.shares = [pids[i::n] for i in range(n)]
@@ -157,7 +97,7 @@ class HostScan:
             for share in self.shares:
                 reader = Reader(Worker(marks=True), stall, self.problems, "not looked at")
                 self.readers.append(reader)
-                reader.send(w_host_share, share, devices, own_ns, needles, end=end,
+                reader.send(w_host_share, share, devices, end=end,
                             what="reading the host's processes")
         except BaseException:
             self.close()
@@ -167,7 +107,9 @@ class HostScan:
         found: list[Proc] = []
         for reader, share in zip(self.readers, self.shares, strict=True):
             try:
-                found += reader.receive()
+                procs, unjudged = reader.receive()
+                found += procs
+                self.problems += unjudged[:20]
             except Unread as unread:
                 self.problems.append(str(unread))
                 self.problems.append(f"{len(share)} of the host's processes were not looked "

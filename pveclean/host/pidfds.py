@@ -147,8 +147,7 @@ def _check_identity(holder: Holder, vmid: int, devices: GpuDevices, running: boo
     if running and st.nspid[1] == 1:
         return "is the container's PID 1; not signalled"
     if "host" in holder.sources or "probe" in holder.sources:
-        fds = devnodes.device_fds(holder.host_pid, devices) or []
-        holds = fds or devnodes.device_maps(holder.host_pid, devices)
+        holds = devnodes.still_holds(holder.host_pid, devices)  # or cannot be ruled out
         if not holds and "nvml" not in holder.sources:
             return "no longer holds a GPU device; not signalled"
     return None

@@ -3,6 +3,8 @@ read in the scan's worker (the w_* functions run there)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from pveclean.core import records
 from pveclean.core.bounds import cap_devices
 from pveclean.core.discovery import protect_reason, unwalked
@@ -46,6 +48,10 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
     holders: dict[int, Holder] = {}
     statuses: dict[int, records.ProcStatus] = {}
     init_pid = None
+    unjudged: dict[int, list[str]] = {}
+    # (PID, start time) -> why: a process past a cap and holding nothing in what was read,
+    # kept for the worker's later scans of this run (a tenant's bloat costs the run once)
+    capped: dict[tuple[int, int], list[str]] = worker.state().setdefault("capped", {})
     cache = devnodes.ScanCache()
     for pid, rel in tree.items():
         if pid in skip:
@@ -61,20 +67,26 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
             continue
         if st.state == "Z" and not procfs.live_threads(pid):
             continue  # a zombie holds nothing: its fds and mappings are gone
-        # (a zombie leader with live threads holds through them: device_fds reads those)
-        fds = devnodes.device_fds(pid, scope.devices, cache)
-        if fds is None:
+        # (a zombie leader with live threads holds through them: judge_fds reads those)
+        if (pid, st.starttime) in capped:  # not read again: see below
+            unjudged[pid] = capped[pid, st.starttime]
             continue
-        maps = devnodes.device_maps(pid, scope.devices, cache)
-        if fds or maps:
+        got = devnodes.judge(pid, scope.devices, cache, partial(worker.note, ("pid", pid), stall))
+        if got is None:
+            continue
+        if got.unjudged:
+            unjudged[pid] = got.unjudged
+        if got.capped and not got.held:  # a verification rescan of this run reads it no more:
+            capped[pid, st.starttime] = got.unjudged  # it keeps the run residual already
+        if got.held:
             h = make_holder(st, rel, scope)
-            h.devices = cap_devices(fds + maps)  # each device kept; the paths bounded
+            h.devices = cap_devices(got.held)  # each device kept; the paths bounded
             h.add_source("host")
             holders[pid] = h
     truncated = getattr(tree, "truncated", None)
     if truncated:
         holders[0] = unwalked(str(truncated), scope)
-    return HostView(holders, statuses, tree, init_pid)
+    return HostView(holders, statuses, tree, init_pid, unjudged)
 
 
 # ---- reads made in the scan's worker (see worker.py); module-level so they pickle --------

@@ -195,6 +195,7 @@ class Reads:
         try:
             view: HostView = (self.scan.call(w_scan, scope, end=end, what=what) if quiet is None
                               else self.scan.call(w_rescan, scope, quiet, end=end, what=what))
+            self.problems += view.unjudged_problems()  # not judged is not innocent
             return view
         except Unread as unread:
             if not unread.hung:

@@ -1,5 +1,5 @@
 """Discovery against what a container's root can do, on lab containers: holders whose main thread
-exited, GPU nodes bind-mounted elsewhere, FUSE and network mounts never stated, cgroups 1,100
+exited, GPU nodes bind-mounted elsewhere, mounts that may ask a server never stated, cgroups 1,100
 deep, and names the container chose that protect nothing."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pveclean.cleanup import clean
-from pveclean.host import cgroupfs, devnodes, procfs
+from pveclean.host import cgroupfs, devnodes, procfs, statx
 from pveclean.host.configfile import load
 from pveclean.host.prelude import NvmlWorker
 from tests.harness.lxclab import Lab, Workload
@@ -70,36 +70,44 @@ def test_gpu_node_bind_mounted_at_another_path_is_found(lab: Lab, vmid: int) -> 
     assert not lab.alive(pid)
 
 
-def test_files_on_fuse_and_network_mounts_are_never_stated(lab: Lab, vmid: int) -> None:
-    """The fs type comes from fdinfo's mnt_id and mountinfo: only local file systems are
-    stat()ed. A mount whose type is not on the list is skipped without a stat."""
+def test_files_on_mounts_that_may_ask_a_server_are_never_stated(lab: Lab, vmid: int) -> None:
+    """A mount whose file system may ask a server even under AT_STATX_DONT_SYNC (9p, gfs2,
+    an unknown type: the mount IDs and devices read_risky finds in mountinfo) is never
+    stat()ed; FUSE, NFS, CIFS and ceph are, with DONT_SYNC (see test_hang_bounds.py)."""
     lab.create_ct(vmid, gpus=(0,))
     w = start_in_ct(lab, vmid, "python3", ["--hold", "/opt/g"],
                     pre="touch /opt/g && mount --bind /dev/nvidia0 /opt/g && ")
     (pid,) = w.host_pids(lab)
     devices = devnodes.gpu_devices([str(lab.root / "dev/nvidia*")])
     assert devnodes.device_fds(pid, devices)
-    real = devnodes.read_mounts
-    try:  # the same fd, as if its mount were a FUSE file system: no stat, no match
-        devnodes.read_mounts = lambda base: devnodes.Mounts(  # type: ignore[assignment]
-            {k: "fuse.sshfs" for k in real(base).by_id}, {})
-        stated: list[str] = []
-        orig_stat, orig_os_stat = devnodes.stat_nosync, os.stat
+    every = mounts_of(pid)
+    real, real_statx = devnodes.read_risky, statx.statx
+    stated: list[str] = []
 
-        def spy(path: Any, *a: Any, **kw: Any) -> Any:
-            stated.append(str(path))
-            return orig_os_stat(path, *a, **kw)
+    def spy(path: Any, *a: Any, **kw: Any) -> Any:
+        stated.append(str(path))
+        return real_statx(path, *a, **kw)
 
-        devnodes.stat_nosync = spy  # type: ignore[assignment]
-        os.stat = spy  # type: ignore[assignment]
-        try:
-            assert devnodes.device_fds(pid, devices) == []
-            assert devnodes.device_maps(pid, devices) == []
-        finally:
-            devnodes.stat_nosync, os.stat = orig_stat, orig_os_stat  # type: ignore[assignment]
-        assert not [p for p in stated if f"/proc/{pid}/" in p]
+    try:  # the same fd, as if every mount of the process were 9p: no stat, no match
+        devnodes.read_risky = lambda base: devnodes.Risky(  # type: ignore[assignment]
+            frozenset(every), frozenset(every.values()))
+        statx.statx = spy  # type: ignore[assignment]
+        assert devnodes.device_fds(pid, devices) == []
+        assert devnodes.device_maps(pid, devices) == []
+        assert stated == []
     finally:
-        devnodes.read_mounts = real  # type: ignore[assignment]
+        devnodes.read_risky, statx.statx = real, real_statx  # type: ignore[assignment]
+
+
+def mounts_of(pid: int) -> dict[int, tuple[int, int]]:
+    """Mount ID -> (major, minor) of every mount the process sees."""
+    out = {}
+    for line in Path(f"/proc/{pid}/mountinfo").read_bytes().split(b"\n"):
+        if line:
+            f = line.split(b" ")
+            major, minor = f[2].split(b":")
+            out[int(f[0])] = (int(major), int(minor))
+    return out
 
 
 def _deep_cgroup(lab: Lab, vmid: int, depth: int) -> Path:

@@ -41,12 +41,11 @@ def _wedge(pids: Any, skip: frozenset[int], stall: float | None, by_note: bool) 
             time.sleep(60)
 
 
-def _wedged_share(pids: Any, devices: Any, own_ns: Any, needles: Any, skip: frozenset[int],
-                  stall: float | None) -> Any:
+def _wedged_share(pids: Any, devices: Any, skip: frozenset[int], stall: float | None) -> Any:
     """w_host_share where reading a PID in _WEDGED hangs (a process wedged in the GPU driver:
     a read of its maps blocks). Module-level: a reader gets it by reference."""
     _wedge([p for p, _cg in pids], skip, stall, by_note=False)
-    return _REAL_SHARE(pids, devices, own_ns, needles, skip, stall)
+    return _REAL_SHARE(pids, devices, skip, stall)
 
 
 def _wedged_scan(scope: Any, skip: frozenset[int], stall: float | None) -> Any:

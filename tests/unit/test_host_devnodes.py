@@ -1,6 +1,7 @@
 """host/devnodes through a fake /proc under tmp_path: NVIDIA's majors from /proc/devices, which
-fds and mappings lead to a GPU node (the real /dev/null stands in for one), and that nothing on
-FUSE is ever stat()ed."""
+fds, io_uring fixed files and mappings lead to a GPU node (the real /dev/null stands in for
+one), what is never stat()ed (a mount whose file system may ask a server), and what is said
+when part of a process cannot be judged (never "not a GPU")."""
 
 from __future__ import annotations
 
@@ -11,53 +12,55 @@ from pathlib import Path
 import pytest
 
 from pveclean.core.records import GpuDevices
-from pveclean.host import devnodes
+from pveclean.host import devnodes, statx, uring
 from tests.helpers import DEVICES, NULL
 
 HIT = f"({os.major(NULL)}:{os.minor(NULL)})"
 MOUNTINFO = ("25 1 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw\n"
              "26 1 253:1 / / rw,relatime shared:1 - ext4 /dev/mapper/root rw\n"
-             "27 26 0:42 / /mnt/fuse rw - fuse.sshfs me@far:/ rw\n")
+             "27 26 0:42 / /mnt/far rw - 9p far rw,trans=tcp\n"
+             "28 26 0:43 / /mnt/fuse rw - fuse.sshfs me@far:/ rw\n")
+SAFE_MOUNTINFO = MOUNTINFO.replace(" 9p ", " nfs4 ")
 
 
 @pytest.fixture
 def stats(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every path stat_nosync is asked about (it still answers)."""
+    """Every path statx is asked about (it still answers)."""
     seen: list[str] = []
-    real = devnodes.stat_nosync
+    real = statx.statx
 
-    def spy(path: str) -> tuple[int, int] | None:
-        seen.append(path)
-        return real(path)
+    def spy(path: str | bytes, dir_fd: int = statx.AT_FDCWD, flags: int = 0
+            ) -> statx.Stat | int:
+        seen.append(path if isinstance(path, str) else path.decode())
+        return real(path, dir_fd, flags)
 
-    monkeypatch.setattr(devnodes, "stat_nosync", spy)
+    monkeypatch.setattr(statx, "statx", spy)
     return seen
 
 
-def task(base: Path, fds: dict[str, tuple[str, int | None]], mountinfo: str = MOUNTINFO
-         ) -> Path:
+def task(base: Path, fds: dict[str, tuple[str, int | None]], mountinfo: str = MOUNTINFO,
+         flags: str = "02") -> Path:
     """A task directory: fd N -> (link target, its mount ID in fdinfo or None)."""
     (base / "fd").mkdir(parents=True)
     (base / "fdinfo").mkdir()
     (base / "ns").mkdir(exist_ok=True)
     (base / "mountinfo").write_text(mountinfo)
     os.symlink("mnt:[4026531840]", base / "ns" / "mnt")
+    os.symlink("/", base / "root")
     for fd, (target, mnt_id) in fds.items():
         os.symlink(target, base / "fd" / fd)
-        info = "pos:\t0\nflags:\t02\n" + (f"mnt_id:\t{mnt_id}\n" if mnt_id else "")
+        info = f"pos:\t0\nflags:\t{flags}\n" + (f"mnt_id:\t{mnt_id}\nino:\t7\n" if mnt_id else "")
         (base / "fdinfo" / fd).write_text(info)
     return base
 
 
-def test_parse_mountinfo_keys_fs_types_by_mount_id_and_device() -> None:
-    m = devnodes.parse_mountinfo(MOUNTINFO + "garbage\nx 1 0:1 / / rw - ext4 a rw\n"
-                                 "28 1 0:5 / /dev2 rw - tmpfs t rw\n")
-    assert m.by_id == {25: "devtmpfs", 26: "ext4", 27: "fuse.sshfs", 28: "tmpfs"}
-    assert m.by_dev == {"0:5": "devtmpfs", "253:1": "ext4", "0:42": "fuse.sshfs"}  # first wins
-
-
-def test_read_mounts_of_a_gone_task_is_empty(tmp_path: Path) -> None:
-    assert devnodes.read_mounts(str(tmp_path / "gone")) == devnodes.Mounts({}, {})
+def test_read_risky_names_the_mounts_never_stated(proc: Path) -> None:
+    base = task(proc / "70", {})
+    assert devnodes.read_risky(str(base)) == devnodes.Risky(frozenset({27}),
+                                                            frozenset({(0, 42)}))
+    (base / "mountinfo").write_text(MOUNTINFO.replace("9p", "nfs4"))
+    assert devnodes.read_risky(str(base)) is devnodes.NO_RISK
+    assert devnodes.read_risky(str(proc / "gone")) is devnodes.NO_RISK
 
 
 def test_nvidia_majors_are_the_character_drivers_named_nvidia(proc: Path) -> None:
@@ -78,58 +81,71 @@ def test_gpu_devices_take_only_character_devices(tmp_path: Path, proc: Path) -> 
     assert got == GpuDevices({NULL: "/dev/null"}, frozenset({195}))
 
 
-def test_stat_nosync_answers_mode_and_device(monkeypatch: pytest.MonkeyPatch,
-                                             tmp_path: Path) -> None:
-    for fn in (None, False):  # statx, then the os.stat fallback of a libc without it
-        monkeypatch.setattr(devnodes, "_statx_fn", fn)
-        got = devnodes.stat_nosync("/dev/null")
-        assert got is not None and stat.S_ISCHR(got[0]) and got[1] == NULL
-        assert devnodes.stat_nosync(str(tmp_path / "gone")) is None
+def test_statx_answers_mode_device_and_identity(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    for lib in (None, False):  # statx, then the os.stat fallback of a libc without it
+        monkeypatch.setattr(statx, "_libc", lib)
+        got = statx.statx("/dev/null")
+        assert isinstance(got, statx.Stat) and stat.S_ISCHR(got.mode) and got.rdev == NULL
+        st = os.stat("/dev/null")
+        assert got.ino == st.st_ino and got.dev == (os.major(st.st_dev), os.minor(st.st_dev))
+        assert statx.statx(str(tmp_path / "gone")) == 2  # ENOENT
 
 
-def test_dev_key_turns_maps_hex_into_mountinfo_decimal() -> None:
-    assert devnodes._dev_key("fd:01") == "253:1"
-    assert devnodes._dev_key("00:2a") == "0:42"
-    assert devnodes._dev_key("zz") == "zz"
-
-
-def test_an_fd_on_a_gpu_node_is_found_and_nothing_else(proc: Path, tmp_path: Path,
-                                                       stats: list[str]) -> None:
+def test_an_fd_on_a_gpu_node_is_found_once_and_nothing_else(proc: Path, tmp_path: Path,
+                                                            stats: list[str]) -> None:
     (tmp_path / "data.bin").write_bytes(b"x")
     task(proc / "70", {"0": ("/dev/null", 25), "1": (str(tmp_path / "data.bin"), 26),
-                       "2": ("socket:[123]", None), "3": ("/dev/null", 25)})
-    assert devnodes.device_fds(70, DEVICES) == [f"/dev/null {HIT}"]  # once, not twice
-    assert f"{proc}/70/fd/1" in stats  # a regular file: looked at, no match
+                       "2": ("socket:[123]", None), "3": ("/dev/null", 25)},
+         mountinfo=SAFE_MOUNTINFO)
+    got = devnodes.judge_fds(70, DEVICES)
+    assert got is not None and got.held == [f"/dev/null {HIT}"] and got.unjudged == []
+    # one raw statx each; a second look only at the GPU nodes and at the dangling pipe link
+    assert sorted(stats) == ["0", "2", "3"]
+    assert devnodes.judge_fds(70, GpuDevices({}, frozenset({195}))) == devnodes.Judged()
 
 
-def test_a_node_not_counted_as_gpu_is_no_hit(proc: Path) -> None:
-    task(proc / "70", {"0": ("/dev/null", 25)})
-    assert devnodes.device_fds(70, GpuDevices({}, frozenset({195}))) == []
+def test_an_fd_on_a_risky_mount_is_never_stated_an_unknown_one_is(proc: Path,
+                                                                   stats: list[str]) -> None:
+    """9p may ask its server even with DONT_SYNC: not stat()ed. A mount ID that no
+    mountinfo line names (a detached bind mount) is judged by its device number."""
+    task(proc / "70", {"0": ("/dev/null", 27), "1": ("/dev/null", 99)})
+    assert devnodes.device_fds(70, DEVICES) == [f"/dev/null {HIT}"]
+    assert stats == ["1"]
 
 
-def test_an_fd_on_fuse_is_never_stated_even_if_it_leads_to_a_node(proc: Path,
-                                                                  stats: list[str]) -> None:
-    task(proc / "70", {"0": ("/dev/null", 27), "1": ("/dev/null", None)})
+def test_fuse_and_nfs_fds_are_stated_with_dont_sync(proc: Path, stats: list[str]) -> None:
+    task(proc / "70", {"0": ("/dev/null", 28)})
+    assert devnodes.device_fds(70, DEVICES) == [f"/dev/null {HIT}"]
+    assert stats == ["0"]
+
+
+def test_an_o_path_fd_never_opened_the_device(proc: Path) -> None:
+    task(proc / "70", {"0": ("/dev/null", 25)}, flags="012000000")  # O_PATH | O_CLOEXEC
     assert devnodes.device_fds(70, DEVICES) == []
-    assert stats == []  # the mount type said no: no stat at all
 
 
-def test_an_fd_on_a_mount_made_during_the_scan_is_found(proc: Path) -> None:
-    base = task(proc / "70", {"0": ("/dev/null", 29)})
+def test_an_fd_whose_stat_fails_is_not_judged(proc: Path) -> None:
+    task(proc / "70", {"0": ("/gone/model.bin", 26), "1": ("pipe:[9]", None)})
+    got = devnodes.judge_fds(70, DEVICES)
+    assert got is not None and got.held == []
+    assert got.unjudged == ["fd 0 (/gone/model.bin): statx failed (No such file or "
+                            "directory); not judged"]
+
+
+def test_an_fd_table_past_the_cap_is_judged_by_what_was_read(
+        proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(devnodes, "MAX_FDS", 2)
+    monkeypatch.setattr(devnodes, "EXTRA_FDS", 3)  # scan-wide, past each process's MAX_FDS
+    for pid in (70, 71):
+        task(proc / str(pid), {str(n): ("/dev/null", 25) for n in range(4)},
+             mountinfo=SAFE_MOUNTINFO)
     cache = devnodes.ScanCache()
-    cache.mounts(str(base))  # the namespace's table as it was before the mount
-    (base / "mountinfo").write_text(MOUNTINFO + "29 25 0:5 / /dev/gpu rw - devtmpfs u rw\n")
-    assert devnodes.device_fds(70, DEVICES, cache) == [f"/dev/null {HIT}"]
-
-
-def test_an_unknown_mount_is_refreshed_once_then_left(proc: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    task(proc / "70", {"0": ("/dev/null", 99), "1": ("/dev/null", 98)})
-    reads: list[str] = []
-    real = devnodes.read_mounts
-    monkeypatch.setattr(devnodes, "read_mounts", lambda b: reads.append(b) or real(b))
-    assert devnodes.device_fds(70, DEVICES) == []
-    assert len(reads) == 2  # the table, and one fresh look for both unknown IDs
+    got = devnodes.judge_fds(70, DEVICES, cache)
+    assert got == devnodes.Judged([f"/dev/null {HIT}"], [])  # 2 + 2 of the extra 3
+    got = devnodes.judge_fds(71, DEVICES, cache)
+    assert got is not None and got.held == [f"/dev/null {HIT}"]
+    assert got.unjudged == ["more than 3 open fds: those past the first 3 not judged"]
 
 
 def test_a_gone_process_has_no_fds_but_none(proc: Path) -> None:
@@ -142,13 +158,51 @@ def test_a_zombie_leader_holds_through_its_live_threads(proc: Path) -> None:
     assert devnodes.device_fds(80, DEVICES) == [f"/dev/null {HIT}"]
 
 
+RING = ("pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t1073\nSqMask:\t0x3\nSQEs:\t0\nCQEs:\t0\n"
+        "SqThread:\t-1\nSqThreadCpu:\t-1\nSqTotalTime:\t0\nSqWorkTime:\t0\nUserFiles:\t4\n"
+        "    0: /dev/null\n    2: socket:[77]\n    3: /dev/null\nUserBufs:\t0\nPollList:\n")
+
+
+def ring_task(proc: Path, pid: int, fdinfo: str) -> Path:
+    base = task(proc / str(pid), {"4": (uring.URING, None)})
+    (base / "fdinfo" / "4").write_text(fdinfo)
+    return base
+
+
+def test_a_gpu_node_registered_with_io_uring_is_held(proc: Path) -> None:
+    ring_task(proc, 70, RING)
+    assert devnodes.device_fds(70, DEVICES) == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
+
+
+def test_a_ring_whose_files_the_kernel_did_not_list_is_not_judged(proc: Path) -> None:
+    ring_task(proc, 70, "pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t1073\n")  # trylock lost
+    got = devnodes.judge_fds(70, DEVICES)
+    assert got is not None and got.held == []
+    assert got.unjudged == ["io_uring fd 4: the kernel did not list its registered files "
+                            "(the ring's lock was taken)"]
+
+
+@pytest.mark.parametrize("path, why", [
+    ("/gone/nvidia0", "cannot be looked up"),
+    ("/dev/nvidia0 (deleted)", "was deleted"),
+    ("/", "cannot be told from a directory"),  # what a detached bind mount shows
+])
+def test_a_registered_file_that_cannot_be_told_is_not_judged(proc: Path, path: str,
+                                                             why: str) -> None:
+    ring_task(proc, 70, RING.replace("    3: /dev/null", f"    3: {path}".replace(" (", "\\040(")))
+    got = devnodes.judge_fds(70, DEVICES)
+    assert got is not None and got.held == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
+    assert len(got.unjudged) == 1 and why in got.unjudged[0], got.unjudged
+
+
 MAPS = """\
-7f0000000000-7f0000001000 rw-s 00000000 00:05 6 /dev/nvidia0
-7f0000001000-7f0000002000 rw-s 00000000 00:05 6 /dev/nvidia0
+7f0000000000-7f0000001000 rw-s 00000000 00:05 6                          /dev/nvidia0
+7f0000001000-7f0000002000 rw-s 00000000 00:05 6                          /dev/nvidia0
 7f0000002000-7f0000003000 rw-p 00000000 00:00 0
-7f0000003000-7f0000004000 rw-p 00000000 00:00 0 [heap]
-7f0000004000-7f0000005000 r--p 00000000 fd:01 1234 /usr/lib/libc.so.6
-7f0000005000-7f0000006000 rw-s 00000000 00:2a 5 /mnt/fuse/gpu
+7f0000003000-7f0000004000 rw-p 00000000 00:00 0                          [heap]
+7f0000004000-7f0000005000 r--p 00000000 fd:01 1234                       /usr/lib/libc.so.6
+7f0000005000-7f0000006000 rw-s 00000000 00:2a 5                          /mnt/far/gpu
+00400000-00401000 rw-s 00000000 00:05 7                                  /dev/nvidia\x0c1
 """
 
 
@@ -159,22 +213,33 @@ def maps_task(proc: Path, pid: int, tmp_path: Path) -> Path:
     (tmp_path / "libc.so.6").write_bytes(b"\x7fELF")
     for first, target in (("7f0000000000", "/dev/null"), ("7f0000001000", "/dev/null"),
                           ("7f0000004000", str(tmp_path / "libc.so.6")),
-                          ("7f0000005000", "/dev/null")):
+                          ("7f0000005000", "/dev/null"), ("400000", "/dev/null")):
         last = f"{int(first, 16) + 0x1000:x}"
         os.symlink(target, base / "map_files" / f"{first}-{last}")
     return base
 
 
-def test_a_mapped_gpu_node_is_found_once_and_fuse_never_stated(proc: Path, tmp_path: Path,
-                                                                stats: list[str]) -> None:
+def test_a_mapped_gpu_node_is_found_once_and_a_risky_mount_never_stated(
+        proc: Path, tmp_path: Path, stats: list[str]) -> None:
     maps_task(proc, 90, tmp_path)
     cache = devnodes.ScanCache()
-    assert devnodes.device_maps(90, DEVICES, cache) == [f"/dev/nvidia0 (mmap {HIT[1:]}"]
+    want = [f"/dev/nvidia0 (mmap {HIT[1:]}", f"/dev/nvidia\x0c1 (mmap {HIT[1:]}"]
+    assert devnodes.device_maps(90, DEVICES, cache) == want
     assert sorted(os.path.basename(p) for p in stats) == [
-        "7f0000000000-7f0000001000", "7f0000004000-7f0000005000"]  # not the FUSE one
-    assert cache.rdevs[("fd:01", "1234")] == -1  # the library: no device, remembered
+        "400000-401000", "7f0000000000-7f0000001000",
+        "7f0000004000-7f0000005000"]  # not the 9p one; map_files names have no leading 0s
+    assert cache.rdevs[((253, 1), 1234)] == -1  # the library: no device, remembered
     stats.clear()
-    assert devnodes.device_maps(90, DEVICES, cache) and stats == []  # all from the cache
+    assert devnodes.device_maps(90, DEVICES, cache) == want and stats == []  # all cached
+
+
+def test_maps_past_the_cap_are_judged_by_what_was_read(proc: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    maps_task(proc, 90, tmp_path)
+    monkeypatch.setattr(devnodes, "MAX_MAPS", 100)  # the first line and a half
+    got = devnodes.judge_maps(90, DEVICES)
+    assert got.held == [f"/dev/nvidia0 (mmap {HIT[1:]}"]
+    assert got.unjudged == ["maps longer than 0 MiB: the mappings past it not judged"]
 
 
 def test_maps_of_a_gone_or_empty_process_hold_nothing(proc: Path) -> None:
@@ -188,7 +253,7 @@ def test_maps_of_a_zombie_leader_are_read_from_a_thread(proc: Path, tmp_path: Pa
     (proc / "93").mkdir(parents=True)
     (proc / "93" / "maps").write_text("")
     maps_task(proc / "93" / "task", 94, tmp_path)
-    assert devnodes.device_maps(93, DEVICES) == [f"/dev/nvidia0 (mmap {HIT[1:]}"]
+    assert devnodes.device_maps(93, DEVICES)[0] == f"/dev/nvidia0 (mmap {HIT[1:]}"
 
 
 def test_nvidia_majors_from_proc_devices(tmp_path: Path) -> None:
@@ -196,3 +261,17 @@ def test_nvidia_majors_from_proc_devices(tmp_path: Path) -> None:
     f.write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n195 nvidia\n"
                  "508 nvidia-uvm\n509 nvidia-caps\n10 misc\n\nBlock devices:\n 259 nvidia-x\n")
     assert devnodes.nvidia_majors(str(f)) == frozenset({195, 508, 509})
+
+
+def test_still_holds_stops_at_the_first_node_and_keeps_what_it_cannot_rule_out(
+        proc: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stats: list[str]) -> None:
+    (tmp_path / "data.bin").write_bytes(b"x")
+    task(proc / "70", {"0": ("/dev/null", 25), "1": ("/dev/null", 25)}, mountinfo=SAFE_MOUNTINFO)
+    assert devnodes.still_holds(70, DEVICES) and len(stats) == 1  # the first node is enough
+    task(proc / "71", {"0": (str(tmp_path / "data.bin"), 26)}, mountinfo=SAFE_MOUNTINFO)
+    assert not devnodes.still_holds(71, DEVICES)
+    assert not devnodes.still_holds(72, DEVICES)  # gone
+    monkeypatch.setattr(devnodes, "MAX_FDS", 1)  # the node past the cap: not ruled out
+    task(proc / "73", {str(n): (str(tmp_path / "data.bin"), 26) for n in range(3)},
+         mountinfo=SAFE_MOUNTINFO)
+    assert devnodes.still_holds(73, DEVICES)

@@ -12,7 +12,7 @@ import pytest
 from pveclean.core.discovery import stall_problem
 from pveclean.core.gpumap import full_name
 from pveclean.core.records import GpuDevices
-from pveclean.host import devnodes, hostscan
+from pveclean.host import hostscan
 from tests.helpers import DEVICES, NULL
 
 NODE = f"/dev/null ({os.major(NULL)}:{os.minor(NULL)})"
@@ -59,53 +59,6 @@ def test_host_pids_without_lxc_or_root_are_what_can_be_read(tmp_path: Path) -> N
     assert hostscan.host_pids(tmp_path / "gone") == {}
 
 
-def test_needles_are_the_node_names_none_inside_another() -> None:
-    devices = GpuDevices({1: "/dev/nvidia0", 2: "/dev/nvidiactl", 3: "/dev/dri/card1"},
-                         frozenset())
-    assert hostscan._needles(devices) == (b"card1", b"nvidia")
-
-
-def test_maps_mention_looks_for_a_needle_in_the_raw_maps(proc: Path) -> None:
-    process(proc, 10, maps="7f0-7f1 rw-s 0 00:05 6 /dev/nvidia0\n")
-    process(proc, 11, maps="7f0-7f1 r--p 0 fd:01 9 /usr/lib/libc.so.6\n")
-    assert hostscan._maps_mention(10, (b"nvidia",))
-    assert not hostscan._maps_mention(11, (b"nvidia",))
-    assert not hostscan._maps_mention(12, (b"nvidia",))  # gone
-
-
-def test_fds_of_the_same_namespace_look_a_path_up_once(proc: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    process(proc, 20)
-    process(proc, 21)
-    asked: list[str] = []
-    real = devnodes.fd_char_rdev
-    monkeypatch.setattr(devnodes, "fd_char_rdev",
-                        lambda base, *a: asked.append(base) or real(base, *a))
-    cache: dict[str, str | None] = {}
-    mounts = devnodes.ScanCache()
-    assert hostscan._fds(20, DEVICES, True, cache, mounts) == [NODE]
-    assert hostscan._fds(21, DEVICES, True, cache, mounts) == [NODE]
-    assert asked == [f"{proc}/20"] and cache == {"/dev/null": NODE}
-    assert hostscan._fds(21, DEVICES, False, cache, mounts) == [NODE]  # another namespace
-    assert asked == [f"{proc}/20", f"{proc}/21"]
-    assert hostscan._fds(22, DEVICES, True, cache, mounts) is None  # gone
-
-
-def test_fds_look_only_at_what_may_be_a_node(proc: Path, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    d = process(proc, 23, node=False)
-    (tmp_path / "model.bin").write_bytes(b"w")
-    os.symlink(str(tmp_path / "model.bin"), d / "fd" / "4")
-    monkeypatch.setattr(devnodes, "fd_char_rdev", lambda *a: pytest.fail(f"looked at {a}"))
-    assert hostscan._fds(23, DEVICES, True, {}, devnodes.ScanCache()) == []
-
-
-def test_mntns_reads_the_namespace_link(proc: Path) -> None:
-    process(proc, 24)
-    assert hostscan._mntns(24) == "mnt:[4026531840]"
-    assert hostscan._mntns(25) is None
-
-
 def test_a_share_names_its_holders_and_passes_over_the_rest(proc: Path) -> None:
     process(proc, 30, comm="nvidia-persiste", cmdline=b"/usr/bin/nvidia-persistenced\0--v\0")
     process(proc, 31, node=False)
@@ -114,10 +67,12 @@ def test_a_share_names_its_holders_and_passes_over_the_rest(proc: Path) -> None:
             maps="7f0-7f1 rw-s 00000000 00:05 6 /dev/nvidia0\n")
     (proc / "33" / "map_files").mkdir()
     os.symlink("/dev/null", proc / "33" / "map_files" / "7f0-7f1")
-    found = hostscan.w_host_share([(30, "/system.slice/nvidia-persistenced.service"),
-                                   (31, "/"), (32, "/"), (33, "/user.slice"), (34, "/")],
-                                  DEVICES, "mnt:[4026531840]", (b"nvidia",), frozenset(),
-                                  None)
+    os.symlink("/gone/file", proc / "31" / "fd" / "7")  # its stat fails: not judged
+    found, unjudged = hostscan.w_host_share(
+        [(30, "/system.slice/nvidia-persistenced.service"), (31, "/"), (32, "/"),
+         (33, "/user.slice"), (34, "/")], DEVICES, frozenset(), None)
+    assert unjudged == ["host PID 31: fd 7 (/gone/file): statx failed (No such file or "
+                        "directory); not judged"]
     assert [(p.host_pid, p.name, p.unit, p.devices) for p in found] == [
         (30, "nvidia-persistenced", "nvidia-persistenced.service", [NODE]),
         (33, "python3", None, [f"/dev/nvidia0 (mmap {NODE.split(' (')[1]}"])]
