@@ -8,7 +8,6 @@ ExitCode.REFUSE (see errors.py); the others always exit 0.
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 
@@ -95,9 +94,11 @@ def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> dict[str
 
 
 def _container_minors(ctconf: pveconf.CtConfig | None) -> set[int]:
-    """N of each /dev/nvidiaN the container's config (as the run read it) passes through."""
-    paths = ctconf.gpu_paths() if ctconf is not None else []
-    return {int(m.group(1)) for p in paths if (m := re.fullmatch(r"/dev/nvidia(\d+)", p))}
+    """N of each host /dev/nvidiaN the container's config (as the run read it) passes
+    through, wherever it lands inside; empty when it grants every GPU or none is known (the
+    leak check then looks at the GPUs the pre-stop report saw in use, else at all)."""
+    minors = ctconf.gpu().minors if ctconf is not None else None
+    return set(minors or ())
 
 
 def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) -> int:
