@@ -127,8 +127,22 @@ class Api:
 
     # ---- reading ------------------------------------------------------------------------
     def nodes(self) -> dict[str, bool]:
-        """Node name -> online."""
-        return {str(n["node"]): n.get("status") == "online" for n in self._call("get", "/nodes")}
+        """Node name -> online, by cluster membership (/cluster/status, from corosync through
+        pmxcfs; a standalone node lists itself). Not /nodes: that says `online` only while
+        pvestatd's data is under 5 minutes old (API2Tools::extract_node_stats), and a
+        pvestatd hung on a dead NFS storage would make every node look offline."""
+        return {str(n["name"]): bool(int(n.get("online") or 0))
+                for n in self._call("get", "/cluster/status") if n.get("type") == "node"}
+
+    def stale_nodes(self, members: dict[str, bool]) -> list[str]:
+        """Member nodes online whose pvestatd has not reported for 5 minutes (/nodes says
+        `unknown`): their guests' states in /cluster/resources are old. A hint only."""
+        try:
+            listed = self._call("get", "/nodes")
+        except PvecleanError:
+            return []
+        return sorted(str(n.get("node")) for n in listed or ()
+                      if members.get(str(n.get("node"))) and n.get("status") == "unknown")
 
     def local_node(self) -> str:
         """This machine's node: the one pvesh runs on (local backend); with the https
