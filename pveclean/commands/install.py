@@ -30,13 +30,17 @@ from pveclean.proxmox.snippets import parse_volid
 
 
 # ---- install ----------------------------------------------------------------------------
-def _targets(api: Api, plan: Plan, vmids: list[int],
-             online: dict[str, bool]) -> list[tuple[Container, pveconf.CtConfig]]:
+def _targets(api: Api, plan: Plan, vmids: list[int], online: dict[str, bool],
+             gone: list[int] | None = None) -> list[tuple[Container, pveconf.CtConfig]]:
+    """The containers `vmids` names; one that does not exist is a problem, or, when `gone`
+    is given, goes there (uninstall removes what pveclean left for it)."""
     cts = {c.vmid: c for c in api.containers()}
     out = []
     for vmid in vmids:
         c = cts.get(vmid)
-        if c is None:
+        if c is None and gone is not None:
+            gone.append(vmid)
+        elif c is None:
             plan.problem(f"CT {vmid} does not exist in this cluster", ExitCode.ACCESS)
         elif not online.get(c.node, False):
             plan.problem(f"CT {vmid}: its node {c.node} is offline", ExitCode.ACCESS)
@@ -267,10 +271,23 @@ def _apply_dropins(cfg: Config, plan: Plan, out: Outcome) -> None:
 def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
     plan = Plan("uninstall")
     here, online = api.local_node(), api.nodes()
-    seen = _all(api, plan, online) if all_ else _targets(api, plan, vmids, online)
+    gone: list[int] = []
+    seen = _all(api, plan, online) if all_ else _targets(api, plan, vmids, online, gone)
     removed: set[str] = set()
     still_used: set[str] = set()
     dropin_vmids = set(dropin.installed(cfg)) if all_ else set()
+    for vmid in gone:  # destroyed: its drop-in would run for the next container of that VMID
+        left = dropin.is_ours(dropin.dropin_path(cfg, vmid)), chain.read_record(cfg, vmid)
+        if not any(left):
+            plan.problem(f"CT {vmid} does not exist in this cluster, and pveclean left "
+                         "nothing for it on this node", ExitCode.ACCESS)
+            continue
+        plan.notes.append(f"CT {vmid} no longer exists: removing what pveclean left for it "
+                          "on this node")
+        if left[0]:
+            dropin_vmids.add(vmid)
+        if left[1]:
+            plan.forget_chains.append(vmid)
     for c, _conf in seen:
         if c.node == here and dropin.is_ours(dropin.dropin_path(cfg, c.vmid)):
             dropin_vmids.add(c.vmid)
@@ -337,6 +354,9 @@ def apply_uninstall(api: Api, cfg: Config, plan: Plan) -> Outcome:
                 continue
             out.done.append(f"CT {s.vmid}: hookscript {want or 'removed'}")
             chain.remove_record(cfg, s.vmid)
+    for vmid in plan.forget_chains:
+        chain.remove_record(cfg, vmid)
+        out.done.append(f"CT {vmid}: its chain record removed")
     _apply_dropins(cfg, plan, out)
     if out.errors:
         return out

@@ -112,3 +112,21 @@ def test_locked_container_and_bad_input(host: Lab, vmid: int) -> None:
         res = pveclean(host, *args)
         assert res.returncode in (2, 3) and needle in res.stderr, (args, res.stderr)
         assert all(ln.startswith("pveclean: ") for ln in res.stderr.splitlines()), res.stderr
+
+
+def test_uninstall_of_a_destroyed_container_removes_its_dropin(host: Lab, vmid: int) -> None:
+    """`pct destroy` leaves /etc/systemd/system/pve-container@N.service.d behind: a later
+    container with that VMID would run pveclean's checks. uninstall N removes it."""
+    units = host.root / "systemd"
+    host.write_config(state_dir=str(host.root / "state"), systemd_dir=str(units))
+    host.create_ct(vmid, gpus=(0,), start=False)
+    assert pveclean(host, "install", str(vmid), "--enable-snippets", "--systemd").returncode == 0
+    dropin = units / f"pve-container@{vmid}.service.d/pveclean.conf"
+    assert dropin.is_file()
+    (host.root / "etc/pve/lxc" / f"{vmid}.conf").unlink()  # destroy_lxc_container's end
+    res = pveclean(host, "uninstall", str(vmid))
+    assert res.returncode == 0, res.stderr
+    assert f"CT {vmid} no longer exists: removing what pveclean left for it" in res.stdout
+    assert not dropin.exists()
+    again = pveclean(host, "uninstall", str(vmid))
+    assert again.returncode == 3 and "pveclean left nothing for it" in again.stderr
