@@ -105,10 +105,11 @@ def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage
         content = [c for c in st.content if c != "none"] + ["snippets"]
         if enable_snippets:
             plan.enable_snippets = content
-        else:
-            plan.problem(f"storage '{storage}' does not allow snippets; enable them with: "
-                         f"pvesm set {storage} --content {','.join(content)} "
-                         "(or rerun with --enable-snippets)")
+        else:  # PVE::GuestHelpers::check_hookscript checks the path, never the content list
+            plan.notes.append(f"storage '{storage}' does not list snippets: the hookscript "
+                              "runs anyway, but the GUI and 'pvesm list' do not show it; to "
+                              f"show it: pvesm set {storage} --content {','.join(content)} "
+                              "(or rerun with --enable-snippets)")
     majors = devnodes.nvidia_majors()
     if all_gpu:
         targets = []
