@@ -167,7 +167,7 @@ def _dropin_step(cfg: Config, plan: Plan, c: Container, here: str) -> None:
 def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf.CtConfig,
                   volid: str, chain_existing: bool, here: str) -> None:
     cur = conf.hookscript
-    step = Step(c.vmid, c.node, "set", before=cur, after=volid)
+    step = Step(c.vmid, c.node, "set", before=cur, after=volid, digest=conf.digest)
     rec = chain.read_record(cfg, c.vmid) if c.node == here else None
     if cur == volid:
         step.action = "unchanged"
@@ -228,7 +228,7 @@ def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
             elif s.before is None:
                 chain.remove_record(cfg, s.vmid)  # a stale record must not run
             try:
-                api.set_hookscript(s.node, s.vmid, s.after)
+                api.set_hookscript(s.node, s.vmid, s.after, s.digest)
             except PvecleanError:
                 if not _hookscript_is(api, s.node, s.vmid, s.after):
                     if s.action == "chain":
@@ -316,9 +316,10 @@ def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
             continue
         rec = chain.read_record(cfg, c.vmid)
         if rec:
-            plan.steps.append(Step(c.vmid, c.node, "restore", before=cur, after=rec[0]))
+            plan.steps.append(Step(c.vmid, c.node, "restore", before=cur, after=rec[0],
+                                   digest=conf.digest))
         else:
-            plan.steps.append(Step(c.vmid, c.node, "delete", before=cur))
+            plan.steps.append(Step(c.vmid, c.node, "delete", before=cur, digest=conf.digest))
         removed.add(str(cur))
     if all_ and not any(not up for up in online.values()):
         for volid in sorted(removed - still_used):
@@ -336,10 +337,10 @@ def apply_uninstall(api: Api, cfg: Config, plan: Plan) -> Outcome:
         try:
             if s.action == "restore":
                 assert s.after is not None
-                api.set_hookscript(s.node, s.vmid, s.after)
+                api.set_hookscript(s.node, s.vmid, s.after, s.digest)
                 out.done.append(f"CT {s.vmid}: hookscript {s.after} restored")
             elif s.action == "delete":
-                api.delete_hookscript(s.node, s.vmid)
+                api.delete_hookscript(s.node, s.vmid, s.digest)
                 out.done.append(f"CT {s.vmid}: hookscript {s.before} removed")
             else:
                 continue

@@ -20,6 +20,7 @@ class Step:
     chained: str | None = None  # the script the hook runs too (install --chain)
     chained_path: str | None = None
     note: str = ""
+    digest: str | None = None  # the config's digest when planned: a change since is refused
 
 
 @dataclass

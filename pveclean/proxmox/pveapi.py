@@ -189,11 +189,17 @@ class Api:
         return {str(i["volid"]) for i in items if i.get("volid")}
 
     # ---- changing -----------------------------------------------------------------------
-    def set_hookscript(self, node: str, vmid: int, volid: str) -> None:
-        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", hookscript=volid)
+    def set_hookscript(self, node: str, vmid: int, volid: str, digest: str | None = None
+                       ) -> None:
+        """With the `digest` of the config it was planned on, Proxmox refuses the change if
+        the config changed since (PVE::AbstractConfig's assert_if_modified): a hookscript set
+        in between is never overwritten unchained."""
+        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", hookscript=volid,
+                   **({"digest": digest} if digest else {}))
 
-    def delete_hookscript(self, node: str, vmid: int) -> None:
-        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", delete="hookscript")
+    def delete_hookscript(self, node: str, vmid: int, digest: str | None = None) -> None:
+        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", delete="hookscript",
+                   **({"digest": digest} if digest else {}))
 
     def set_storage_content(self, storage: str, content: list[str]) -> None:
         self._call("put", f"/storage/{storage}", content=",".join(content))
@@ -205,7 +211,8 @@ def config_from_api(vmid: int, data: dict[str, Any]) -> pveconf.CtConfig:
     for pair in data.get("lxc") or []:
         if isinstance(pair, list | tuple) and len(pair) == 2:
             lines.append((str(pair[0]), str(pair[1])))
-    return pveconf.CtConfig(vmid, lines)
+    digest = data.get("digest")
+    return pveconf.CtConfig(vmid, lines, digest=str(digest) if digest else None)
 
 
 def connect(cfg: Config) -> Api:

@@ -98,6 +98,7 @@ class CtConfig:
     lines: list[tuple[str, str]] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
     pending: list[tuple[str, str]] = field(default_factory=list)
+    digest: str | None = None  # the API's: what a change passes back (assert_if_modified)
 
     def get(self, key: str) -> str | None:
         for k, v in reversed(self.lines):

@@ -25,6 +25,7 @@ Usage: pct.py --lab DIR <subcommand> ...
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shlex
 import signal
@@ -437,15 +438,25 @@ def wait_unit_inactive(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def cmd_set(lab: Lab, args: list[str]) -> None:
-    """PVE::API2::LXC::Config update_vm: under lock_config, load the config, check_lock,
-    then for `hookscript` PVE::GuestHelpers::check_hookscript (snippets type, -f, -x) and
-    write the config (PVE::LXC::Config::write_pct_config)."""
+def config_digest(lab: Lab, vmid: str) -> str:
+    """PVE::LXC::Config::parse_pct_config: the digest is sha1_hex of the raw file."""
+    return hashlib.sha1(lab.conf_path(vmid).read_bytes()).hexdigest()
+
+
+def cmd_set(lab: Lab, args: list[str], digest: str | None = None) -> None:
+    """PVE::API2::LXC::Config update_vm: under lock_config, load the config,
+    PVE::AbstractConfig::assert_if_modified (a `digest` that is not the file's: "detected
+    modified configuration"), check_lock, then for `hookscript`
+    PVE::GuestHelpers::check_hookscript (snippets type, -f, -x) and write the config
+    (PVE::LXC::Config::write_pct_config)."""
     vmid = args[0]
     lab.read_conf(vmid)  # the config must exist before the lock is taken
     lock = lab.lock(vmid)
     try:
         conf = lab.read_conf(vmid)  # read again under the lock: it may have changed
+        if digest and digest != config_digest(lab, vmid):
+            raise PctError("detected modified configuration - file changed by other user? "
+                           "Try again.")
         held = dict(conf).get("lock")
         if held:  # PVE::AbstractConfig::check_lock
             raise PctError(f"CT is locked ({held})")

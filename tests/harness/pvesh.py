@@ -107,7 +107,7 @@ def ct_config(lab: pct.Lab, vmid: str, current: bool = False) -> dict[str, Any]:
             data[k] = int(v) if v.isdigit() and k in ("memory", "swap", "cores") else v
     if raw:
         data["lxc"] = raw
-    data["digest"] = "0" * 40
+    data["digest"] = pct.config_digest(lab, vmid)
     return data
 
 
@@ -161,7 +161,7 @@ def handle(lab: pct.Lab, method: str, path: str, opts: dict[str, str]) -> Any:
             args += ["--delete", opts["delete"]]
         if len(args) == 1:
             raise pct.PctError("no options specified")
-        pct.cmd_set(lab, args)
+        pct.cmd_set(lab, args, opts.get("digest"))
         return None
     if len(parts) == 2 and parts[0] == "storage":  # PVE::API2::Storage::Config read/update
         cfg = read_storage_cfg(storage_cfg)
