@@ -29,8 +29,8 @@ PCT_PY = HERE / "pct.py"
 
 # GPU node name -> candidate device numbers: real drivers whose nodes open without hardware
 # and that nothing on a normal host keeps open (a number some process holds is skipped, so
-# labs running at once take different ones: each needs five). nvidia-uvm gets /dev/zero's number because
-# that driver supports a private mmap, so "holds only a mapping" can be tested.
+# labs running at once take different ones: each needs five). nvidia-uvm gets /dev/zero's
+# number because that driver supports a private mmap, so "holds only a mapping" can be tested.
 GPU_NODES = ["nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"]
 CANDIDATES = [(1, 7), (10, 229), (10, 237), (10, 234), (10, 200), (10, 232), (10, 236),
               (1, 8), (1, 9), (10, 257), (10, 258), (10, 256), (203, 0), (203, 1), (1, 11)]
