@@ -8,6 +8,7 @@ ExitCode.REFUSE (see errors.py); the others always exit 0.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -24,7 +25,7 @@ from pveclean.host.configfile import load
 from pveclean.host.nvml import Nvml
 from pveclean.host.prelude import NvmlWorker
 from pveclean.host.reads import Reads
-from pveclean.proxmox import chain, pveconf
+from pveclean.proxmox import chain, pveconf, tasks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,6 +44,13 @@ def _where(res: RunResult) -> str:
 
 
 def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
+    """A stop that kills the container (pct stop, destroy, rollback): its GPU holders get
+    their grace now. Any other stop (a shutdown, reboot, backup or migration, or no task
+    known) is the guest's to do: the holders are recorded and post-stop cleans what it
+    leaves (proxmox/tasks.py)."""
+    task = tasks.running_task()
+    if task is None or not task.kills:
+        return _pre_shutdown(vmid, cfg, nvml, task)
     res = clean(vmid, cfg, phase="pre-stop", worker=nvml.warm(cfg, vmid))
     rep = res.report
     if rep.busy:
@@ -61,6 +69,23 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
         why = f": {names}" if left else f" or cannot be ruled out: {_first_error(rep)}"
         say(f"pveclean: WARNING: CT {vmid} pre-stop: {len(left)} GPU holder(s) REMAIN after "
             f"{dur:.1f} s{why}; GPU memory may stay allocated; {_where(res)}")
+    _unsaved(res)
+    return 0
+
+
+def _pre_shutdown(vmid: int, cfg: Config, nvml: NvmlWorker, task: tasks.Task | None) -> int:
+    """Record what holds GPUs as the guest begins its own shutdown; signal nothing."""
+    deadline = start_deadline(cfg.deadline_seconds)
+    what = f"a {task.type} task" if task is not None else "no Proxmox task known"
+    res = clean(vmid, cfg, phase="pre-stop", dry_run=True, write_report=False,
+                worker=nvml.warm(cfg, vmid), deadline=deadline)
+    rep = dataclasses.replace(res.report, verdict=Verdict.DEFERRED).with_warning(
+        f"clean shutdown ({what}): holders recorded, not signalled; the guest shuts them "
+        "down, and post-stop stops and reports whatever it leaves")
+    res = finish(rep, cfg, deadline=deadline)
+    n = len(rep.holders)
+    say(f"pveclean: CT {vmid} pre-stop: clean shutdown ({what}): {n} GPU holder(s) left "
+        f"to the guest; post-stop cleans what remains; {_where(res)}")
     _unsaved(res)
     return 0
 

@@ -230,10 +230,23 @@ class Lab:
         return "\n".join(lines) + "\n"
 
 
-def run_hook(lab: Lab, vmid: str, phase: str, capture: bool = False) -> tuple[int, str]:
+def task_title(vmid: str, kind: str) -> str:
+    """PVE::RESTEnvironment::fork_worker names its worker `task <UPID>` ($0); PVE::UPID
+    encodes node, pid, pstart, start time, type, id and user."""
+    return (f"task UPID:{NODE}:{os.getpid():08X}:{0:08X}:{int(time.time()):08X}:"
+            f"{kind}:{vmid}:root@pam:")
+
+
+# The worker that runs the hook: a process whose argv[0] is the task's title.
+WORKER = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
+
+
+def run_hook(lab: Lab, vmid: str, phase: str, capture: bool = False,
+             task: str | None = None) -> tuple[int, str]:
     """PVE::GuestHelpers::exec_hookscript: check_hookscript (resolve the volume now; -f, -x;
     no owner or mode check), then PVE::Tools::run_command([$script, $vmid, $phase]): no
-    shell, no timeout, LC_ALL=C, the rest of the caller's environment inherited."""
+    shell, no timeout, LC_ALL=C, the rest of the caller's environment inherited. `task`: the
+    fork_worker type the phase runs in (the script is then that worker's child)."""
     script = lab.hookscript(vmid)
     if script is None:
         return 0, ""
@@ -247,9 +260,12 @@ def run_hook(lab: Lab, vmid: str, phase: str, capture: bool = False) -> tuple[in
     os.close(w)  # stdin: a pipe closed at once, as PVE::Tools::run_command does
     env = dict(os.environ)
     env["LC_ALL"] = "C"  # PVE::Tools::run_command (PVE::Cmd: local $ENV{LC_ALL} = 'C')
+    argv = [str(script), vmid, phase]
+    if task is not None:
+        argv = [task_title(vmid, task), "-c", WORKER, *argv]
     try:
         proc = subprocess.run(
-            [str(script), vmid, phase],
+            argv, executable=sys.executable if task is not None else None,
             stdin=r, env=env, check=False,
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.STDOUT if capture else None,
@@ -260,11 +276,11 @@ def run_hook(lab: Lab, vmid: str, phase: str, capture: bool = False) -> tuple[in
     return proc.returncode, proc.stdout or ""
 
 
-def hook_phase(lab: Lab, vmid: str, phase: str, fatal: bool) -> None:
+def hook_phase(lab: Lab, vmid: str, phase: str, fatal: bool, task: str | None = None) -> None:
     """exec_hookscript's error handling: `hookscript error for <vmid> on <phase>: ...`,
     fatal ($stop_on_error) only for pre-start, a warning otherwise."""
     try:
-        code, _ = run_hook(lab, vmid, phase)
+        code, _ = run_hook(lab, vmid, phase, task=task)
     except PctError as exc:
         if fatal:
             raise
@@ -370,10 +386,10 @@ def cmd_start(lab: Lab, args: list[str]) -> None:
     try:
         if lab.state(vmid) == "running":
             raise PctError(f"CT {vmid} already running")
-        hook_phase(lab, vmid, "pre-start", fatal=True)
+        hook_phase(lab, vmid, "pre-start", fatal=True, task="vzstart")
         (lab.lxcpath / vmid / "config").write_text(lab.lxc_config(vmid))
         systemctl_start(lab, vmid)
-        hook_phase(lab, vmid, "post-start", fatal=False)
+        hook_phase(lab, vmid, "post-start", fatal=False, task="vzstart")
     finally:
         os.close(lock)
 
@@ -398,36 +414,48 @@ def wait_monitor_gone(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def _stop(lab: Lab, vmid: str, lxc_args: list[str]) -> None:
-    """PVE::LXC::vm_stop under lock_config: pre-stop hook, lxc-stop, then wait for the
-    monitor to exit, so post-stop runs while the lock is still held."""
+def _stop(lab: Lab, vmid: str, lxc_args: list[str], task: str,
+          timeout: float | None = None) -> None:
+    """PVE::LXC::vm_stop under lock_config, in a `task` worker: pre-stop hook, lxc-stop (with
+    --kill; or --timeout T, and --nokill unless the caller kills after the timeout), then
+    wait for the monitor to exit, so post-stop runs while the lock is still held. An lxc-stop
+    that fails (the guest did not shut down in time, --nokill): "container did not stop"."""
     lab.read_conf(vmid)
     lock = lab.lock(vmid)
     try:
         if lab.state(vmid) != "running":
             raise PctError(f"CT {vmid} not running")
-        hook_phase(lab, vmid, "pre-stop", fatal=False)
-        subprocess.run(["lxc-stop", "-P", str(lab.lxcpath), "-n", vmid, *lxc_args], check=False)
+        hook_phase(lab, vmid, "pre-stop", fatal=False, task=task)
+        done = subprocess.run(["lxc-stop", "-P", str(lab.lxcpath), "-n", vmid, *lxc_args],
+                              check=False, timeout=None if timeout is None else timeout + 5)
+        if done.returncode != 0 and "--nokill" in lxc_args:
+            raise PctError("container did not stop")
         wait_monitor_gone(lab, vmid)
     finally:
         os.close(lock)
 
 
 def cmd_stop(lab: Lab, args: list[str]) -> None:
-    _stop(lab, args[0], ["--kill"])
+    """PVE::API2::LXC::Status vm_stop: a vzstop task, vm_stop($vmid, 1)."""
+    _stop(lab, args[0], ["--kill"], "vzstop")
 
 
 def cmd_shutdown(lab: Lab, args: list[str]) -> None:
+    """PVE::API2::LXC::Status vm_shutdown: a vzshutdown task, vm_stop($vmid, 0, $timeout,
+    $forceStop): `lxc-stop --timeout T --nokill` unless --forceStop."""
     timeout = "60"
     if "--timeout" in args:
         timeout = args[args.index("--timeout") + 1]
-    _stop(lab, args[0], ["--timeout", timeout])
+    force = "--forceStop" in args and args[args.index("--forceStop") + 1] in ("1", "true")
+    _stop(lab, args[0], ["--timeout", timeout] + ([] if force else ["--nokill"]),
+          "vzshutdown", float(timeout))
 
 
 def cmd_reboot(lab: Lab, args: list[str]) -> None:
-    """PVE::LXC::vm_reboot: vm_stop then vm_start (all four hook phases run)."""
+    """PVE::LXC::vm_reboot in a vzreboot task: vm_stop($vmid, 0, $timeout, 1) (killed after
+    the timeout), then vm_start (all four hook phases run)."""
     vmid = args[0]
-    _stop(lab, vmid, ["--timeout", "60"])
+    _stop(lab, vmid, ["--timeout", "60"], "vzreboot", 60.0)
     wait_unit_inactive(lab, vmid)
     cmd_start(lab, [vmid])
 
