@@ -25,7 +25,7 @@ from pveclean.host.configfile import load
 from pveclean.host.nvml import Nvml
 from pveclean.host.prelude import NvmlWorker
 from pveclean.host.reads import Reads
-from pveclean.proxmox import chain, pveconf, tasks
+from pveclean.proxmox import chain, pveconf, startrecord, tasks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -126,6 +126,15 @@ def _container_minors(ctconf: pveconf.CtConfig | None) -> set[int]:
     return set(minors or ())
 
 
+def _pre_stop_config(pre: dict[str, Any] | None, vmid: int) -> pveconf.CtConfig | None:
+    """The GPU lines the pre-stop report of this stop read (the config before post-stop's
+    pending changes were applied)."""
+    lines = ((pre or {}).get("container") or {}).get("gpu_config")
+    if not isinstance(lines, list):
+        return None
+    return pveconf.parse_config("\n".join(str(x) for x in lines), vmid)
+
+
 def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) -> int:
     """The container's processes are gone: is the GPU memory they had released?
     NVML is asked in the run's worker, within the run's deadline (see worker.py). `via`:
@@ -149,7 +158,11 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
         if memory is None or procs is None:
             rep = rep.with_warning(f"post-stop memory check skipped: {reads.nvml_error}")
         else:
-            leaks = find_leaks(memory, procs, _container_minors(res.ctconf), gpus_used(pre))
+            ran_with = (startrecord.started_with(cfg, vmid) or _pre_stop_config(pre, vmid)
+                        or res.ctconf)
+            grant = ran_with.gpu() if ran_with is not None else None
+            if grant is None or grant.any or grant.allow_all:  # else it had no GPU to leak
+                leaks = find_leaks(memory, procs, _container_minors(ran_with), gpus_used(pre))
     rep = rep.with_leaks(leaks, pre)
     res = finish(rep, cfg, deadline=deadline)
     _unsaved(res)
@@ -171,6 +184,8 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
     """`nvml` was not forked ahead: a start asks NVML nothing unless something is left (see
     prelude.forks_early). `via`: as post_stop's."""
     res = clean(vmid, cfg, phase="pre-start", write_report=False, worker=nvml.warm(cfg, vmid))
+    if res.ctconf is not None:
+        startrecord.write(cfg, vmid, res.ctconf.gpu_lines())
     rep = res.report.ran_by(via)
     if rep.busy:
         res = finish(rep, cfg)

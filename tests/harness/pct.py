@@ -506,6 +506,31 @@ def cmd_set(lab: Lab, args: list[str], digest: str | None = None) -> None:
         os.close(lock)
 
 
+def apply_pending(lab: Lab, vmid: str) -> None:
+    """lxc-pve-poststop-hook: PVE::LXC::Config::vmconfig_apply_pending before the hookscript's
+    post-stop (and before the reboot check): [pve:pending] values replace the current ones,
+    its `delete` list removes keys, and the section goes."""
+    sections = lab.read_sections(vmid)
+    pending = sections.get("pve:pending")
+    if not pending:
+        return
+    current = list(sections[""])  # raw lxc.* keys may repeat
+    for k, v in pending:
+        if k == "delete":
+            continue
+        at = [i for i, (key, _) in enumerate(current) if key == k and not k.startswith("lxc.")]
+        if at:
+            current[at[0]] = (k, v)
+        else:
+            current.append((k, v))
+    gone = {k.strip().lstrip("!") for k in dict(pending).get("delete", "").split(",")}
+    text = "".join(f"{k}: {v}\n" for k, v in current if k not in gone)
+    for name, lines in sections.items():  # snapshots stay
+        if name not in ("", "pve:pending"):
+            text += f"\n[{name}]\n" + "".join(f"{k}: {v}\n" for k, v in lines)
+    lab.conf_path(vmid).write_text(text)
+
+
 def poststop(lab: Lab) -> None:
     """LXC's post-stop hook, like src/lxc-pve-poststop-hook: output only to a log. With
     LXC_TARGET=reboot (a reboot from inside the guest) it writes /var/lib/lxc/<vmid>/reboot
@@ -514,6 +539,7 @@ def poststop(lab: Lab) -> None:
     vmid = os.environ.get("LXC_NAME", "")
     if not vmid or not lab.conf_path(vmid).exists():
         return
+    apply_pending(lab, vmid)
     log = lab.root / "log"
     log.mkdir(exist_ok=True)
     if os.environ.get("LXC_TARGET") == "reboot":
