@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Callable
 
 from pveclean.cleanup import cgroup_root, clean, finish, reserve_for
 from pveclean.core.config import PHASES, Config
@@ -32,7 +33,20 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+Sink = Callable[[str, str], None]  # (text, priority: info, warning or err)
+_sink: Sink | None = None  # where a phase's lines go instead of stdout (the drop-in's journal)
+
+
+def redirect(sink: Sink | None) -> None:
+    """Send every line a phase says (and an unsaved report) to `sink` from now on."""
+    global _sink
+    _sink = sink
+
+
 def say(text: str) -> None:
+    if _sink is not None:
+        _sink(text, "warning" if ": WARNING:" in text or "refusing" in text else "info")
+        return
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
@@ -100,8 +114,11 @@ def _unsaved(res: RunResult) -> None:
     """A report that could not be written goes to stderr (the task log) in full; the syslog
     line was sent by finish()."""
     if res.report_error:
-        sys.stderr.write("--- pveclean report (not saved) ---\n"
-                         + reportfiles.to_yaml(res.report.as_dict()))
+        text = "--- pveclean report (not saved) ---\n" + reportfiles.to_yaml(res.report.as_dict())
+        if _sink is not None:
+            _sink(text, "err")
+            return
+        sys.stderr.write(text)
         sys.stderr.flush()
 
 
@@ -185,7 +202,7 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
     prelude.forks_early). `via`: as post_stop's."""
     res = clean(vmid, cfg, phase="pre-start", write_report=False, worker=nvml.warm(cfg, vmid))
     if res.ctconf is not None:
-        startrecord.write(cfg, vmid, res.ctconf.gpu_lines())
+        startrecord.write(cfg, vmid, res.ctconf.gpu_lines(), by_hook=via is None)
     rep = res.report.ran_by(via)
     if rep.busy:
         res = finish(rep, cfg)

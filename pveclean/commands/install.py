@@ -148,20 +148,22 @@ def _dropin_step(cfg: Config, plan: Plan, c: Container, here: str) -> None:
         plan.notes.append(f"CT {c.vmid} is on node {c.node}: its systemd drop-in goes on that "
                           f"node; run pveclean install --systemd {c.vmid} there")
         return
-    path = dropin.dropin_path(cfg, c.vmid)
-    text = dropin.dropin_text(c.vmid, pveclean_bin(), config_file(cfg))
-    try:
-        old = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        plan.dropins.append((c.vmid, path, "create", text))
-        return
-    except OSError as exc:
-        plan.problem(f"cannot read {path}: {exc.strerror}", ExitCode.ACCESS)
-        return
-    if dropin.MARKER not in old:
-        plan.problem(f"{path} exists and is not pveclean's drop-in; not overwriting it")
-        return
-    plan.dropins.append((c.vmid, path, "unchanged" if old == text else "update", text))
+    for unit in dropin.UNITS:  # pve-container@ and pve-container-debug@ (pct start --debug)
+        path = dropin.dropin_path(cfg, c.vmid, unit)
+        text = dropin.dropin_text(c.vmid, pveclean_bin(), config_file(cfg),
+                                  cfg.unit_start_timeout_seconds, unit)
+        try:
+            old = path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            plan.dropins.append((c.vmid, path, "create", text))
+            continue
+        except OSError as exc:
+            plan.problem(f"cannot read {path}: {exc.strerror}", ExitCode.ACCESS)
+            continue
+        if dropin.MARKER not in old:
+            plan.problem(f"{path} exists and is not pveclean's drop-in; not overwriting it")
+            continue
+        plan.dropins.append((c.vmid, path, "unchanged" if old == text else "update", text))
 
 
 def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf.CtConfig,
@@ -293,7 +295,10 @@ def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
         if c.node == here and dropin.is_ours(dropin.dropin_path(cfg, c.vmid)):
             dropin_vmids.add(c.vmid)
     for vmid in sorted(dropin_vmids):
-        plan.dropins.append((vmid, dropin.dropin_path(cfg, vmid), "remove", ""))
+        for unit in dropin.UNITS:
+            unit_file = dropin.dropin_path(cfg, vmid, unit)
+            if unit == dropin.UNITS[0] or dropin.is_ours(unit_file):
+                plan.dropins.append((vmid, unit_file, "remove", ""))
     for c, conf in seen:
         cur = conf.hookscript
         if not is_pveclean(cur):

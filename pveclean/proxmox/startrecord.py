@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 from pveclean.core.config import Config
@@ -21,14 +22,33 @@ def record_path(cfg: Config, vmid: int) -> Path:
     return Path(cfg.state_dir) / "started" / f"{vmid}"
 
 
-def write(cfg: Config, vmid: int, gpu_lines: list[str]) -> None:
-    """Best effort: a start never fails for it (post-stop then reads the config)."""
+BY_HOOK = "# by the hookscript's pre-start"
+
+
+def write(cfg: Config, vmid: int, gpu_lines: list[str], by_hook: bool) -> None:
+    """Best effort: a start never fails for it (post-stop then reads the config). `by_hook`:
+    the hookscript's pre-start wrote it (the drop-in's start-pre then need not look again)."""
     p = record_path(cfg, vmid)
     with contextlib.suppress(OSError):
         p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = p.with_name(f".{vmid}.{os.getpid()}.tmp")
-        tmp.write_text("".join(f"{line}\n" for line in gpu_lines), encoding="utf-8")
+        head = f"{BY_HOOK}\n" if by_hook else ""
+        tmp.write_text(head + "".join(f"{line}\n" for line in gpu_lines), encoding="utf-8")
         os.replace(tmp, p)
+
+
+def hook_checked(cfg: Config, vmid: int, within: float) -> bool:
+    """Did the hookscript's pre-start check this start? Its record is then younger than
+    `within` seconds: vm_start runs pre-start, then `systemctl start`, whose ExecStartPre=
+    follows at once (a restart after a reboot inside the guest runs no pre-start)."""
+    p = record_path(cfg, vmid)
+    try:
+        with open(p, encoding="utf-8", errors="replace") as fh:
+            first = fh.readline().rstrip("\n")
+        age = time.time() - os.stat(p).st_mtime
+    except OSError:
+        return False
+    return first == BY_HOOK and 0 <= age < within
 
 
 def started_with(cfg: Config, vmid: int) -> pveconf.CtConfig | None:

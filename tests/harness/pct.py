@@ -24,6 +24,7 @@ Usage: pct.py --lab DIR <subcommand> ...
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -355,15 +356,17 @@ def unit_state(lab: Lab, vmid: str) -> str:
         return "inactive"
 
 
-def systemctl_start(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
-    """`systemctl start pve-container@<vmid>` (PVE::LXC::vm_start), then wait for the
-    container as monitor_start does. The lab's systemd is the `_unit` runner, detached."""
+def systemctl_start(lab: Lab, vmid: str, timeout: float = 30.0,
+                    base: str = "pve-container") -> None:
+    """`systemctl start <base>@<vmid>` (PVE::LXC::vm_start: pve-container-debug@ for
+    `--debug` or `debug: 1`), then wait for the container as monitor_start does. The lab's
+    systemd is the `_unit` runner, detached."""
     lab.rundir.mkdir(parents=True, exist_ok=True)
     (lab.rundir / f"unit-{vmid}.state").write_text("activating\n")
     log = open(lab.lxcpath / vmid / "unit.log", "ab")  # noqa: SIM115 (the child keeps it)
     env = {"PATH": SYSTEMD_PATH}  # a unit gets systemd's environment, not the caller's
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--lab",
-                             str(lab.root), "_unit", vmid], stdin=subprocess.DEVNULL,
+                             str(lab.root), "_unit", vmid, base], stdin=subprocess.DEVNULL,
                             stdout=log, stderr=log, env=env, start_new_session=True)
     log.close()
     (lab.rundir / f"unit-{vmid}.pid").write_text(f"{proc.pid}\n")
@@ -379,8 +382,10 @@ def systemctl_start(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
 
 def cmd_start(lab: Lab, args: list[str]) -> None:
     """PVE::LXC::vm_start under lock_config: pre-start hook (fatal), update_lxc_config,
-    `systemctl start pve-container@<vmid>`, post-start hook (a warning only)."""
+    `systemctl start pve-container@<vmid>` (pve-container-debug@ with `--debug` or `debug: 1`
+    in the config), post-start hook (a warning only)."""
     vmid = args[0]
+    debug = "--debug" in args or dict(lab.read_conf(vmid)).get("debug") in ("1", "yes", "on")
     lab.read_conf(vmid)
     lock = lab.lock(vmid)
     try:
@@ -388,7 +393,14 @@ def cmd_start(lab: Lab, args: list[str]) -> None:
             raise PctError(f"CT {vmid} already running")
         hook_phase(lab, vmid, "pre-start", fatal=True, task="vzstart")
         (lab.lxcpath / vmid / "config").write_text(lab.lxc_config(vmid))
-        systemctl_start(lab, vmid)
+        stderr_file(lab, vmid).unlink(missing_ok=True)  # systemd does not truncate log files
+        try:
+            systemctl_start(lab, vmid,
+                            base="pve-container-debug" if debug else "pve-container")
+        except PctError:
+            with contextlib.suppress(OSError):  # vm_start: print_ct_stderr_log
+                sys.stderr.write(stderr_file(lab, vmid).read_text(errors="replace"))
+            raise
         hook_phase(lab, vmid, "post-start", fatal=False, task="vzstart")
     finally:
         os.close(lock)
@@ -552,22 +564,37 @@ def poststop(lab: Lab) -> None:
         fh.write(f"exit {code}\n{out}")
 
 
-def dropin_commands(lab: Lab, vmid: str) -> dict[str, list[str]]:
-    """ExecStartPre=/ExecStopPost= of the unit's drop-ins, as systemd reads them:
-    pve-container@.service.d/ then pve-container@<vmid>.service.d/, `*.conf` by name (a
-    same-named file in the instance directory wins); an empty assignment clears the list."""
+DEFAULT_START_TIMEOUT = 90.0  # systemd's DefaultTimeoutStartSec; the unit sets none
+UNIT_STOP_TIMEOUT = 120.0  # src/pve-container@.service: TimeoutStopSec=120s
+
+
+def _seconds(value: str) -> float:
+    """A systemd time span as the drop-ins here write it: `90s`, `90`, `1.5s`, `2min`."""
+    v = value.strip()
+    if v.endswith("min"):
+        return float(v[:-3]) * 60
+    return float(v.rstrip("s"))
+
+
+def dropin_commands(lab: Lab, vmid: str, base: str = "pve-container") -> dict[str, list[str]]:
+    """ExecStartPre=/ExecStopPost= (and TimeoutStartSec=/TimeoutStopSec=, as a one-item list)
+    of the unit's drop-ins, as systemd reads them: <base>@.service.d/ then
+    <base>@<vmid>.service.d/, `*.conf` by name (a same-named file in the instance directory
+    wins); an empty assignment clears the list."""
     files: dict[str, Path] = {}
-    for d in (lab.unitdir / "pve-container@.service.d",
-              lab.unitdir / f"pve-container@{vmid}.service.d"):
+    for d in (lab.unitdir / f"{base}@.service.d", lab.unitdir / f"{base}@{vmid}.service.d"):
         if d.is_dir():
             for f in d.glob("*.conf"):
                 files[f.name] = f
-    out: dict[str, list[str]] = {"ExecStartPre": [], "ExecStopPost": []}
+    out: dict[str, list[str]] = {"ExecStartPre": [], "ExecStopPost": [],
+                                 "TimeoutStartSec": [], "TimeoutStopSec": []}
     for name in sorted(files):
         for line in files[name].read_text().splitlines():
             key, sep, value = line.strip().partition("=")
             if sep and key in out:
-                if value.strip():
+                if key.startswith("Timeout"):
+                    out[key] = [value.strip()]
+                elif value.strip():
                     out[key].append(value.strip().replace("%i", vmid).replace("%%", "%")
                                    .replace("$$", "$"))  # systemd.service: "$$" is "$"
                 else:
@@ -575,20 +602,60 @@ def dropin_commands(lab: Lab, vmid: str) -> dict[str, list[str]]:
     return out
 
 
-def run_unit_command(cmd: str, env: dict[str, str]) -> bool:
-    """One Exec*= line: a `-` prefix makes a failure count as success (systemd.service)."""
+def stderr_file(lab: Lab, vmid: str) -> Path:
+    """The unit's StandardError=file:/run/pve/ct-%i.stderr."""
+    return lab.root / "run/pve" / f"ct-{vmid}.stderr"
+
+
+def default_start_timeout(lab: Lab) -> float:
+    """systemd's DefaultTimeoutStartSec= (/etc/systemd/system.conf; 90 s unless set)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in (lab.root / "etc/systemd/system.conf").read_text().splitlines():
+            key, sep, value = line.strip().partition("=")
+            if sep and key == "DefaultTimeoutStartSec":
+                return _seconds(value)
+    return DEFAULT_START_TIMEOUT
+
+
+def run_unit_command(cmd: str, env: dict[str, str], lab: Lab, vmid: str,
+                     timeout: float) -> bool:
+    """One Exec*= line as systemd runs it: stdout to null and stderr to the unit's
+    StandardError= file, which systemd opens without truncating it, each opener writing from
+    its start (service.c's exec context: O_WRONLY|O_CREAT, no O_APPEND, no O_TRUNC); killed
+    when it passes `timeout` (TimeoutStartSec= for ExecStartPre=, TimeoutStopSec= for
+    ExecStopPost=: SIGTERM, then SIGKILL), which fails the line. A `-` prefix makes a failure
+    count as success (systemd.service)."""
     ignore = cmd.startswith("-")
     argv = shlex.split(cmd.lstrip("-@+!:"))
+    err = stderr_file(lab, vmid)
+    err.parent.mkdir(parents=True, exist_ok=True)
+    efd = os.open(err, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        rc = subprocess.run(argv, stdin=subprocess.DEVNULL, env=env, check=False).returncode
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=efd, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = -1
+            print(f"unit: {cmd}: timed out after {timeout:g} s", file=sys.stderr)
     except OSError as exc:
         print(f"unit: {argv[0]}: {exc.strerror}", file=sys.stderr)
         rc = 203  # systemd's EXEC status
+    finally:
+        os.close(efd)
     print(f"unit: {cmd} -> {rc}", file=sys.stderr, flush=True)
     return rc == 0 or ignore
 
 
-def unit(lab: Lab, vmid: str) -> int:
+def unit(lab: Lab, vmid: str, base: str = "pve-container") -> int:
     """pve-container@<vmid>.service (src/pve-container@.service, Type=simple) as systemd
     runs it: ExecStartPre=, ExecStart=/usr/bin/lxc-start -F -n %i; when it exits,
     ExecStop=/usr/share/lxc/pve-container-stop-wrapper %i (with EXIT_CODE=exited), then
@@ -598,12 +665,15 @@ def unit(lab: Lab, vmid: str) -> int:
     state = lab.rundir / f"unit-{vmid}.state"
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     while lab.conf_path(vmid).exists():
-        cmds = dropin_commands(lab, vmid)
+        cmds = dropin_commands(lab, vmid, base)
+        start_t = (_seconds(cmds["TimeoutStartSec"][0]) if cmds["TimeoutStartSec"]
+                   else default_start_timeout(lab))
+        stop_t = _seconds((cmds["TimeoutStopSec"] or [str(UNIT_STOP_TIMEOUT)])[0])
         state.write_text("activating\n")
-        if not all(run_unit_command(c, env) for c in cmds["ExecStartPre"]):
+        if not all(run_unit_command(c, env, lab, vmid, start_t) for c in cmds["ExecStartPre"]):
             state.write_text("failed\n")
             for c in cmds["ExecStopPost"]:
-                run_unit_command(c, {**env, "SERVICE_RESULT": "exit-code"})
+                run_unit_command(c, {**env, "SERVICE_RESULT": "exit-code"}, lab, vmid, stop_t)
             return 1
         state.write_text("active\n")
         res = subprocess.run(
@@ -614,8 +684,8 @@ def unit(lab: Lab, vmid: str) -> int:
         stop_env = {**env, "SERVICE_RESULT": "success" if res.returncode == 0 else "exit-code",
                     "EXIT_CODE": "exited", "EXIT_STATUS": str(res.returncode)}
         restart = stop_wrapper(lab, vmid, stop_env)
-        for c in dropin_commands(lab, vmid)["ExecStopPost"]:
-            run_unit_command(c, stop_env)
+        for c in dropin_commands(lab, vmid, base)["ExecStopPost"]:
+            run_unit_command(c, stop_env, lab, vmid, stop_t)
         if not restart:
             break
         (lab.lxcpath / vmid / "restarts").open("a").write("restart\n")
@@ -662,7 +732,7 @@ def main(argv: list[str]) -> int:
     rest = argv[2:]
     try:
         if rest and rest[0] == "_unit":
-            return unit(lab, rest[1])
+            return unit(lab, rest[1], *rest[2:3])
         if rest and rest[0] == "_poststop":
             poststop(lab)
             return 0
