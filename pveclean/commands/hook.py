@@ -9,6 +9,7 @@ ExitCode.REFUSE (see errors.py); the others always exit 0.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -247,6 +248,10 @@ def main(argv: list[str], nvml: NvmlWorker) -> int:
     `nvml`: the run's NVML worker, made by __main__ (a pre-stop's or post-stop's forked
     before this module was imported, see prelude.py)."""
     phase = argv[1] if len(argv) == 2 else "?"
+    # `pct stop --overrule-shutdown` aborts a shutdown task with SIGTERM to its whole process
+    # group, the hook's pveclean included (PVE::RESTEnvironment's kill_process_group; SIGKILL
+    # after 5 s if the worker lives): a phase ends by its own deadline and writes its report.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         return _main(argv, nvml)
     except KeyboardInterrupt:

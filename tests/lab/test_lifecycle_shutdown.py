@@ -5,7 +5,7 @@ cleans and verifies what the guest leaves. `pct stop` (vzstop, a kill) still get
 from __future__ import annotations
 
 from tests.harness.lxclab import Lab
-from tests.helpers import reports
+from tests.helpers import reports, wait_for
 
 
 def test_a_shutdown_that_times_out_leaves_the_guest_as_it_was(lab: Lab, vmid: int) -> None:
@@ -61,3 +61,35 @@ def test_pct_stop_still_gives_the_holders_their_grace_in_pre_stop(lab: Lab, vmid
     (pre,) = reports(lab, vmid, "pre-stop")
     assert pre["verdict"] == "clean"
     assert not any(lab.alive(p) for p in w.host_pids(lab))
+
+
+def test_a_task_aborted_with_sigterm_keeps_the_pre_stop_report(lab: Lab, vmid: int) -> None:
+    """`pct stop --overrule-shutdown` sends SIGTERM to the shutdown task's process group
+    (kill_process_group): the pre-stop under way ends by its deadline with its report."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.harness import pct as pct_harness
+
+    lab.write_config(grace_seconds=1, deadline_seconds=4)
+    lab.create_ct(vmid, gpus=(0,))
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
+    lab.install_hook(vmid)
+    lab.freeze(lab.cgroup(vmid) / "ns")  # its pct exec probe hangs: the run lasts its deadline
+    try:
+        argv = [pct_harness.task_title(str(vmid), "vzstop"), "-c", pct_harness.WORKER,
+                str(lab.snippets / "pveclean-hook"), str(vmid), "pre-stop"]
+        task = subprocess.Popen(argv, executable=sys.executable, start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"})
+        time.sleep(1.0)
+        os.killpg(task.pid, signal.SIGTERM)
+        task.wait(10)
+        assert wait_for(lambda: bool(reports(lab, vmid, "pre-stop")), 8)
+    finally:
+        lab.freeze(lab.cgroup(vmid) / "ns", False)
+    (pre,) = reports(lab, vmid, "pre-stop")
+    assert pre["verdict"] in ("clean", "residual")
