@@ -386,24 +386,27 @@ def cmd_start(lab: Lab, args: list[str]) -> None:
     in the config), post-start hook (a warning only)."""
     vmid = args[0]
     debug = "--debug" in args or dict(lab.read_conf(vmid)).get("debug") in ("1", "yes", "on")
-    lab.read_conf(vmid)
     lock = lab.lock(vmid)
     try:
-        if lab.state(vmid) == "running":
-            raise PctError(f"CT {vmid} already running")
-        hook_phase(lab, vmid, "pre-start", fatal=True, task="vzstart")
-        (lab.lxcpath / vmid / "config").write_text(lab.lxc_config(vmid))
-        stderr_file(lab, vmid).unlink(missing_ok=True)  # systemd does not truncate log files
-        try:
-            systemctl_start(lab, vmid,
-                            base="pve-container-debug" if debug else "pve-container")
-        except PctError:
-            with contextlib.suppress(OSError):  # vm_start: print_ct_stderr_log
-                sys.stderr.write(stderr_file(lab, vmid).read_text(errors="replace"))
-            raise
-        hook_phase(lab, vmid, "post-start", fatal=False, task="vzstart")
+        _start(lab, vmid, debug, "vzstart")
     finally:
         os.close(lock)
+
+
+def _start(lab: Lab, vmid: str, debug: bool, task: str) -> None:
+    """vm_start's part under the caller's config lock."""
+    if lab.state(vmid) == "running":
+        raise PctError(f"CT {vmid} already running")
+    hook_phase(lab, vmid, "pre-start", fatal=True, task=task)
+    (lab.lxcpath / vmid / "config").write_text(lab.lxc_config(vmid))
+    stderr_file(lab, vmid).unlink(missing_ok=True)  # systemd does not truncate log files
+    try:
+        systemctl_start(lab, vmid, base="pve-container-debug" if debug else "pve-container")
+    except PctError:
+        with contextlib.suppress(OSError):  # vm_start: print_ct_stderr_log
+            sys.stderr.write(stderr_file(lab, vmid).read_text(errors="replace"))
+        raise
+    hook_phase(lab, vmid, "post-start", fatal=False, task=task)
 
 
 def wait_monitor_gone(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
@@ -427,13 +430,14 @@ def wait_monitor_gone(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
 
 
 def _stop(lab: Lab, vmid: str, lxc_args: list[str], task: str,
-          timeout: float | None = None) -> None:
+          timeout: float | None = None, locked: bool = False) -> None:
     """PVE::LXC::vm_stop under lock_config, in a `task` worker: pre-stop hook, lxc-stop (with
     --kill; or --timeout T, and --nokill unless the caller kills after the timeout), then
     wait for the monitor to exit, so post-stop runs while the lock is still held. An lxc-stop
-    that fails (the guest did not shut down in time, --nokill): "container did not stop"."""
+    that fails (the guest did not shut down in time, --nokill): "container did not stop".
+    `locked`: the caller holds the config lock (vm_reboot)."""
     lab.read_conf(vmid)
-    lock = lab.lock(vmid)
+    lock = None if locked else lab.lock(vmid)
     try:
         if lab.state(vmid) != "running":
             raise PctError(f"CT {vmid} not running")
@@ -444,7 +448,8 @@ def _stop(lab: Lab, vmid: str, lxc_args: list[str], task: str,
             raise PctError("container did not stop")
         wait_monitor_gone(lab, vmid)
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
 
 
 def cmd_stop(lab: Lab, args: list[str]) -> None:
@@ -464,12 +469,17 @@ def cmd_shutdown(lab: Lab, args: list[str]) -> None:
 
 
 def cmd_reboot(lab: Lab, args: list[str]) -> None:
-    """PVE::LXC::vm_reboot in a vzreboot task: vm_stop($vmid, 0, $timeout, 1) (killed after
-    the timeout), then vm_start (all four hook phases run)."""
+    """PVE::LXC::vm_reboot in a vzreboot task: under one lock_config, vm_stop($vmid, 0,
+    $timeout, 1) (killed after the timeout), then vm_start (all four hook phases run)."""
     vmid = args[0]
-    _stop(lab, vmid, ["--timeout", "60"], "vzreboot", 60.0)
-    wait_unit_inactive(lab, vmid)
-    cmd_start(lab, [vmid])
+    lock = lab.lock(vmid)
+    try:
+        _stop(lab, vmid, ["--timeout", "60"], "vzreboot", 60.0, locked=True)
+        wait_unit_inactive(lab, vmid)
+        _start(lab, vmid, dict(lab.read_conf(vmid)).get("debug") in ("1", "yes", "on"),
+               "vzreboot")
+    finally:
+        os.close(lock)
 
 
 def wait_unit_inactive(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
