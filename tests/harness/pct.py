@@ -686,6 +686,7 @@ def unit(lab: Lab, vmid: str, base: str = "pve-container") -> int:
                 run_unit_command(c, {**env, "SERVICE_RESULT": "exit-code"}, lab, vmid, stop_t)
             return 1
         state.write_text("active\n")
+        cleanup_cgroups(vmid)
         res = subprocess.run(
             ["lxc-start", "-F", "-P", str(lab.lxcpath), "-n", vmid, "-l", "INFO",
              "-o", str(lab.lxcpath / vmid / "start.log")],
@@ -701,6 +702,28 @@ def unit(lab: Lab, vmid: str, base: str = "pve-container") -> int:
         (lab.lxcpath / vmid / "restarts").open("a").write("restart\n")
     state.write_text("inactive\n")
     return 0
+
+
+def cgroup2_root() -> Path:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            return Path(parts[1])
+    return Path("/sys/fs/cgroup")
+
+
+def cleanup_cgroups(vmid: str) -> None:
+    """lxc-pve-prestart-hook's PVE::LXC::cleanup_cgroups: empty leftover lxc/<vmid> and
+    lxc.monitor/<vmid> trees are removed, deepest first; one with a process stays (and the
+    start then fails creating the container's cgroup)."""
+    root = cgroup2_root()
+    for top in (root / "lxc" / vmid, root / "lxc.monitor" / vmid):
+        if not top.is_dir():
+            continue
+        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for d in [*dirs, top]:
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 def stop_wrapper(lab: Lab, vmid: str, env: dict[str, str]) -> bool:
