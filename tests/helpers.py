@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import yaml
 
 from pveclean.core import units
 from pveclean.core.records import GpuDevices, Holder
+from tests.harness import pct as pct_harness
 from tests.harness.lxclab import Lab, Workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,14 +80,25 @@ def other_hook(lab: Lab, vmid: int, name: str = "other.sh") -> Path:
     return log
 
 
-def hook(lab: Lab, vmid: int | str, phase: str) -> subprocess.CompletedProcess[str]:
-    """Run the installed hookscript the way Proxmox does: cleared env, closed stdin."""
+# The Proxmox task each phase runs in when a test does not say (pct stop's for pre-stop).
+PHASE_TASKS = {"pre-start": "vzstart", "post-start": "vzstart", "pre-stop": "vzstop"}
+
+
+def hook(lab: Lab, vmid: int | str, phase: str, task: str | None = "default"
+         ) -> subprocess.CompletedProcess[str]:
+    """Run the installed hookscript the way Proxmox does: cleared env, closed stdin, as the
+    child of a worker titled `task UPID:...` of `task` (see tests/harness/pct.py; None: no
+    task, as by hand)."""
+    kind = PHASE_TASKS.get(phase) if task == "default" else task
     script = lab.snippets / "pveclean-hook"
+    argv = [str(script), str(vmid), phase]
+    if kind is not None:
+        argv = [pct_harness.task_title(str(vmid), kind), "-c", pct_harness.WORKER, *argv]
     r, w = os.pipe()
     os.close(w)
     try:
-        return subprocess.run([str(script), str(vmid), phase], stdin=r, capture_output=True,
-                              text=True, timeout=60, check=False,
+        return subprocess.run(argv, executable=sys.executable if kind is not None else None,
+                              stdin=r, capture_output=True, text=True, timeout=60, check=False,
                               env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"})
     finally:
         os.close(r)

@@ -8,9 +8,11 @@ ExitCode.REFUSE (see errors.py); the others always exit 0.
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import signal
 import sys
 import time
+from collections.abc import Callable
 
 from pveclean.cleanup import cgroup_root, clean, finish, reserve_for
 from pveclean.core.config import PHASES, Config
@@ -26,14 +28,27 @@ from pveclean.host.configfile import load
 from pveclean.host.nvml import Nvml
 from pveclean.host.prelude import NvmlWorker
 from pveclean.host.reads import Reads
-from pveclean.proxmox import chain, pveconf
+from pveclean.proxmox import chain, pveconf, startrecord, tasks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 
+Sink = Callable[[str, str], None]  # (text, priority: info, warning or err)
+_sink: Sink | None = None  # where a phase's lines go instead of stdout (the drop-in's journal)
+
+
+def redirect(sink: Sink | None) -> None:
+    """Send every line a phase says (and an unsaved report) to `sink` from now on."""
+    global _sink
+    _sink = sink
+
+
 def say(text: str) -> None:
+    if _sink is not None:
+        _sink(text, "warning" if ": WARNING:" in text or "refusing" in text else "info")
+        return
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
@@ -46,6 +61,13 @@ def _where(res: RunResult) -> str:
 
 
 def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
+    """A stop that kills the container (pct stop, destroy, rollback): its GPU holders get
+    their grace now. Any other stop (a shutdown, reboot, backup or migration, or no task
+    known) is the guest's to do: the holders are recorded and post-stop cleans what it
+    leaves (proxmox/tasks.py)."""
+    task = tasks.running_task()
+    if task is None or not task.kills:
+        return _pre_shutdown(vmid, cfg, nvml, task)
     res = clean(vmid, cfg, phase="pre-stop", worker=nvml.warm(cfg, vmid))
     rep = res.report
     if rep.busy:
@@ -69,6 +91,23 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     return 0
 
 
+def _pre_shutdown(vmid: int, cfg: Config, nvml: NvmlWorker, task: tasks.Task | None) -> int:
+    """Record what holds GPUs as the guest begins its own shutdown; signal nothing."""
+    deadline = start_deadline(cfg.deadline_seconds)
+    what = f"a {task.type} task" if task is not None else "no Proxmox task known"
+    res = clean(vmid, cfg, phase="pre-stop", dry_run=True, write_report=False,
+                worker=nvml.warm(cfg, vmid), deadline=deadline)
+    rep = dataclasses.replace(res.report, verdict=Verdict.DEFERRED).with_warning(
+        f"clean shutdown ({what}): holders recorded, not signalled; the guest shuts them "
+        "down, and post-stop stops and reports whatever it leaves")
+    res = finish(rep, cfg, deadline=deadline)
+    n = len(rep.holders)
+    say(f"pveclean: CT {vmid} pre-stop: clean shutdown ({what}): {n} GPU holder(s) left "
+        f"to the guest; post-stop cleans what remains; {_where(res)}")
+    _unsaved(res)
+    return 0
+
+
 def _first_error(rep: Report) -> str:
     errors = rep.errors or ["unknown"]
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -80,8 +119,12 @@ def _unsaved(res: RunResult) -> None:
     bounds.UNSAVED_SHOWN characters; the whole one is in the spare file finish() wrote and
     named in syslog."""
     if res.report_error:
-        sys.stderr.write("--- pveclean report (not saved) ---\n"
-                         + reportfiles.unsaved_text(res.report.as_dict(), res.spare))
+        text = ("--- pveclean report (not saved) ---\n"
+                + reportfiles.unsaved_text(res.report.as_dict(), res.spare))
+        if _sink is not None:
+            _sink(text, "err")
+            return
+        sys.stderr.write(text)
         sys.stderr.flush()
 
 
@@ -99,9 +142,20 @@ def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> dict[str
 
 
 def _container_minors(ctconf: pveconf.CtConfig | None) -> set[int]:
-    """N of each /dev/nvidiaN the container's config (as the run read it) passes through."""
-    paths = ctconf.gpu_paths() if ctconf is not None else []
-    return {int(m.group(1)) for p in paths if (m := re.fullmatch(r"/dev/nvidia(\d+)", p))}
+    """N of each host /dev/nvidiaN the container's config (as the run read it) passes
+    through, wherever it lands inside; empty when it grants every GPU or none is known (the
+    leak check then looks at the GPUs the pre-stop report saw in use, else at all)."""
+    minors = ctconf.gpu().minors if ctconf is not None else None
+    return set(minors or ())
+
+
+def _pre_stop_config(pre: dict[str, Any] | None, vmid: int) -> pveconf.CtConfig | None:
+    """The GPU lines the pre-stop report of this stop read (the config before post-stop's
+    pending changes were applied)."""
+    lines = ((pre or {}).get("container") or {}).get("gpu_config")
+    if not isinstance(lines, list):
+        return None
+    return pveconf.parse_config("\n".join(str(x) for x in lines), vmid)
 
 
 def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) -> int:
@@ -127,9 +181,14 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
         if memory is None or procs is None:
             rep = rep.with_warning(f"post-stop memory check skipped: {reads.nvml_error}")
         else:
-            leaks = find_leaks(memory, procs, _container_minors(res.ctconf), gpus_used(pre))
-            for why in unchecked(memory, procs, _container_minors(res.ctconf)):
-                rep = rep.with_warning(why)  # a GPU NVML could not answer for: not judged
+            ran_with = (startrecord.started_with(cfg, vmid) or _pre_stop_config(pre, vmid)
+                        or res.ctconf)
+            grant = ran_with.gpu() if ran_with is not None else None
+            if grant is None or grant.any or grant.allow_all:  # else it had no GPU to leak
+                minors = _container_minors(ran_with)
+                leaks = find_leaks(memory, procs, minors, gpus_used(pre))
+                for why in unchecked(memory, procs, minors):
+                    rep = rep.with_warning(why)  # a GPU NVML could not answer for: not judged
     rep = rep.with_leaks(leaks, pre)
     res = finish(rep, cfg, deadline=deadline)
     _unsaved(res)
@@ -151,6 +210,8 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
     """`nvml` was not forked ahead: a start asks NVML nothing unless something is left (see
     prelude.forks_early). `via`: as post_stop's."""
     res = clean(vmid, cfg, phase="pre-start", write_report=False, worker=nvml.warm(cfg, vmid))
+    if res.ctconf is not None:
+        startrecord.write(cfg, vmid, res.ctconf.gpu_lines(), by_hook=via is None)
     rep = res.report.ran_by(via)
     if rep.busy:
         res = finish(rep, cfg)
@@ -197,6 +258,10 @@ def main(argv: list[str], nvml: NvmlWorker) -> int:
     `nvml`: the run's NVML worker, made by __main__ (a pre-stop's or post-stop's forked
     before this module was imported, see prelude.py)."""
     phase = argv[1] if len(argv) == 2 else "?"
+    # `pct stop --overrule-shutdown` aborts a shutdown task with SIGTERM to its whole process
+    # group, the hook's pveclean included (PVE::RESTEnvironment's kill_process_group; SIGKILL
+    # after 5 s if the worker lives): a phase ends by its own deadline and writes its report.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         return _main(argv, nvml)
     except KeyboardInterrupt:

@@ -30,13 +30,17 @@ from pveclean.proxmox.snippets import parse_volid
 
 
 # ---- install ----------------------------------------------------------------------------
-def _targets(api: Api, plan: Plan, vmids: list[int],
-             online: dict[str, bool]) -> list[tuple[Container, pveconf.CtConfig]]:
+def _targets(api: Api, plan: Plan, vmids: list[int], online: dict[str, bool],
+             gone: list[int] | None = None) -> list[tuple[Container, pveconf.CtConfig]]:
+    """The containers `vmids` names; one that does not exist is a problem, or, when `gone`
+    is given, goes there (uninstall removes what pveclean left for it)."""
     cts = {c.vmid: c for c in api.containers()}
     out = []
     for vmid in vmids:
         c = cts.get(vmid)
-        if c is None:
+        if c is None and gone is not None:
+            gone.append(vmid)
+        elif c is None:
             plan.problem(f"CT {vmid} does not exist in this cluster", ExitCode.ACCESS)
         elif not online.get(c.node, False):
             plan.problem(f"CT {vmid}: its node {c.node} is offline", ExitCode.ACCESS)
@@ -101,10 +105,11 @@ def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage
         content = [c for c in st.content if c != "none"] + ["snippets"]
         if enable_snippets:
             plan.enable_snippets = content
-        else:
-            plan.problem(f"storage '{storage}' does not allow snippets; enable them with: "
-                         f"pvesm set {storage} --content {','.join(content)} "
-                         "(or rerun with --enable-snippets)")
+        else:  # PVE::GuestHelpers::check_hookscript checks the path, never the content list
+            plan.notes.append(f"storage '{storage}' does not list snippets: the hookscript "
+                              "runs anyway, but the GUI and 'pvesm list' do not show it; to "
+                              f"show it: pvesm set {storage} --content {','.join(content)} "
+                              "(or rerun with --enable-snippets)")
     majors = devnodes.nvidia_majors()
     if all_gpu:
         targets = []
@@ -143,26 +148,28 @@ def _dropin_step(cfg: Config, plan: Plan, c: Container, here: str) -> None:
         plan.notes.append(f"CT {c.vmid} is on node {c.node}: its systemd drop-in goes on that "
                           f"node; run pveclean install --systemd {c.vmid} there")
         return
-    path = dropin.dropin_path(cfg, c.vmid)
-    text = dropin.dropin_text(c.vmid, pveclean_bin(), config_file(cfg))
-    try:
-        old = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        plan.dropins.append((c.vmid, path, "create", text))
-        return
-    except OSError as exc:
-        plan.problem(f"cannot read {path}: {exc.strerror}", ExitCode.ACCESS)
-        return
-    if dropin.MARKER not in old:
-        plan.problem(f"{path} exists and is not pveclean's drop-in; not overwriting it")
-        return
-    plan.dropins.append((c.vmid, path, "unchanged" if old == text else "update", text))
+    for unit in dropin.UNITS:  # pve-container@ and pve-container-debug@ (pct start --debug)
+        path = dropin.dropin_path(cfg, c.vmid, unit)
+        text = dropin.dropin_text(c.vmid, pveclean_bin(), config_file(cfg),
+                                  cfg.unit_start_timeout_seconds, unit)
+        try:
+            old = path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            plan.dropins.append((c.vmid, path, "create", text))
+            continue
+        except OSError as exc:
+            plan.problem(f"cannot read {path}: {exc.strerror}", ExitCode.ACCESS)
+            continue
+        if dropin.MARKER not in old:
+            plan.problem(f"{path} exists and is not pveclean's drop-in; not overwriting it")
+            continue
+        plan.dropins.append((c.vmid, path, "unchanged" if old == text else "update", text))
 
 
 def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf.CtConfig,
                   volid: str, chain_existing: bool, here: str) -> None:
     cur = conf.hookscript
-    step = Step(c.vmid, c.node, "set", before=cur, after=volid)
+    step = Step(c.vmid, c.node, "set", before=cur, after=volid, digest=conf.digest)
     rec = chain.read_record(cfg, c.vmid) if c.node == here else None
     if cur == volid:
         step.action = "unchanged"
@@ -223,7 +230,7 @@ def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
             elif s.before is None:
                 chain.remove_record(cfg, s.vmid)  # a stale record must not run
             try:
-                api.set_hookscript(s.node, s.vmid, s.after)
+                api.set_hookscript(s.node, s.vmid, s.after, s.digest)
             except PvecleanError:
                 if not _hookscript_is(api, s.node, s.vmid, s.after):
                     if s.action == "chain":
@@ -267,15 +274,31 @@ def _apply_dropins(cfg: Config, plan: Plan, out: Outcome) -> None:
 def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
     plan = Plan("uninstall")
     here, online = api.local_node(), api.nodes()
-    seen = _all(api, plan, online) if all_ else _targets(api, plan, vmids, online)
+    gone: list[int] = []
+    seen = _all(api, plan, online) if all_ else _targets(api, plan, vmids, online, gone)
     removed: set[str] = set()
     still_used: set[str] = set()
     dropin_vmids = set(dropin.installed(cfg)) if all_ else set()
+    for vmid in gone:  # destroyed: its drop-in would run for the next container of that VMID
+        left = dropin.is_ours(dropin.dropin_path(cfg, vmid)), chain.read_record(cfg, vmid)
+        if not any(left):
+            plan.problem(f"CT {vmid} does not exist in this cluster, and pveclean left "
+                         "nothing for it on this node", ExitCode.ACCESS)
+            continue
+        plan.notes.append(f"CT {vmid} no longer exists: removing what pveclean left for it "
+                          "on this node")
+        if left[0]:
+            dropin_vmids.add(vmid)
+        if left[1]:
+            plan.forget_chains.append(vmid)
     for c, _conf in seen:
         if c.node == here and dropin.is_ours(dropin.dropin_path(cfg, c.vmid)):
             dropin_vmids.add(c.vmid)
     for vmid in sorted(dropin_vmids):
-        plan.dropins.append((vmid, dropin.dropin_path(cfg, vmid), "remove", ""))
+        for unit in dropin.UNITS:
+            unit_file = dropin.dropin_path(cfg, vmid, unit)
+            if unit == dropin.UNITS[0] or dropin.is_ours(unit_file):
+                plan.dropins.append((vmid, unit_file, "remove", ""))
     for c, conf in seen:
         cur = conf.hookscript
         if not is_pveclean(cur):
@@ -298,9 +321,10 @@ def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
             continue
         rec = chain.read_record(cfg, c.vmid)
         if rec:
-            plan.steps.append(Step(c.vmid, c.node, "restore", before=cur, after=rec[0]))
+            plan.steps.append(Step(c.vmid, c.node, "restore", before=cur, after=rec[0],
+                                   digest=conf.digest))
         else:
-            plan.steps.append(Step(c.vmid, c.node, "delete", before=cur))
+            plan.steps.append(Step(c.vmid, c.node, "delete", before=cur, digest=conf.digest))
         removed.add(str(cur))
     if all_ and not any(not up for up in online.values()):
         for volid in sorted(removed - still_used):
@@ -318,10 +342,10 @@ def apply_uninstall(api: Api, cfg: Config, plan: Plan) -> Outcome:
         try:
             if s.action == "restore":
                 assert s.after is not None
-                api.set_hookscript(s.node, s.vmid, s.after)
+                api.set_hookscript(s.node, s.vmid, s.after, s.digest)
                 out.done.append(f"CT {s.vmid}: hookscript {s.after} restored")
             elif s.action == "delete":
-                api.delete_hookscript(s.node, s.vmid)
+                api.delete_hookscript(s.node, s.vmid, s.digest)
                 out.done.append(f"CT {s.vmid}: hookscript {s.before} removed")
             else:
                 continue
@@ -337,6 +361,9 @@ def apply_uninstall(api: Api, cfg: Config, plan: Plan) -> Outcome:
                 continue
             out.done.append(f"CT {s.vmid}: hookscript {want or 'removed'}")
             chain.remove_record(cfg, s.vmid)
+    for vmid in plan.forget_chains:
+        chain.remove_record(cfg, vmid)
+        out.done.append(f"CT {vmid}: its chain record removed")
     _apply_dropins(cfg, plan, out)
     if out.errors:
         return out

@@ -20,6 +20,7 @@ class Step:
     chained: str | None = None  # the script the hook runs too (install --chain)
     chained_path: str | None = None
     note: str = ""
+    digest: str | None = None  # the config's digest when planned: a change since is refused
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Plan:
     dropins: list[tuple[int, Path, str, str]] = field(default_factory=list)
     problems: list[tuple[str, int]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    forget_chains: list[int] = field(default_factory=list)  # destroyed containers' records
 
     def problem(self, message: str, code: int = ExitCode.USAGE) -> None:
         self.problems.append((message, code))
@@ -49,7 +51,8 @@ class Plan:
         return (sum(s.action in ("set", "chain", "restore", "delete") for s in self.steps)
                 + (self.file_action in ("create", "update")) + bool(self.remove_files)
                 + (self.enable_snippets is not None)
-                + sum(a != "unchanged" for _, _, a, _ in self.dropins))
+                + sum(a != "unchanged" for _, _, a, _ in self.dropins)
+                + len(self.forget_chains))
 
 
 @dataclass
@@ -90,6 +93,7 @@ def describe(plan: Plan) -> list[str]:
             lines.append(f"{who}: left alone, {s.note}")
     for vmid, path, action, _text in plan.dropins:
         lines.append(f"CT {vmid}: systemd drop-in {path}: {action}")
+    lines += [f"CT {vmid}: remove its chain record" for vmid in plan.forget_chains]
     lines += [f"remove {p}" for p in plan.remove_files]
     lines += [f"note: {n}" for n in plan.notes]
     return lines

@@ -130,4 +130,8 @@ def collect(api: Api, cfg: Config, with_holders: bool = True) -> dict[str, Any]:
                 e["holders_error"] = f"cannot read its state: {exc}"
         if with_holders and e["status"] == "running" and e["gpu"]:
             e.update(holders(cfg, c.vmid))
+    for node in api.stale_nodes(online):
+        warnings.append(f"node {node}: pvestatd has not reported for 5 minutes (the GUI shows "
+                        "its status as unknown); container states from /cluster/resources "
+                        "may be old: check 'systemctl status pvestatd' there")
     return {"node": here, "nodes": online, "containers": cts, "warnings": warnings}

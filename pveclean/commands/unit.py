@@ -4,18 +4,19 @@ proxmox/dropin.py), lean like the hook."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-import sys
 from pathlib import Path
 
+from pveclean.commands import hook
 from pveclean.commands.hook import post_stop, pre_start
 from pveclean.core.config import Config
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
-from pveclean.host import reportfiles
+from pveclean.host import journal, reportfiles
 from pveclean.host.configfile import load
 from pveclean.host.prelude import NvmlWorker
-from pveclean.proxmox import pveconf
-from pveclean.proxmox.dropin import PHASES
+from pveclean.proxmox import pveconf, startrecord
+from pveclean.proxmox.dropin import PHASES, UNITS, bound
 
 
 def _stamp_path(cfg: Config, vmid: int) -> Path:
@@ -36,27 +37,33 @@ def _hook_checked_this_stop(cfg: Config, vmid: int) -> bool:
     return False
 
 
-def start_pre(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
+HOOK_TO_UNIT_S = 30.0  # s from the hook's pre-start to the unit's start-pre of one start
 
+
+def start_pre(vmid: int, cfg: Config, nvml: NvmlWorker, unit: str = UNITS[0]) -> int:
+    """The hook's pre-start, unless the hookscript's pre-start checked this very start (one
+    check and one report per start: vm_start runs the hook, then starts the unit)."""
     with contextlib.suppress(OSError):
         stamp = _stamp_path(cfg, vmid)
         stamp.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp.write_text("")
         os.utime(stamp)
-    code = pre_start(vmid, cfg, nvml, via=via(vmid, "ExecStartPre"))
+    if startrecord.hook_checked(cfg, vmid, HOOK_TO_UNIT_S):
+        return 0
+    code = pre_start(vmid, cfg, nvml, via=via(vmid, "ExecStartPre", unit))
     return ExitCode.REFUSE if code == ExitCode.REFUSE else 0
 
 
-def stop_post(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
+def stop_post(vmid: int, cfg: Config, nvml: NvmlWorker, unit: str = UNITS[0]) -> int:
 
     if not _hook_checked_this_stop(cfg, vmid):
-        post_stop(vmid, cfg, nvml, via=via(vmid, "ExecStopPost"))
+        post_stop(vmid, cfg, nvml, via=via(vmid, "ExecStopPost", unit))
     return 0
 
 
-def via(vmid: int, line: str) -> str:
+def via(vmid: int, line: str, unit: str = UNITS[0]) -> str:
     """What a drop-in report says ran it: its phase names the hookscript's it stands in for."""
-    return f"systemd drop-in (pve-container@{vmid}.service {line}=)"
+    return f"systemd drop-in ({unit}@{vmid}.service {line}=)"
 
 
 def from_argv(argv: list[str], nvml: NvmlWorker) -> int:
@@ -68,38 +75,62 @@ def from_argv(argv: list[str], nvml: NvmlWorker) -> int:
         config, args = args[1], args[2:]
     elif args and args[0].startswith("--config="):
         config, args = args[0].split("=", 1)[1], args[1:]
-    if args and args[0] in ("-h", "--help"):
+    unit = UNITS[0]
+    if len(args) >= 2 and args[0] == "--unit" and args[1] in UNITS:
+        unit, args = args[1], args[2:]
+    if args and args[0] in ("-h", "--help"):  # by hand: a terminal reads this
         print("usage: pveclean unit [-c FILE] VMID start-pre|stop-post")
         return 0
-    return main(args, nvml, config)
+    return main(args, nvml, config, unit)
 
 
-def main(argv: list[str], nvml: NvmlWorker, config: str | None = None) -> int:
-    """`pveclean unit VMID start-pre|stop-post`. Non-zero (ExitCode.REFUSE) only for a refusal."""
+def _to_journal(socket_path: str, vmid: int | None, phase: str | None) -> hook.Sink:
+    """The unit's stdout is null and its stderr lxc-start's error log: lines go to the
+    journal (journalctl -u pve-container@<vmid>), with the VMID and phase as fields."""
+    fields = {"PVECLEAN_VMID": str(vmid), "PVECLEAN_PHASE": f"unit {phase}"} if vmid else {}
+
+    def sink(text: str, priority: str) -> None:
+        journal.send(text, priority, fields, socket_path)
+
+    return sink
+
+
+def main(argv: list[str], nvml: NvmlWorker, config: str | None = None,
+         unit: str = UNITS[0]) -> int:
+    """`pveclean unit VMID start-pre|stop-post`. Non-zero (ExitCode.REFUSE) only for a refusal.
+    Says everything in the journal: nothing to stdout or stderr."""
+    try:
+        cfg = load(config)
+    except ConfigError as exc:  # said where a journal normally is
+        _to_journal(journal.JOURNAL_SOCKET, None, None)(
+            f"pveclean unit {' '.join(argv)[:100]}: config error, nothing done: {exc}",
+            "warning")
+        return 0
+    tell = _to_journal(cfg.journal_socket, None, None)
     if len(argv) != 2 or argv[1] not in PHASES:
-        print("usage: pveclean unit VMID start-pre|stop-post")
+        tell(f"pveclean unit: bad arguments {argv!r}: usage: pveclean unit VMID "
+             "start-pre|stop-post; nothing done", "warning")
         return 0  # a bad drop-in line must not keep a container from starting
     try:
         vmid = pveconf.parse_vmid(argv[0])
     except PvecleanError as exc:
-        print(f"pveclean: {exc}")
+        tell(f"pveclean: {exc}", "warning")
         return 0
     phase = argv[1]
-    try:
-        cfg = load(config)
-    except ConfigError as exc:
-        print(f"pveclean: CT {vmid} unit {phase}: config error, nothing done: {exc}")
-        return 0
+    tell = _to_journal(cfg.journal_socket, vmid, phase)
+    hook.redirect(tell)
     if not cfg.phase_enabled("pre-start" if phase == "start-pre" else "post-stop"):
         return 0
+    cfg = dataclasses.replace(cfg, deadline_seconds=bound(cfg, phase))  # within the unit's
     try:
         if phase == "start-pre":
-            return start_pre(vmid, cfg, nvml)
-        return stop_post(vmid, cfg, nvml)
+            return start_pre(vmid, cfg, nvml, unit)
+        return stop_post(vmid, cfg, nvml, unit)
     except PvecleanError as exc:
-        print(f"pveclean: CT {vmid} unit {phase}: {exc}")
+        tell(f"pveclean: CT {vmid} unit {phase}: {exc}", "warning")
     except Exception as exc:  # the unit must never fail for pveclean's own trouble
-        print(f"pveclean: CT {vmid} unit {phase}: internal error: {type(exc).__name__}: {exc}")
+        tell(f"pveclean: CT {vmid} unit {phase}: internal error: {type(exc).__name__}: {exc}",
+             "err")
     finally:
-        sys.stdout.flush()
+        hook.redirect(None)
     return 0

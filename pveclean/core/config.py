@@ -57,12 +57,14 @@ class Config:
     phases: dict[str, bool] = field(default_factory=lambda: {p: True for p in PHASES})
     pre_start_policy: str = "warn"
     lock_wait_seconds: float = 5.0
+    unit_start_timeout_seconds: float = 90.0  # the drop-in's TimeoutStartSec= (systemd's default)
     keep_reports: int = 100
     max_report_age_days: float = 90.0
     redact: list[str] = field(default_factory=lambda: list(DEFAULT_REDACT))
     metrics_path: str | None = None
     syslog: bool = True
     syslog_socket: str = "/dev/log"
+    journal_socket: str = "/run/systemd/journal/socket"  # the drop-in's output goes there
     strict_permissions: bool = True
     api: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_API))
     source: str = "built-in defaults"
@@ -120,12 +122,15 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     ),
     "pre_start_policy": ("'warn' or 'refuse'", lambda v: v in PRE_START_POLICIES),
     "lock_wait_seconds": ("a number >= 0", lambda v: _is_number(v) and 0 <= v <= 3600),
+    "unit_start_timeout_seconds": ("a number from 5 to 3600",
+                                   lambda v: _is_number(v) and 5 <= v <= 3600),
     "keep_reports": ("an integer >= 1", lambda v: type(v) is int and v >= 1),
     "max_report_age_days": ("a number > 0", lambda v: _is_number(v) and v > 0),
     "redact": ("a list of regular expressions", _str_list),
     "metrics_path": ("a path or null", lambda v: v is None or isinstance(v, str)),
     "syslog": ("true or false", lambda v: isinstance(v, bool)),
     "syslog_socket": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
+    "journal_socket": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "strict_permissions": ("true or false", lambda v: isinstance(v, bool)),
     "api": (
         "a mapping with backend ('local' or 'https'), host, user, password_file (a path) and "
@@ -161,7 +166,8 @@ def parse(text: str, source: str = "<string>") -> Config:
         expected, check = _SCHEMA[key]
         if not check(value):
             raise ConfigError(f"{source} line {line}: '{key}' must be {expected}, got {value!r}")
-        if key in ("grace_seconds", "deadline_seconds", "lock_wait_seconds"):
+        if key in ("grace_seconds", "deadline_seconds", "lock_wait_seconds",
+                   "unit_start_timeout_seconds"):
             value = float(value)
         values[key] = value
     if "phases" in values:

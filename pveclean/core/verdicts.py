@@ -15,6 +15,7 @@ class Verdict(StrEnum):
     CLEAN = "clean"
     NOTHING_TO_DO = "nothing-to-do"
     DRY_RUN = "dry-run"
+    DEFERRED = "deferred"  # pre-stop of a clean shutdown: recorded, left to the guest
     RESIDUAL = "residual"
     LEAKED = "leaked"
     ERROR = "error"
@@ -37,6 +38,7 @@ VERDICT_EXIT: dict[str, ExitCode] = {
     Verdict.CLEAN: ExitCode.OK,
     Verdict.NOTHING_TO_DO: ExitCode.OK,
     Verdict.DRY_RUN: ExitCode.OK,
+    Verdict.DEFERRED: ExitCode.OK,
     Verdict.RESIDUAL: ExitCode.RESIDUAL,
     Verdict.LEAKED: ExitCode.RESIDUAL,
     Verdict.ERROR: ExitCode.ACCESS,

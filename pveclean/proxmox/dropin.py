@@ -37,29 +37,53 @@ TYPE_CHECKING = False
 MARKER = "# pveclean systemd drop-in"
 DROPIN_NAME = "pveclean.conf"
 PHASES = ("start-pre", "stop-post")
+# `pct start --debug` and `debug: 1` start pve-container-debug@<vmid>.service instead
+UNITS = ("pve-container", "pve-container-debug")
+STOP_TIMEOUT_S = 120.0  # src/pve-container@.service: TimeoutStopSec=120s (each Exec*Post too)
+
+
+def within(timeout: float) -> float:
+    """What of a unit timeout pveclean's own run may use: the rest is kept for Python's start,
+    NVML's init and the report (systemd kills the line at the timeout and fails the unit)."""
+    return timeout - max(3.0, timeout * 0.15)
+
+
+def bound(cfg: Config, phase: str) -> float:
+    """The deadline of a drop-in run: the config's, cut to fit the unit's limit."""
+    limit = cfg.unit_start_timeout_seconds if phase == "start-pre" else STOP_TIMEOUT_S
+    return min(cfg.deadline_seconds, within(limit))
 _UNSAFE = set(" \t\n\"'\\$%;`")
 
 
-def dropin_dir(cfg: Config, vmid: int) -> Path:
-    return Path(cfg.systemd_dir) / f"pve-container@{vmid}.service.d"
+def dropin_dir(cfg: Config, vmid: int, unit: str = UNITS[0]) -> Path:
+    return Path(cfg.systemd_dir) / f"{unit}@{vmid}.service.d"
 
 
-def dropin_path(cfg: Config, vmid: int) -> Path:
-    return dropin_dir(cfg, vmid) / DROPIN_NAME
+def dropin_path(cfg: Config, vmid: int, unit: str = UNITS[0]) -> Path:
+    return dropin_dir(cfg, vmid, unit) / DROPIN_NAME
 
 
-def start_pre_command(vmid: int, bin_path: str, conf: str) -> str:
+def start_pre_command(vmid: int, bin_path: str, conf: str, unit: str = UNITS[0]) -> str:
     """ExecStartPre= through /bin/sh, like the hookscript shim: only the refuse code fails the
-    unit; pveclean missing, its Python gone, a crash or a kill is one warning line and the
-    container starts. `$$` is systemd's literal `$` (systemd.service, "Command lines")."""
-    return (f"/bin/sh -c '{bin_path} unit{conf} {vmid} start-pre; rc=$$?; "
-            f"[ $$rc = 0 ] || [ $$rc = {ExitCode.REFUSE} ] || {{ echo \"pveclean: WARNING: CT "
+    unit; pveclean missing, its Python gone, a crash or a kill is one warning in the journal
+    (the unit's stdout is null, its stderr lxc-start's error log) and the container starts.
+    `$$` is systemd's literal `$` (systemd.service, "Command lines")."""
+    return (f"/bin/sh -c '{bin_path} unit{conf}{_unit_arg(unit)} {vmid} start-pre; rc=$$?; "
+            f"[ $$rc = 0 ] || [ $$rc = {ExitCode.REFUSE} ] || {{ m=\"pveclean: WARNING: CT "
             f"{vmid} start-pre: pveclean failed (exit $$rc); starting without its check\"; "
-            "rc=0; }; exit $$rc'")
+            "systemd-cat -t pveclean -p warning echo \"$$m\" 2>/dev/null || "
+            "logger -t pveclean -p user.warning \"$$m\" 2>/dev/null; rc=0; }; exit $$rc'")
 
 
-def dropin_text(vmid: int, bin_path: str, config_file: str | None) -> str:
-    """The drop-in for one container; paths with characters systemd would interpret refused."""
+def _unit_arg(unit: str) -> str:
+    return "" if unit == UNITS[0] else f" --unit {unit}"
+
+
+def dropin_text(vmid: int, bin_path: str, config_file: str | None,
+                start_timeout: float = 90.0, unit: str = UNITS[0]) -> str:
+    """The drop-in for one container's `unit`; paths with characters systemd would interpret
+    refused. TimeoutStartSec= is set here: ExecStartPre= runs within it (systemd's default
+    is 90 s; pveclean's own run is bound below it, see `bound`)."""
     for value in (bin_path, config_file or ""):
         if _UNSAFE & set(value):
             raise PvecleanError(f"path {value!r} cannot go into a systemd unit", ExitCode.USAGE)
@@ -69,8 +93,9 @@ def dropin_text(vmid: int, bin_path: str, config_file: str | None) -> str:
             f"# Runs pveclean before every start and after every stop of CT {vmid}, the reboot "
             "from inside the guest included (no hookscript phase runs on that one).\n"
             "[Service]\n"
-            f"ExecStartPre={start_pre_command(vmid, bin_path, conf)}\n"
-            f"ExecStopPost=-{bin_path} unit{conf} {vmid} stop-post\n")
+            f"TimeoutStartSec={start_timeout:g}s\n"
+            f"ExecStartPre={start_pre_command(vmid, bin_path, conf, unit)}\n"
+            f"ExecStopPost=-{bin_path} unit{conf}{_unit_arg(unit)} {vmid} stop-post\n")
 
 
 def is_ours(path: Path) -> bool:

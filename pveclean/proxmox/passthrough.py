@@ -65,7 +65,7 @@ def vm_passthrough(qemu_dir: Path, mappings: dict[str, list[str]]
         return out
     for path in files:
         try:
-            conf = pveconf.parse_config(path.read_text(encoding="utf-8", errors="replace"),
+            conf = pveconf.parse_vm_config(path.read_text(encoding="utf-8", errors="replace"),
                                         int(path.stem))
         except OSError:
             continue

@@ -127,8 +127,22 @@ class Api:
 
     # ---- reading ------------------------------------------------------------------------
     def nodes(self) -> dict[str, bool]:
-        """Node name -> online."""
-        return {str(n["node"]): n.get("status") == "online" for n in self._call("get", "/nodes")}
+        """Node name -> online, by cluster membership (/cluster/status, from corosync through
+        pmxcfs; a standalone node lists itself). Not /nodes: that says `online` only while
+        pvestatd's data is under 5 minutes old (API2Tools::extract_node_stats), and a
+        pvestatd hung on a dead NFS storage would make every node look offline."""
+        return {str(n["name"]): bool(int(n.get("online") or 0))
+                for n in self._call("get", "/cluster/status") if n.get("type") == "node"}
+
+    def stale_nodes(self, members: dict[str, bool]) -> list[str]:
+        """Member nodes online whose pvestatd has not reported for 5 minutes (/nodes says
+        `unknown`): their guests' states in /cluster/resources are old. A hint only."""
+        try:
+            listed = self._call("get", "/nodes")
+        except PvecleanError:
+            return []
+        return sorted(str(n.get("node")) for n in listed or ()
+                      if members.get(str(n.get("node"))) and n.get("status") == "unknown")
 
     def local_node(self) -> str:
         """This machine's node: the one pvesh runs on (local backend); with the https
@@ -175,11 +189,17 @@ class Api:
         return {str(i["volid"]) for i in items if i.get("volid")}
 
     # ---- changing -----------------------------------------------------------------------
-    def set_hookscript(self, node: str, vmid: int, volid: str) -> None:
-        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", hookscript=volid)
+    def set_hookscript(self, node: str, vmid: int, volid: str, digest: str | None = None
+                       ) -> None:
+        """With the `digest` of the config it was planned on, Proxmox refuses the change if
+        the config changed since (PVE::AbstractConfig's assert_if_modified): a hookscript set
+        in between is never overwritten unchained."""
+        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", hookscript=volid,
+                   **({"digest": digest} if digest else {}))
 
-    def delete_hookscript(self, node: str, vmid: int) -> None:
-        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", delete="hookscript")
+    def delete_hookscript(self, node: str, vmid: int, digest: str | None = None) -> None:
+        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", delete="hookscript",
+                   **({"digest": digest} if digest else {}))
 
     def set_storage_content(self, storage: str, content: list[str]) -> None:
         self._call("put", f"/storage/{storage}", content=",".join(content))
@@ -191,7 +211,8 @@ def config_from_api(vmid: int, data: dict[str, Any]) -> pveconf.CtConfig:
     for pair in data.get("lxc") or []:
         if isinstance(pair, list | tuple) and len(pair) == 2:
             lines.append((str(pair[0]), str(pair[1])))
-    return pveconf.CtConfig(vmid, lines)
+    digest = data.get("digest")
+    return pveconf.CtConfig(vmid, lines, digest=str(digest) if digest else None)
 
 
 def connect(cfg: Config) -> Api:

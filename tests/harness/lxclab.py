@@ -438,7 +438,8 @@ class Lab:
         return w
 
     def run_on_host(self, name: str, hold: list[str], gpu_mib: dict[int, int] | None = None,
-                    pidns: bool = False, cgroup: Path | None = None) -> Workload:
+                    pidns: bool = False, cgroup: Path | None = None,
+                    ignore_term: bool = False) -> Workload:
         """A holder outside every container (the host's own GPU user)."""
         self._counter += 1
         tag = f"host-{self.root.name}-{self._counter}"  # unique across labs running at once
@@ -449,7 +450,8 @@ class Lab:
             assert self.holder_bin is not None
             link.symlink_to(self.holder_bin)
         ready = self.root / f"ready-{tag}"
-        argv = [str(link), *self._holder_args(tag, hold, [], False, 0, 0, pidns, 0, str(ready))]
+        argv = [str(link), *self._holder_args(tag, hold, [], ignore_term, 0, 0, pidns, 0,
+                                              str(ready))]
         preexec = None
         if cgroup is not None:
             cgroup.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,9 @@ Usage: pct.py --lab DIR <subcommand> ...
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import hashlib
 import os
 import shlex
 import signal
@@ -229,10 +231,23 @@ class Lab:
         return "\n".join(lines) + "\n"
 
 
-def run_hook(lab: Lab, vmid: str, phase: str, capture: bool = False) -> tuple[int, str]:
+def task_title(vmid: str, kind: str) -> str:
+    """PVE::RESTEnvironment::fork_worker names its worker `task <UPID>` ($0); PVE::UPID
+    encodes node, pid, pstart, start time, type, id and user."""
+    return (f"task UPID:{NODE}:{os.getpid():08X}:{0:08X}:{int(time.time()):08X}:"
+            f"{kind}:{vmid}:root@pam:")
+
+
+# The worker that runs the hook: a process whose argv[0] is the task's title.
+WORKER = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
+
+
+def run_hook(lab: Lab, vmid: str, phase: str, capture: bool = False,
+             task: str | None = None) -> tuple[int, str]:
     """PVE::GuestHelpers::exec_hookscript: check_hookscript (resolve the volume now; -f, -x;
     no owner or mode check), then PVE::Tools::run_command([$script, $vmid, $phase]): no
-    shell, no timeout, LC_ALL=C, the rest of the caller's environment inherited."""
+    shell, no timeout, LC_ALL=C, the rest of the caller's environment inherited. `task`: the
+    fork_worker type the phase runs in (the script is then that worker's child)."""
     script = lab.hookscript(vmid)
     if script is None:
         return 0, ""
@@ -246,9 +261,12 @@ def run_hook(lab: Lab, vmid: str, phase: str, capture: bool = False) -> tuple[in
     os.close(w)  # stdin: a pipe closed at once, as PVE::Tools::run_command does
     env = dict(os.environ)
     env["LC_ALL"] = "C"  # PVE::Tools::run_command (PVE::Cmd: local $ENV{LC_ALL} = 'C')
+    argv = [str(script), vmid, phase]
+    if task is not None:
+        argv = [task_title(vmid, task), "-c", WORKER, *argv]
     try:
         proc = subprocess.run(
-            [str(script), vmid, phase],
+            argv, executable=sys.executable if task is not None else None,
             stdin=r, env=env, check=False,
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.STDOUT if capture else None,
@@ -259,11 +277,11 @@ def run_hook(lab: Lab, vmid: str, phase: str, capture: bool = False) -> tuple[in
     return proc.returncode, proc.stdout or ""
 
 
-def hook_phase(lab: Lab, vmid: str, phase: str, fatal: bool) -> None:
+def hook_phase(lab: Lab, vmid: str, phase: str, fatal: bool, task: str | None = None) -> None:
     """exec_hookscript's error handling: `hookscript error for <vmid> on <phase>: ...`,
     fatal ($stop_on_error) only for pre-start, a warning otherwise."""
     try:
-        code, _ = run_hook(lab, vmid, phase)
+        code, _ = run_hook(lab, vmid, phase, task=task)
     except PctError as exc:
         if fatal:
             raise
@@ -338,15 +356,17 @@ def unit_state(lab: Lab, vmid: str) -> str:
         return "inactive"
 
 
-def systemctl_start(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
-    """`systemctl start pve-container@<vmid>` (PVE::LXC::vm_start), then wait for the
-    container as monitor_start does. The lab's systemd is the `_unit` runner, detached."""
+def systemctl_start(lab: Lab, vmid: str, timeout: float = 30.0,
+                    base: str = "pve-container") -> None:
+    """`systemctl start <base>@<vmid>` (PVE::LXC::vm_start: pve-container-debug@ for
+    `--debug` or `debug: 1`), then wait for the container as monitor_start does. The lab's
+    systemd is the `_unit` runner, detached."""
     lab.rundir.mkdir(parents=True, exist_ok=True)
     (lab.rundir / f"unit-{vmid}.state").write_text("activating\n")
     log = open(lab.lxcpath / vmid / "unit.log", "ab")  # noqa: SIM115 (the child keeps it)
     env = {"PATH": SYSTEMD_PATH}  # a unit gets systemd's environment, not the caller's
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--lab",
-                             str(lab.root), "_unit", vmid], stdin=subprocess.DEVNULL,
+                             str(lab.root), "_unit", vmid, base], stdin=subprocess.DEVNULL,
                             stdout=log, stderr=log, env=env, start_new_session=True)
     log.close()
     (lab.rundir / f"unit-{vmid}.pid").write_text(f"{proc.pid}\n")
@@ -362,19 +382,31 @@ def systemctl_start(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
 
 def cmd_start(lab: Lab, args: list[str]) -> None:
     """PVE::LXC::vm_start under lock_config: pre-start hook (fatal), update_lxc_config,
-    `systemctl start pve-container@<vmid>`, post-start hook (a warning only)."""
+    `systemctl start pve-container@<vmid>` (pve-container-debug@ with `--debug` or `debug: 1`
+    in the config), post-start hook (a warning only)."""
     vmid = args[0]
-    lab.read_conf(vmid)
+    debug = "--debug" in args or dict(lab.read_conf(vmid)).get("debug") in ("1", "yes", "on")
     lock = lab.lock(vmid)
     try:
-        if lab.state(vmid) == "running":
-            raise PctError(f"CT {vmid} already running")
-        hook_phase(lab, vmid, "pre-start", fatal=True)
-        (lab.lxcpath / vmid / "config").write_text(lab.lxc_config(vmid))
-        systemctl_start(lab, vmid)
-        hook_phase(lab, vmid, "post-start", fatal=False)
+        _start(lab, vmid, debug, "vzstart")
     finally:
         os.close(lock)
+
+
+def _start(lab: Lab, vmid: str, debug: bool, task: str) -> None:
+    """vm_start's part under the caller's config lock."""
+    if lab.state(vmid) == "running":
+        raise PctError(f"CT {vmid} already running")
+    hook_phase(lab, vmid, "pre-start", fatal=True, task=task)
+    (lab.lxcpath / vmid / "config").write_text(lab.lxc_config(vmid))
+    stderr_file(lab, vmid).unlink(missing_ok=True)  # systemd does not truncate log files
+    try:
+        systemctl_start(lab, vmid, base="pve-container-debug" if debug else "pve-container")
+    except PctError:
+        with contextlib.suppress(OSError):  # vm_start: print_ct_stderr_log
+            sys.stderr.write(stderr_file(lab, vmid).read_text(errors="replace"))
+        raise
+    hook_phase(lab, vmid, "post-start", fatal=False, task=task)
 
 
 def wait_monitor_gone(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
@@ -397,38 +429,57 @@ def wait_monitor_gone(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def _stop(lab: Lab, vmid: str, lxc_args: list[str]) -> None:
-    """PVE::LXC::vm_stop under lock_config: pre-stop hook, lxc-stop, then wait for the
-    monitor to exit, so post-stop runs while the lock is still held."""
+def _stop(lab: Lab, vmid: str, lxc_args: list[str], task: str,
+          timeout: float | None = None, locked: bool = False) -> None:
+    """PVE::LXC::vm_stop under lock_config, in a `task` worker: pre-stop hook, lxc-stop (with
+    --kill; or --timeout T, and --nokill unless the caller kills after the timeout), then
+    wait for the monitor to exit, so post-stop runs while the lock is still held. An lxc-stop
+    that fails (the guest did not shut down in time, --nokill): "container did not stop".
+    `locked`: the caller holds the config lock (vm_reboot)."""
     lab.read_conf(vmid)
-    lock = lab.lock(vmid)
+    lock = None if locked else lab.lock(vmid)
     try:
         if lab.state(vmid) != "running":
             raise PctError(f"CT {vmid} not running")
-        hook_phase(lab, vmid, "pre-stop", fatal=False)
-        subprocess.run(["lxc-stop", "-P", str(lab.lxcpath), "-n", vmid, *lxc_args], check=False)
+        hook_phase(lab, vmid, "pre-stop", fatal=False, task=task)
+        done = subprocess.run(["lxc-stop", "-P", str(lab.lxcpath), "-n", vmid, *lxc_args],
+                              check=False, timeout=None if timeout is None else timeout + 5)
+        if done.returncode != 0 and "--nokill" in lxc_args:
+            raise PctError("container did not stop")
         wait_monitor_gone(lab, vmid)
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
 
 
 def cmd_stop(lab: Lab, args: list[str]) -> None:
-    _stop(lab, args[0], ["--kill"])
+    """PVE::API2::LXC::Status vm_stop: a vzstop task, vm_stop($vmid, 1)."""
+    _stop(lab, args[0], ["--kill"], "vzstop")
 
 
 def cmd_shutdown(lab: Lab, args: list[str]) -> None:
+    """PVE::API2::LXC::Status vm_shutdown: a vzshutdown task, vm_stop($vmid, 0, $timeout,
+    $forceStop): `lxc-stop --timeout T --nokill` unless --forceStop."""
     timeout = "60"
     if "--timeout" in args:
         timeout = args[args.index("--timeout") + 1]
-    _stop(lab, args[0], ["--timeout", timeout])
+    force = "--forceStop" in args and args[args.index("--forceStop") + 1] in ("1", "true")
+    _stop(lab, args[0], ["--timeout", timeout] + ([] if force else ["--nokill"]),
+          "vzshutdown", float(timeout))
 
 
 def cmd_reboot(lab: Lab, args: list[str]) -> None:
-    """PVE::LXC::vm_reboot: vm_stop then vm_start (all four hook phases run)."""
+    """PVE::LXC::vm_reboot in a vzreboot task: under one lock_config, vm_stop($vmid, 0,
+    $timeout, 1) (killed after the timeout), then vm_start (all four hook phases run)."""
     vmid = args[0]
-    _stop(lab, vmid, ["--timeout", "60"])
-    wait_unit_inactive(lab, vmid)
-    cmd_start(lab, [vmid])
+    lock = lab.lock(vmid)
+    try:
+        _stop(lab, vmid, ["--timeout", "60"], "vzreboot", 60.0, locked=True)
+        wait_unit_inactive(lab, vmid)
+        _start(lab, vmid, dict(lab.read_conf(vmid)).get("debug") in ("1", "yes", "on"),
+               "vzreboot")
+    finally:
+        os.close(lock)
 
 
 def wait_unit_inactive(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
@@ -437,15 +488,25 @@ def wait_unit_inactive(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def cmd_set(lab: Lab, args: list[str]) -> None:
-    """PVE::API2::LXC::Config update_vm: under lock_config, load the config, check_lock,
-    then for `hookscript` PVE::GuestHelpers::check_hookscript (snippets type, -f, -x) and
-    write the config (PVE::LXC::Config::write_pct_config)."""
+def config_digest(lab: Lab, vmid: str) -> str:
+    """PVE::LXC::Config::parse_pct_config: the digest is sha1_hex of the raw file."""
+    return hashlib.sha1(lab.conf_path(vmid).read_bytes()).hexdigest()
+
+
+def cmd_set(lab: Lab, args: list[str], digest: str | None = None) -> None:
+    """PVE::API2::LXC::Config update_vm: under lock_config, load the config,
+    PVE::AbstractConfig::assert_if_modified (a `digest` that is not the file's: "detected
+    modified configuration"), check_lock, then for `hookscript`
+    PVE::GuestHelpers::check_hookscript (snippets type, -f, -x) and write the config
+    (PVE::LXC::Config::write_pct_config)."""
     vmid = args[0]
     lab.read_conf(vmid)  # the config must exist before the lock is taken
     lock = lab.lock(vmid)
     try:
         conf = lab.read_conf(vmid)  # read again under the lock: it may have changed
+        if digest and digest != config_digest(lab, vmid):
+            raise PctError("detected modified configuration - file changed by other user? "
+                           "Try again.")
         held = dict(conf).get("lock")
         if held:  # PVE::AbstractConfig::check_lock
             raise PctError(f"CT is locked ({held})")
@@ -467,6 +528,31 @@ def cmd_set(lab: Lab, args: list[str]) -> None:
         os.close(lock)
 
 
+def apply_pending(lab: Lab, vmid: str) -> None:
+    """lxc-pve-poststop-hook: PVE::LXC::Config::vmconfig_apply_pending before the hookscript's
+    post-stop (and before the reboot check): [pve:pending] values replace the current ones,
+    its `delete` list removes keys, and the section goes."""
+    sections = lab.read_sections(vmid)
+    pending = sections.get("pve:pending")
+    if not pending:
+        return
+    current = list(sections[""])  # raw lxc.* keys may repeat
+    for k, v in pending:
+        if k == "delete":
+            continue
+        at = [i for i, (key, _) in enumerate(current) if key == k and not k.startswith("lxc.")]
+        if at:
+            current[at[0]] = (k, v)
+        else:
+            current.append((k, v))
+    gone = {k.strip().lstrip("!") for k in dict(pending).get("delete", "").split(",")}
+    text = "".join(f"{k}: {v}\n" for k, v in current if k not in gone)
+    for name, lines in sections.items():  # snapshots stay
+        if name not in ("", "pve:pending"):
+            text += f"\n[{name}]\n" + "".join(f"{k}: {v}\n" for k, v in lines)
+    lab.conf_path(vmid).write_text(text)
+
+
 def poststop(lab: Lab) -> None:
     """LXC's post-stop hook, like src/lxc-pve-poststop-hook: output only to a log. With
     LXC_TARGET=reboot (a reboot from inside the guest) it writes /var/lib/lxc/<vmid>/reboot
@@ -475,6 +561,7 @@ def poststop(lab: Lab) -> None:
     vmid = os.environ.get("LXC_NAME", "")
     if not vmid or not lab.conf_path(vmid).exists():
         return
+    apply_pending(lab, vmid)
     log = lab.root / "log"
     log.mkdir(exist_ok=True)
     if os.environ.get("LXC_TARGET") == "reboot":
@@ -487,22 +574,37 @@ def poststop(lab: Lab) -> None:
         fh.write(f"exit {code}\n{out}")
 
 
-def dropin_commands(lab: Lab, vmid: str) -> dict[str, list[str]]:
-    """ExecStartPre=/ExecStopPost= of the unit's drop-ins, as systemd reads them:
-    pve-container@.service.d/ then pve-container@<vmid>.service.d/, `*.conf` by name (a
-    same-named file in the instance directory wins); an empty assignment clears the list."""
+DEFAULT_START_TIMEOUT = 90.0  # systemd's DefaultTimeoutStartSec; the unit sets none
+UNIT_STOP_TIMEOUT = 120.0  # src/pve-container@.service: TimeoutStopSec=120s
+
+
+def _seconds(value: str) -> float:
+    """A systemd time span as the drop-ins here write it: `90s`, `90`, `1.5s`, `2min`."""
+    v = value.strip()
+    if v.endswith("min"):
+        return float(v[:-3]) * 60
+    return float(v.rstrip("s"))
+
+
+def dropin_commands(lab: Lab, vmid: str, base: str = "pve-container") -> dict[str, list[str]]:
+    """ExecStartPre=/ExecStopPost= (and TimeoutStartSec=/TimeoutStopSec=, as a one-item list)
+    of the unit's drop-ins, as systemd reads them: <base>@.service.d/ then
+    <base>@<vmid>.service.d/, `*.conf` by name (a same-named file in the instance directory
+    wins); an empty assignment clears the list."""
     files: dict[str, Path] = {}
-    for d in (lab.unitdir / "pve-container@.service.d",
-              lab.unitdir / f"pve-container@{vmid}.service.d"):
+    for d in (lab.unitdir / f"{base}@.service.d", lab.unitdir / f"{base}@{vmid}.service.d"):
         if d.is_dir():
             for f in d.glob("*.conf"):
                 files[f.name] = f
-    out: dict[str, list[str]] = {"ExecStartPre": [], "ExecStopPost": []}
+    out: dict[str, list[str]] = {"ExecStartPre": [], "ExecStopPost": [],
+                                 "TimeoutStartSec": [], "TimeoutStopSec": []}
     for name in sorted(files):
         for line in files[name].read_text().splitlines():
             key, sep, value = line.strip().partition("=")
             if sep and key in out:
-                if value.strip():
+                if key.startswith("Timeout"):
+                    out[key] = [value.strip()]
+                elif value.strip():
                     out[key].append(value.strip().replace("%i", vmid).replace("%%", "%")
                                    .replace("$$", "$"))  # systemd.service: "$$" is "$"
                 else:
@@ -510,20 +612,60 @@ def dropin_commands(lab: Lab, vmid: str) -> dict[str, list[str]]:
     return out
 
 
-def run_unit_command(cmd: str, env: dict[str, str]) -> bool:
-    """One Exec*= line: a `-` prefix makes a failure count as success (systemd.service)."""
+def stderr_file(lab: Lab, vmid: str) -> Path:
+    """The unit's StandardError=file:/run/pve/ct-%i.stderr."""
+    return lab.root / "run/pve" / f"ct-{vmid}.stderr"
+
+
+def default_start_timeout(lab: Lab) -> float:
+    """systemd's DefaultTimeoutStartSec= (/etc/systemd/system.conf; 90 s unless set)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in (lab.root / "etc/systemd/system.conf").read_text().splitlines():
+            key, sep, value = line.strip().partition("=")
+            if sep and key == "DefaultTimeoutStartSec":
+                return _seconds(value)
+    return DEFAULT_START_TIMEOUT
+
+
+def run_unit_command(cmd: str, env: dict[str, str], lab: Lab, vmid: str,
+                     timeout: float) -> bool:
+    """One Exec*= line as systemd runs it: stdout to null and stderr to the unit's
+    StandardError= file, which systemd opens without truncating it, each opener writing from
+    its start (service.c's exec context: O_WRONLY|O_CREAT, no O_APPEND, no O_TRUNC); killed
+    when it passes `timeout` (TimeoutStartSec= for ExecStartPre=, TimeoutStopSec= for
+    ExecStopPost=: SIGTERM, then SIGKILL), which fails the line. A `-` prefix makes a failure
+    count as success (systemd.service)."""
     ignore = cmd.startswith("-")
     argv = shlex.split(cmd.lstrip("-@+!:"))
+    err = stderr_file(lab, vmid)
+    err.parent.mkdir(parents=True, exist_ok=True)
+    efd = os.open(err, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        rc = subprocess.run(argv, stdin=subprocess.DEVNULL, env=env, check=False).returncode
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=efd, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = -1
+            print(f"unit: {cmd}: timed out after {timeout:g} s", file=sys.stderr)
     except OSError as exc:
         print(f"unit: {argv[0]}: {exc.strerror}", file=sys.stderr)
         rc = 203  # systemd's EXEC status
+    finally:
+        os.close(efd)
     print(f"unit: {cmd} -> {rc}", file=sys.stderr, flush=True)
     return rc == 0 or ignore
 
 
-def unit(lab: Lab, vmid: str) -> int:
+def unit(lab: Lab, vmid: str, base: str = "pve-container") -> int:
     """pve-container@<vmid>.service (src/pve-container@.service, Type=simple) as systemd
     runs it: ExecStartPre=, ExecStart=/usr/bin/lxc-start -F -n %i; when it exits,
     ExecStop=/usr/share/lxc/pve-container-stop-wrapper %i (with EXIT_CODE=exited), then
@@ -533,14 +675,18 @@ def unit(lab: Lab, vmid: str) -> int:
     state = lab.rundir / f"unit-{vmid}.state"
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     while lab.conf_path(vmid).exists():
-        cmds = dropin_commands(lab, vmid)
+        cmds = dropin_commands(lab, vmid, base)
+        start_t = (_seconds(cmds["TimeoutStartSec"][0]) if cmds["TimeoutStartSec"]
+                   else default_start_timeout(lab))
+        stop_t = _seconds((cmds["TimeoutStopSec"] or [str(UNIT_STOP_TIMEOUT)])[0])
         state.write_text("activating\n")
-        if not all(run_unit_command(c, env) for c in cmds["ExecStartPre"]):
+        if not all(run_unit_command(c, env, lab, vmid, start_t) for c in cmds["ExecStartPre"]):
             state.write_text("failed\n")
             for c in cmds["ExecStopPost"]:
-                run_unit_command(c, {**env, "SERVICE_RESULT": "exit-code"})
+                run_unit_command(c, {**env, "SERVICE_RESULT": "exit-code"}, lab, vmid, stop_t)
             return 1
         state.write_text("active\n")
+        cleanup_cgroups(vmid)
         res = subprocess.run(
             ["lxc-start", "-F", "-P", str(lab.lxcpath), "-n", vmid, "-l", "INFO",
              "-o", str(lab.lxcpath / vmid / "start.log")],
@@ -549,13 +695,35 @@ def unit(lab: Lab, vmid: str) -> int:
         stop_env = {**env, "SERVICE_RESULT": "success" if res.returncode == 0 else "exit-code",
                     "EXIT_CODE": "exited", "EXIT_STATUS": str(res.returncode)}
         restart = stop_wrapper(lab, vmid, stop_env)
-        for c in dropin_commands(lab, vmid)["ExecStopPost"]:
-            run_unit_command(c, stop_env)
+        for c in dropin_commands(lab, vmid, base)["ExecStopPost"]:
+            run_unit_command(c, stop_env, lab, vmid, stop_t)
         if not restart:
             break
         (lab.lxcpath / vmid / "restarts").open("a").write("restart\n")
     state.write_text("inactive\n")
     return 0
+
+
+def cgroup2_root() -> Path:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            return Path(parts[1])
+    return Path("/sys/fs/cgroup")
+
+
+def cleanup_cgroups(vmid: str) -> None:
+    """lxc-pve-prestart-hook's PVE::LXC::cleanup_cgroups: empty leftover lxc/<vmid> and
+    lxc.monitor/<vmid> trees are removed, deepest first; one with a process stays (and the
+    start then fails creating the container's cgroup)."""
+    root = cgroup2_root()
+    for top in (root / "lxc" / vmid, root / "lxc.monitor" / vmid):
+        if not top.is_dir():
+            continue
+        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for d in [*dirs, top]:
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 def stop_wrapper(lab: Lab, vmid: str, env: dict[str, str]) -> bool:
@@ -597,7 +765,7 @@ def main(argv: list[str]) -> int:
     rest = argv[2:]
     try:
         if rest and rest[0] == "_unit":
-            return unit(lab, rest[1])
+            return unit(lab, rest[1], *rest[2:3])
         if rest and rest[0] == "_poststop":
             poststop(lab)
             return 0

@@ -11,6 +11,10 @@ the Proxmox handler it mirrors:
 - GET /cluster/resources: PVE::API2::Cluster resources: status/name/template come from
   pvestatd's broadcast, which lags (PVE::Service::pvestatd, a round every 10 s): `unknown`
   until its first round;
+- GET /nodes: PVE::API2::Nodes index -> PVE::API2Tools::extract_node_stats: `online` only
+  while pvestatd's last round is under 5 minutes old (pmxcfs rrd_entry_is_old), else
+  `unknown`; GET /cluster/status: PVE::API2::Cluster get_status, membership (a standalone
+  node lists itself, online). `<lab>/run/pvestatd.hung` stops pvestatd's rounds;
 - GET /nodes/{n}/lxc/{id}/status/current: PVE::API2::LXC::Status vm_status ->
   PVE::LXC::vmstatus, live;
 - GET /nodes/{n}/storage/{s}/content: PVE::API2::Storage::Content index ->
@@ -68,6 +72,16 @@ def write_storage_cfg(path: Path, cfg: dict[str, dict[str, str]]) -> None:
 
 
 STATD_ROUND = 10.0  # seconds between pvestatd rounds (PVE::Service::pvestatd)
+RRD_MAX_AGE = 300.0  # pmxcfs rrd_entry_is_old: a node's data older than this is not shown
+
+
+def statd_last(lab: pct.Lab) -> float:
+    """When pvestatd last reported (its rounds run on every API read unless it is hung)."""
+    statd_round(lab)
+    try:
+        return float(json.loads((lab.root / "run/pvestatd.json").read_text())["time"])
+    except (OSError, ValueError, KeyError):
+        return 0.0
 
 
 def ct_config(lab: pct.Lab, vmid: str, current: bool = False) -> dict[str, Any]:
@@ -93,7 +107,7 @@ def ct_config(lab: pct.Lab, vmid: str, current: bool = False) -> dict[str, Any]:
             data[k] = int(v) if v.isdigit() and k in ("memory", "swap", "cores") else v
     if raw:
         data["lxc"] = raw
-    data["digest"] = "0" * 40
+    data["digest"] = pct.config_digest(lab, vmid)
     return data
 
 
@@ -106,7 +120,9 @@ def handle(lab: pct.Lab, method: str, path: str, opts: dict[str, str]) -> Any:
         return [{"type": "node", "id": f"node/{NODE}", "name": NODE, "nodeid": 0, "ip": "127.0.0.1",
                  "local": 1, "online": 1, "level": ""}]
     if method == "get" and parts == ["nodes"]:  # PVE::API2::Nodes index
-        return [{"node": NODE, "id": f"node/{NODE}", "type": "node", "status": "online"}]
+        fresh = time.time() - statd_last(lab) < RRD_MAX_AGE
+        return [{"node": NODE, "id": f"node/{NODE}", "type": "node",
+                 "status": "online" if fresh else "unknown"}]
     if method == "get" and parts == ["cluster", "resources"]:
         out = []
         if opts.get("type") not in (None, "vm"):
@@ -145,7 +161,7 @@ def handle(lab: pct.Lab, method: str, path: str, opts: dict[str, str]) -> Any:
             args += ["--delete", opts["delete"]]
         if len(args) == 1:
             raise pct.PctError("no options specified")
-        pct.cmd_set(lab, args)
+        pct.cmd_set(lab, args, opts.get("digest"))
         return None
     if len(parts) == 2 and parts[0] == "storage":  # PVE::API2::Storage::Config read/update
         cfg = read_storage_cfg(storage_cfg)
@@ -180,7 +196,8 @@ def statd_round(lab: pct.Lab) -> dict[str, str]:
     except (OSError, ValueError):
         data = {"time": 0.0, "status": {}}
     seen: dict[str, str] = data["status"]
-    if time.time() - data["time"] >= STATD_ROUND:
+    hung = (lab.root / "run/pvestatd.hung").exists()
+    if time.time() - data["time"] >= STATD_ROUND and not hung:
         now = {p.stem: lab.state(p.stem) for p in lab.confdir.glob("*.conf")}
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps({"time": time.time(), "status": now}))

@@ -55,3 +55,21 @@ def test_cluster_locked_container_fails_cleanly(cluster: Cluster,
     assert rc == 3
     assert "CT 101: PUT /nodes/pve1/lxc/101/config: can't lock file" in err
     assert "hookscript" not in cluster.pve.ct(101).config
+
+
+def test_a_hookscript_set_after_the_plan_is_not_overwritten(cluster: Cluster) -> None:
+    """The change carries the digest of the config it was planned on: Proxmox refuses it
+    when another hookscript was set in between (assert_if_modified), so nothing is lost
+    unchained."""
+    from pveclean.commands import install
+    from pveclean.host import configfile
+    from pveclean.proxmox import pveapi
+
+    cfg = configfile.load(cluster.config)
+    api = pveapi.connect(cfg)
+    plan = install.plan_install(api, cfg, [101], False, "local", False, True)
+    assert [s.action for s in plan.steps] == ["set"] and plan.steps[0].digest
+    cluster.pve.ct(101).config["hookscript"] = "local:snippets/theirs.sh"  # someone else, now
+    out = install.apply_install(api, cfg, plan)
+    assert out.exit_code == 3 and "detected modified configuration" in out.errors[0][0]
+    assert cluster.pve.ct(101).config["hookscript"] == "local:snippets/theirs.sh"

@@ -7,8 +7,6 @@ the disagreement stays visible, and the test fails once pveconf's reading is men
 
 from __future__ import annotations
 
-import posixpath
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,24 +37,9 @@ CORPUS = _corpus_dir()
 MISSING = ("corpus not found: clone the shared data beside the repository "
            f"({REPO_ROOT.parent / 'shared/corpus/lxc-gpu-configs'})")
 
-# What pveconf reads differently from expected.tsv (main reading and alt alike).
-DISAGREES = {
-    "003-claudeskills-ollama-unpriv.conf":
-        "gpu_paths counts the library binds /usr/lib/x86_64-linux-gnu/nvidia and "
-        "/opt/nvidia-container as NVIDIA nodes (any source containing 'nvidia')",
-    "018-taylordbowers-devN-path-dri-remap.conf":
-        "gpu_paths counts the library bind /usr/lib/x86_64-linux-gnu/nvidia/current as a node",
-    "019-taylordbowers-mount-caps-older.conf":
-        "gpu_paths counts the library bind /usr/lib/x86_64-linux-gnu/nvidia/current as a node",
-    "031-rafaelfmuniz-devN-mode0666.conf":
-        "gpu_paths counts the devN bind of the binary /usr/bin/nvidia-smi as a node",
-    "029-fwupdwebui-whole-dev-bind.conf":
-        "a bind of the host's whole /dev ('/dev dev none bind') gives every NVIDIA node "
-        "(nodes=*, gpus=*); gpu_paths reads none",
-    "030-saberwolf-nvidia-container-hook.conf":
-        "LXC's nvidia mount hook (lxc.hook.mount: /usr/share/lxc/hooks/nvidia) gives every "
-        "GPU (nvidia=yes, nodes=*, gpus=*); pveconf reads no NVIDIA access at all",
-}
+# What pveconf reads differently from expected.tsv (main reading and alt alike): none now;
+# an entry here marks its row xfail(strict=True), so a disagreement stays visible.
+DISAGREES: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -105,14 +88,14 @@ ROWS = _rows()
 
 def pveclean_reading(cfg: pveconf.CtConfig) -> Reading:
     """What pveconf says: access from its GPU lines or an allow-all rule (no dynamic majors
-    known: the corpus's hosts differ), nodes from gpu_paths (relative to /dev), GPU indices
-    as N of each nvidiaN node."""
+    known: the corpus's hosts differ), nodes as the container's paths (relative to /dev),
+    GPU indices as the minors of the host's /dev/nvidiaN the config binds."""
     majors: frozenset[int] = frozenset()
-    access = bool(cfg.gpu_lines(majors)) or pveconf.may_use_gpus(cfg, majors)
-    paths = cfg.gpu_paths()
-    nodes = frozenset(p.removeprefix("/dev/") if p.startswith("/dev/") else p for p in paths)
-    gpus = frozenset(int(m.group(1)) for p in paths
-                     if (m := re.fullmatch(r"nvidia(\d+)", posixpath.basename(p))))
+    grant = cfg.gpu(majors)
+    access = grant.any or pveconf.may_use_gpus(cfg, majors)
+    nodes: frozenset[str] | str = "*" if grant.nodes is None else frozenset(
+        p.removeprefix("/dev/") if p.startswith("/dev/") else p for p in grant.nodes)
+    gpus: frozenset[int] | str = "*" if grant.minors is None else grant.minors
     return Reading("yes" if access else "no", nodes, gpus)
 
 

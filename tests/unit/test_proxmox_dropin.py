@@ -152,8 +152,15 @@ def test_dropin_start_pre_fails_the_unit_only_on_a_refusal(
     if script is not None:
         exe.write_text(script)
         exe.chmod(0o755)
+    said = tmp_path / "journal"  # a systemd-cat that writes what it is given to a file
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/systemd-cat").write_text(f'#!/bin/sh\nshift 4\n"$@" >> {said}\n')
+    (tmp_path / "bin/systemd-cat").chmod(0o755)
     line = dropin.dropin_text(100, str(exe), None).split("ExecStartPre=", 1)[1].splitlines()[0]
     argv = shlex.split(line.replace("$$", "$"))
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False,
+                         env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"})
     assert res.returncode == expect_rc, res
-    assert ("WARNING: CT 100 start-pre" in res.stdout) == warned, res.stdout
+    assert "WARNING" not in res.stdout + res.stderr  # never the unit's (null, ct-N.stderr)
+    journal = said.read_text() if said.exists() else ""
+    assert ("WARNING: CT 100 start-pre" in journal) == warned, journal

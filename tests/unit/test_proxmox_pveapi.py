@@ -325,3 +325,19 @@ def test_https_this_node_is_the_local_machine(cluster: Cluster,
     monkeypatch.setattr(pveapi, "nodename", lambda: "pve2")
     api = pveapi.connect(configfile.load(cluster.config))
     assert api.local_node() == "pve2"  # not pve1, the node api.host is
+
+
+def test_membership_is_read_from_cluster_status_and_pvestatd_is_a_hint() -> None:
+    """/nodes says `unknown` when pvestatd's data is 5 minutes old: membership decides."""
+    answers = {
+        "cluster/status": [{"type": "cluster", "name": "c"},
+                           {"type": "node", "name": "pve1", "online": 1, "local": 1},
+                           {"type": "node", "name": "pve2", "online": 0},
+                           {"type": "node", "name": "pve3", "online": 1}],
+        "nodes": [{"node": "pve1", "status": "unknown"}, {"node": "pve2", "status": "offline"},
+                  {"node": "pve3", "status": "online"}],
+    }
+    api = pveapi.Api(Prox(lambda m, p, a: answers[p]), "here", "root@pam")
+    members = api.nodes()
+    assert members == {"pve1": True, "pve2": False, "pve3": True}
+    assert api.stale_nodes(members) == ["pve1"]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pveclean.errors import ExitCode, PvecleanError
-from pveclean.proxmox import pveconf
+from pveclean.proxmox import gpugrant, pveconf
 
 
 # ---- parse_config -------------------------------------------------------------------------
@@ -42,10 +42,18 @@ def test_raw_lxc_keys_with_colon_and_equals() -> None:
     ]
 
 
-def test_comments_blank_lines_and_surrounding_blanks() -> None:
-    text = "# a comment: with a colon\n\n   \n  hostname:   web   \n#dev0: /dev/nvidia0\n"
+def test_comments_and_blank_lines_are_skipped() -> None:
+    text = "# a comment: with a colon\n\n   \n\t\nhostname:   web   \n#dev0: /dev/nvidia0\n"
     cfg = pveconf.parse_config(text, 100)
-    assert cfg.lines == [("hostname", "web")]
+    assert cfg.lines == [("hostname", "web")] and cfg.rejected == []
+
+
+def test_an_indented_line_is_not_applied() -> None:
+    """parse_pct_config reads a key from the first column only: Proxmox warns "unable to
+    parse config" and applies nothing, so an indented devN gives no device."""
+    cfg = pveconf.parse_config("  dev0: /dev/nvidia0\n\tlxc.cgroup2.devices.allow: a\n", 100)
+    assert cfg.lines == [] and cfg.gpu_lines() == []
+    assert [r.split(":")[0] for r in cfg.rejected] == ["line 1", "line 2"]
 
 
 def test_value_keeps_its_own_colons() -> None:
@@ -53,16 +61,47 @@ def test_value_keeps_its_own_colons() -> None:
     assert cfg.hookscript == "local:snippets/pveclean-hook"
 
 
-def test_a_key_proxmox_would_reject_is_kept_as_written() -> None:
-    cfg = pveconf.parse_config("Weird Key: value\nno separator here\n", 100)
-    assert cfg.lines == [("Weird Key", "value")]
+@pytest.mark.parametrize(("line", "why"), [
+    ("Weird Key: value", "unable to parse"),
+    ("no separator here", "unable to parse"),
+    ("dev0:", "unable to parse"),  # a key needs a value
+    ("DEV0: /dev/nvidia0", "unable to parse"),  # keys are lower case
+    ("gpu0: /dev/nvidia0", "unknown setting 'gpu0'"),
+    ("dev256: /dev/nvidia0", "unknown setting 'dev256'"),  # dev0..dev255
+    ("dev01: /dev/nvidia0", "unknown setting 'dev01'"),
+    ("lxc.rootfs.path: /x", "auto generated"),
+    ("lxc.made.up: 1", "unable to parse config"),
+    ("delete: dev0", "only allowed in [pve:pending]"),
+    ("[not a section", "unable to parse"),
+])
+def test_a_line_proxmox_rejects_is_reported_not_used(line: str, why: str) -> None:
+    cfg = pveconf.parse_config(f"hostname: a\n{line}\n", 100)
+    assert cfg.lines == [("hostname", "a")]
+    assert len(cfg.rejected) == 1 and cfg.rejected[0].startswith("line 2: ")
+    assert why in cfg.rejected[0]
 
 
-def test_get_returns_the_first_value_and_none_when_absent() -> None:
-    cfg = pveconf.parse_config("mp1: a\nmp1: b\n", 100)
-    assert cfg.get("mp1") == "a"
-    assert cfg.get("mp2") is None
-    assert cfg.hookscript is None
+def test_the_last_occurrence_of_a_key_wins_raw_lxc_keys_all_count() -> None:
+    text = ("mp1: a\ndev0: /dev/dri/card0\nlxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind\n"
+            "mp1: b\nlxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind\ndev0: /dev/nvidia2\n")
+    cfg = pveconf.parse_config(text, 100)
+    assert cfg.get("mp1") == "b" and cfg.get("mp2") is None and cfg.hookscript is None
+    assert cfg.lines == [("lxc.mount.entry", "/dev/nvidia0 dev/nvidia0 none bind"), ("mp1", "b"),
+                         ("lxc.mount.entry", "/dev/nvidia1 dev/nvidia1 none bind"),
+                         ("dev0", "/dev/nvidia2")]
+    assert cfg.gpu().minors == {0, 1, 2}
+
+
+def test_a_bracket_line_that_is_no_section_does_not_end_the_config() -> None:
+    cfg = pveconf.parse_config("[x y]\ndev0: /dev/nvidia0\n[Snap_1]\ndev1: /dev/nvidia1\n", 100)
+    assert cfg.gpu_paths() == ["/dev/nvidia0"]
+
+
+def test_the_pending_section_is_kept_apart() -> None:
+    text = "dev0: /dev/nvidia0\n[PVE:pending]\ndev1: /dev/nvidia1\ndelete: dev0\n[snap]\nx: 1\n"
+    cfg = pveconf.parse_config(text, 100)
+    assert cfg.lines == [("dev0", "/dev/nvidia0")]
+    assert cfg.pending == [("dev1", "/dev/nvidia1"), ("delete", "dev0")]
 
 
 def test_the_vmid_is_kept() -> None:
@@ -81,7 +120,7 @@ def test_the_vmid_is_kept() -> None:
     (" /dev/nvidiactl , mode=0660", "/dev/nvidiactl"),
 ])
 def test_dev_path(value: str, path: str) -> None:
-    assert pveconf.dev_path(value) == path
+    assert gpugrant.dev_path(value) == path
 
 
 # ---- is_gpu_line --------------------------------------------------------------------------
@@ -134,7 +173,7 @@ def test_gpu_paths_from_mount_entries_are_the_containers_paths() -> None:
     ("lxc.cgroup.devices.allow: a\n", (), True),  # cgroup v1 key too
     ("lxc.cgroup2.devices.allow: b *:* rwm\n", (), True),
     ("lxc.cgroup2.devices.allow: * *:* rwm\n", (), True),
-    ("lxc.cgroup2.devices.allow: c *:0 rwm\n", (), False),
+    ("lxc.cgroup2.devices.allow: c *:0 rwm\n", (), True),  # 195:0 is /dev/nvidia0
     ("lxc.cgroup2.devices.deny: a\n", (), False),
     ("lxc.cgroup2.devices.allow: abc\n", (), False),
     ("[snap]\nlxc.cgroup2.devices.allow: a\n", (), False),
