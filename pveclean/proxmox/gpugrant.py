@@ -26,7 +26,7 @@ _ALLOW_RULE = re.compile(r"([abc])[ \t\n\v\f\r](\*|\d+):(\*|\d+)[ \t\n\v\f\r]"
 # A rule that may open every device, for may_use_gpus (whether `gpus` reads a container's
 # tree): read wide on purpose, as looking once too often costs a scan, not a holder.
 _ALLOW_ANY = re.compile(r"^\s*(a\b|[abc*]\s+\*:\*)", re.ASCII)
-_GPU_NODE = re.compile(r"/dev/nvidia(\d+)")
+_GPU_NODE = re.compile(r"nvidia(\d+)")
 _NVIDIA_HOOK = "nvidia"  # /usr/share/lxc/hooks/nvidia: nvidia-container-cli --device=all
 
 
@@ -56,9 +56,16 @@ def allow_rule(value: str) -> tuple[str, int | None, bool] | None:
     return m.group(1), None if major == "*" else int(major), minor == "*"
 
 
+# The names NVIDIA's driver gives its nodes (nvidia-modprobe, nvidia-caps): a source so named
+# is a node wherever it lives (a host may keep bind sources elsewhere); a library directory
+# `.../nvidia` or a tool `nvidia-smi` is not one.
+_NODE_NAME = re.compile(r"nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-caps|-cap\d+)")
+
+
 def _is_nvidia_source(source: str) -> bool:
     """A host path that is an NVIDIA node or the /dev/nvidia-caps directory."""
-    return posixpath.normpath(source).startswith("/dev/nvidia")
+    path = posixpath.normpath(source)
+    return path.startswith("/dev/nvidia") or bool(_NODE_NAME.fullmatch(posixpath.basename(path)))
 
 
 def _whole_dev(source: str) -> bool:
@@ -126,7 +133,7 @@ def grant(lines: Iterable[tuple[str, str]], nvidia_majors: frozenset[int] = froz
             granting.append(f"{key}: {value}")
             if nodes is not None:
                 nodes.add(posixpath.normpath(inside))
-            m = _GPU_NODE.fullmatch(posixpath.normpath(source))
+            m = _GPU_NODE.fullmatch(posixpath.basename(posixpath.normpath(source)))
             if m and minors is not None:
                 minors.add(int(m.group(1)))
     return GpuGrant(tuple(dict.fromkeys(granting)),

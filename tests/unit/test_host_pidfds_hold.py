@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from pathlib import Path
 
 from pveclean.core.records import Holder
 from pveclean.core.verdicts import Outcome
@@ -19,11 +20,22 @@ def target(argv: list[str]) -> tuple[pidfds.Target, subprocess.Popen[bytes]]:
     return pidfds.Target(h, os.pidfd_open(p.pid)), p
 
 
+def _ignores_term(pid: int) -> None:
+    """Wait until the shell's `trap '' TERM` is in place (SigIgn has SIGTERM's bit)."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        for line in Path(f"/proc/{pid}/status").read_text().split("\n"):
+            if line.startswith("SigIgn:") and int(line.split()[1], 16) & (1 << 14):
+                return
+        time.sleep(0.01)
+    raise AssertionError("the shell did not ignore SIGTERM in 10 s")
+
+
 def test_grace_thawed_kill_frozen() -> None:
     calls: list[bool] = []
     polite, p1 = target(["sleep", "30"])
     stubborn, p2 = target(["sh", "-c", "trap '' TERM; sleep 30 & wait; sleep 30"])
-    time.sleep(0.1)  # the trap is set
+    _ignores_term(p2.pid)
     pidfds.stop([polite, stubborn], 0.3, time.monotonic() + 5, hold=calls.append,
                 describe_fn=lambda _pids: {})
     assert calls == [False, True, False]

@@ -45,6 +45,12 @@ def test_minors_come_from_the_host_source_wherever_the_node_lands() -> None:
     assert len(g.lines) == 4
 
 
+def test_a_node_kept_outside_dev_is_known_by_its_name() -> None:
+    g = _grant("lxc.mount.entry: /srv/gpu/nvidia2 dev/nvidia2 none bind,create=file\n"
+               "lxc.mount.entry: /srv/gpu/nvidiactl dev/nvidiactl none bind,create=file\n")
+    assert g.minors == {2} and g.nodes == {"/dev/nvidia2", "/dev/nvidiactl"}
+
+
 @pytest.mark.parametrize("line", [
     "lxc.mount.entry: /usr/lib/x86_64-linux-gnu/nvidia usr/lib/x86_64-linux-gnu/nvidia none bind",
     "lxc.mount.entry: /usr/bin/nvidia-smi usr/bin/nvidia-smi none bind,create=file",
