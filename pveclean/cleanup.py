@@ -340,6 +340,7 @@ def _clean(
             disc = discover(scope, reads, cfg.pct_command if cfg.probe and not dry_run else None,
                             deadline, end, no_probe, fz, 0.0 if dry_run else g + 1)
             before = reads.before  # asked with the host scan
+            disc.warnings += ctconf.unapplied()  # lines Proxmox does not apply either
             if idle:
                 disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
             if progress:

@@ -106,6 +106,13 @@ class CtConfig:
                 return v
         return None
 
+    def unapplied(self, most: int = 10) -> list[str]:
+        """The rejected lines as a report's warnings, at most `most` of them and a count."""
+        said = [f"CT {self.vmid} config {r}; Proxmox does not apply it, nor does pveclean"
+                for r in self.rejected[:most]]
+        more = len(self.rejected) - most
+        return said + ([f"... and {more} more such config lines"] if more > 0 else [])
+
     @property
     def hookscript(self) -> str | None:
         return self.get("hookscript")

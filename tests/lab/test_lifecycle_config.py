@@ -54,3 +54,19 @@ def test_a_container_without_gpus_gets_no_leak_reports(lab: Lab, vmid: int) -> N
     assert wait_for(lambda: reports(lab, vmid, "post-stop"))
     (post,) = reports(lab, vmid, "post-stop")
     assert post["verdict"] != "leaked" and not post.get("leaks")
+
+
+def test_a_line_proxmox_does_not_apply_is_said_in_the_report(lab: Lab, vmid: int) -> None:
+    """An indented `dev1:` is "unable to parse" for Proxmox: no device, and the report says
+    so rather than pveclean looking for a GPU the container never got."""
+    lab.create_ct(vmid, gpus=(0,))
+    path = lab.root / "etc/pve/lxc" / f"{vmid}.conf"
+    path.write_text(path.read_text() + "  dev1: /dev/nvidia1\ngpu0: /dev/nvidia2\n")
+    res = lab.pveclean("ct", str(vmid), "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    import json
+
+    rep = json.loads(res.stdout)
+    said = [w for w in rep["warnings"] if "Proxmox does not apply it" in w]
+    assert len(said) == 2 and "unable to parse" in said[0] and "unknown setting 'gpu0'" in said[1]
+    assert "dev1: /dev/nvidia1" not in rep["container"]["gpu_config"]

@@ -358,3 +358,11 @@ def _conf(text: str) -> pveconf.CtConfig:
 ])
 def test_which_containers_need_a_scan(text: str, may: bool) -> None:
     assert pveconf.may_use_gpus(_conf(text), frozenset()) is may
+
+
+def test_unapplied_lines_become_at_most_ten_warnings_and_a_count() -> None:
+    text = "".join(f"  dev{i}: /dev/nvidia{i}\n" for i in range(12))
+    said = pveconf.parse_config(text, 100).unapplied()
+    assert len(said) == 11 and said[-1] == "... and 2 more such config lines"
+    assert said[0].startswith("CT 100 config line 1: unable to parse: ")
+    assert pveconf.parse_config("dev0: /dev/nvidia0\n", 100).unapplied() == []
