@@ -37,7 +37,7 @@ def bloat(lab: Lab, vmid: int) -> Workload:
 
 def check_bounded(rep: dict[str, object]) -> None:
     """Every holder counted, at most LISTED_MAX listed, the others summarized; device
-    paths per listed holder capped with how many more."""
+    paths per listed holder bounded (capped with how many more: tests/unit's bounds tests)."""
     summary = rep["summary"]
     assert isinstance(summary, dict) and summary["holders"] == HOLDERS
     listed = rep["holders"]
@@ -45,9 +45,9 @@ def check_bounded(rep: dict[str, object]) -> None:
     more = rep["holders_not_listed"]
     assert isinstance(more, dict) and more["count"] == HOLDERS - len(listed)
     assert sum(more["outcomes"].values()) == more["count"]
-    for h in listed:
-        assert len(h["devices"]) <= DEVICES_MAX + 1
-        assert h["devices"][-1] == f"…+{PATHS - DEVICES_MAX} more"
+    for h in listed:  # one file (the node) at 64 paths: the fd judge lists it once
+        assert 1 <= len(h["devices"]) <= DEVICES_MAX + 1
+        assert len(h["devices"]) <= DEVICES_MAX or h["devices"][-1].startswith("…+")
 
 
 def test_report_bloat_dry_run_stays_within_its_deadline_and_1_mb(lab: Lab, vmid: int) -> None:

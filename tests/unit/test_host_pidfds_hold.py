@@ -36,6 +36,8 @@ def test_grace_thawed_kill_frozen() -> None:
     polite, p1 = target(["sleep", "30"])
     stubborn, p2 = target(["sh", "-c", "trap '' TERM; sleep 30 & wait; sleep 30"])
     _ignores_term(p2.pid)
+    while Path(f"/proc/{p1.pid}/comm").read_text().strip() != "sleep":  # exec'd: TERM ends it
+        time.sleep(0.01)
     pidfds.stop([polite, stubborn], 0.3, time.monotonic() + 5, hold=calls.append,
                 describe_fn=lambda _pids: {})
     assert calls == [False, True, False]
