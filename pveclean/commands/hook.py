@@ -258,10 +258,6 @@ def main(argv: list[str], nvml: NvmlWorker) -> int:
     `nvml`: the run's NVML worker, made by __main__ (a pre-stop's or post-stop's forked
     before this module was imported, see prelude.py)."""
     phase = argv[1] if len(argv) == 2 else "?"
-    # `pct stop --overrule-shutdown` aborts a shutdown task with SIGTERM to its whole process
-    # group, the hook's pveclean included (PVE::RESTEnvironment's kill_process_group; SIGKILL
-    # after 5 s if the worker lives): a phase ends by its own deadline and writes its report.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         return _main(argv, nvml)
     except KeyboardInterrupt:
@@ -317,6 +313,12 @@ def _phase(vmid: int, phase: str, nvml: NvmlWorker) -> int:
             f"exited {chained}")
     if not cfg.phase_enabled(phase) or phase not in HANDLERS:
         return ExitCode.REFUSE if refused else 0
+    # `pct stop --overrule-shutdown` aborts a shutdown task with SIGTERM to its whole process
+    # group, the hook's pveclean included (PVE::RESTEnvironment's kill_process_group; SIGKILL
+    # after 5 s if the worker lives): pveclean's own phase ends by its deadline and writes its
+    # report. Not the chained script's (it ran as Proxmox runs it), and restored after: an
+    # ignored SIGTERM is inherited by whatever this process runs next.
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         code = HANDLERS[phase](vmid, cfg, nvml)
     except PvecleanError as exc:
@@ -326,6 +328,8 @@ def _phase(vmid: int, phase: str, nvml: NvmlWorker) -> int:
         say(f"pveclean: CT {vmid} {phase}: internal error: {type(exc).__name__}: "
             f"{safe(exc, 300)}")
         code = 0
+    finally:
+        signal.signal(signal.SIGTERM, before)
     if phase == "pre-start" and (refused or code == ExitCode.REFUSE):
         return ExitCode.REFUSE
     return 0
