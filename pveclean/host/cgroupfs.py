@@ -152,14 +152,14 @@ def _ids(file: str) -> list[int]:
 
 
 def thread_group(tid: int) -> int | None:
-    """The process a thread belongs to: the Tgid of /proc/TID/status (read whole, lines split
-    at \n only: the kernel escapes no other break in a thread's name), or None if it is gone."""
-    text = read_text(procfs.path(tid, "status"))
-    for line in (text or "").split("\n"):
-        if line.startswith("Tgid:"):
-            value = line[5:].strip()
-            return int(value) if value.isdigit() else None
-    return None
+    """The process a thread belongs to: the Tgid of /proc/TID/status, read by procfs's one
+    status parser; None if it is gone or its status is not as the kernel writes it."""
+    raw = procfs.read_bytes(procfs.path(tid, "status"))
+    try:
+        value = procfs.parse_status(procfs.decode(raw)).get("Tgid", "") if raw else ""
+    except ValueError:
+        return None
+    return int(value) if value.strip().isdigit() else None
 
 
 def remove_empty_cgroups(cgroup_dir: Path) -> list[str]:
