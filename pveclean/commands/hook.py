@@ -8,7 +8,6 @@ ExitCode.REFUSE (see errors.py); the others always exit 0.
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import sys
 import time
@@ -97,7 +96,7 @@ def _pre_shutdown(vmid: int, cfg: Config, nvml: NvmlWorker, task: tasks.Task | N
     what = f"a {task.type} task" if task is not None else "no Proxmox task known"
     res = clean(vmid, cfg, phase="pre-stop", dry_run=True, write_report=False,
                 worker=nvml.warm(cfg, vmid), deadline=deadline)
-    rep = dataclasses.replace(res.report, verdict=Verdict.DEFERRED).with_warning(
+    rep = res.report.deferred(
         f"clean shutdown ({what}): holders recorded, not signalled; the guest shuts them "
         "down, and post-stop stops and reports whatever it leaves")
     res = finish(rep, cfg, deadline=deadline)

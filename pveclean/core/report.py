@@ -211,6 +211,10 @@ class Report:
         """A pre-start's: the empty cgroups of an earlier run it removed (shown when any)."""
         return dataclasses.replace(self, removed_cgroups=list(removed))
 
+    def deferred(self, why: str) -> Report:
+        """A pre-stop of a clean shutdown: the holders recorded, none signalled, `why` said."""
+        return dataclasses.replace(self, verdict=Verdict.DEFERRED).with_warning(why)
+
     def with_warning(self, text: str) -> Report:
         return dataclasses.replace(self, warnings=[*self.warnings, text])
 

@@ -108,7 +108,7 @@ def parse_probe(output: str, max_pids: int = MAX_PIDS,
     does not count; more than `max_pids` PIDs set `over_limit` (a shell that invents
     holders by the thousand is not a probe)."""
     result = ProbeResult()
-    for line in output.splitlines():
+    for line in output.split("\n"):  # the probe's printf ends lines at \n only
         line = line.strip()
         if not line:
             continue
