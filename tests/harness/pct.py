@@ -412,13 +412,7 @@ def _start(lab: Lab, vmid: str, debug: bool, task: str) -> None:
 def wait_monitor_gone(lab: Lab, vmid: str, timeout: float = 30.0) -> None:
     """PVE::LXC::vm_stop reads the command socket until the monitor closes it, i.e. until
     LXC's post-stop hook has run. The lab watches the monitor's cgroup empty out."""
-    from_root = Path("/sys/fs/cgroup")
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        parts = line.split()
-        if len(parts) > 2 and parts[2] == "cgroup2":
-            from_root = Path(parts[1])
-            break
-    procs = from_root / "lxc.monitor" / vmid / "cgroup.procs"
+    procs = cgroup2_root() / "lxc.monitor" / vmid / "cgroup.procs"
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
