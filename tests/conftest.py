@@ -16,6 +16,7 @@ from pveclean.core import config
 from pveclean.host import procfs
 from pveclean.proxmox import chain, pveapi
 from tests.harness import pvesh
+from tests.harness.hangfs import HangFs
 from tests.harness.lxclab import Lab, LabUnavailable, cgroup2_root, lab_unavailable_reason
 from tests.helpers import GPU_LXC, Cluster, write_config
 
@@ -73,6 +74,17 @@ def vmid() -> int:
 def vmid2(vmid: int) -> int:
     _next_vmid[0] += 1
     return _next_vmid[0]
+
+
+@pytest.fixture
+def hangfs(lab: Lab) -> Iterator[HangFs]:
+    """A FUSE mount in the lab that answers until told to hang (the lab's "NFS server went
+    away")."""
+    fs = HangFs(lab.root / "fuse")
+    try:
+        yield fs
+    finally:
+        fs.close()  # aborts the connection: every reader stuck on it goes on
 
 
 @pytest.fixture
