@@ -80,6 +80,7 @@ def discover(
 
 
 Progress = Callable[[str], None]
+OnlyGpus = tuple[frozenset[int], frozenset[int]]  # (NVML indices, /dev/nvidiaN minors)
 RESTART_WATCH = 0.3  # s after the last exit: systemd's default RestartSec (100 ms) and a start
 
 
@@ -87,12 +88,18 @@ def cgroup_root(cfg: Config) -> str:
     return cfg.cgroup_root or cgroupfs.cgroup2_root()
 
 
-def make_scope(vmid: int, cfg: Config, ctconf: pveconf.CtConfig) -> Scope:
+def make_scope(vmid: int, cfg: Config, ctconf: pveconf.CtConfig,
+               only: OnlyGpus | None = None) -> Scope:
+    """`only`: (NVML indices, minors) of the GPUs whose holders alone count (a VM's hand-off)."""
     root = cgroup_root(cfg)
     devices = devnodes.gpu_devices(cfg.devices)
     patterns = sorted({*ctconf.gpu_paths(), "/dev/nvidia*", "/dev/nvidia-caps/*"})
+    if only is not None:
+        devices = devnodes.only_minors(devices, only[1])
+        patterns = [f"/dev/nvidia{m}" for m in sorted(only[1])]
     return Scope(vmid, cgroupfs.container_cgroup(root, vmid), devices, frozenset(cfg.protect),
-                 patterns, running=cgroupfs.monitor_running(root, vmid))
+                 patterns, running=cgroupfs.monitor_running(root, vmid),
+                 gpu_indices=None if only is None else only[0])
 
 
 def reserve_for(cfg: Config) -> float:
@@ -255,12 +262,13 @@ def clean(
     write_report: bool = True,
     deadline: Deadline | None = None,
     stop_units: bool = False,
+    only: OnlyGpus | None = None,
 ) -> RunResult:
     """One run. A cleanup holds the container's lock (a second one reports `busy`); a dry run
     only reads and takes no lock, so it can never hold up a cleanup. One deadline covers the
     whole run, the lock wait included; the report is written in the time kept back for it.
-    With `stop_units`, the holders' systemd units are stopped before any signal. `worker`:
-    NVML's, the entry point's to make and close (host/prelude.py)."""
+    With `stop_units`, the holders' systemd units are stopped before any signal; with `only`,
+    only holders of those GPUs count (make_scope). `worker`: NVML's (host/prelude.py)."""
     started = time.time()
     deadline = deadline or start_deadline(cfg.deadline_seconds)
     raise_open_files_limit()
@@ -270,13 +278,13 @@ def clean(
         ctconf = read_ct_config(cfg, vmid, scan, deadline)
         if dry_run:
             res = _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
-                         deadline, started, stop_units, scan)
+                         deadline, started, stop_units, scan, only)
         else:
             wait = min(cfg.lock_wait_seconds, max(0.0, deadline.remaining() - reserve_for(cfg)))
             try:
                 with container_lock(cfg.state_dir, vmid, wait, f"{phase} run"):
                     res = _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress,
-                                 write_report, wk, deadline, started, stop_units, scan)
+                                 write_report, wk, deadline, started, stop_units, scan, only)
             except Busy as exc:
                 busy = busy_report(stamp(started, time.time() - started), vmid, phase,
                                    dry_run, ctconf.gpu_lines(), str(exc))
@@ -320,8 +328,9 @@ def _clean(
     started: float,
     stop_units: bool,
     scan: Worker,
+    only: OnlyGpus | None = None,
 ) -> RunResult:
-    scope = make_scope(vmid, cfg, ctconf)
+    scope = make_scope(vmid, cfg, ctconf, only)
     end = deadline.end - reserve_for(cfg)
     idle = cgroupfs.nothing_left(scope.cgroup_dir, scope.running)  # then no NVML at all
     with Reads(wk, deadline, stall_for(cfg), not idle,
