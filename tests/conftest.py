@@ -15,7 +15,7 @@ import pytest
 from pveclean.core import config
 from pveclean.host import procfs
 from pveclean.proxmox import chain, pveapi
-from tests.harness import pvesh
+from tests.harness import pvesh, qm
 from tests.harness.hangfs import HangFs
 from tests.harness.lxclab import Lab, LabUnavailable, cgroup2_root, lab_unavailable_reason
 from tests.helpers import GPU_LXC, Cluster, write_config
@@ -142,3 +142,17 @@ def chained(tmp_path: Path) -> tuple[config.Config, Path]:
     script = vz / "snippets/theirs.sh"
     chain.write_record(cfg, 100, "local:snippets/theirs.sh", str(script))
     return cfg, script
+
+
+@pytest.fixture
+def vm_host(host: Lab) -> Iterator[Lab]:
+    """The lab with VMs: its GPUs in a sysfs root of the lab's, a `qm` stand-in, and the
+    config's VM paths pointing there. Every VM's QEMU stand-in ends with the test."""
+    qm.lay_out_pci(host.root, 4)
+    host.write_config(state_dir=str(host.root / "state"),
+                      pci_sysfs=str(host.root / "sys/bus/pci"),
+                      qemu_run_dir=str(host.root / "run/qemu-server"))
+    try:
+        yield host
+    finally:
+        qm.stop_all(host.root)
