@@ -22,6 +22,7 @@ from pveclean.core import vmguard
 from pveclean.core.config import Config
 from pveclean.core.text import safe
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
+from pveclean.host import pcibind
 from pveclean.host.clock import start_deadline
 from pveclean.host.prelude import NvmlWorker
 
@@ -157,19 +158,22 @@ def _stop_holders(vmid: int, cfg: Config, nvml: NvmlWorker, plan: vmguard.Plan,
         time.sleep(SETTLE_POLL)
 
 
-def _rebind(vmid: int, cfg: Config, addrs: list[str], deadline: Deadline) -> dict[str, Any]:
+def _rebind(vmid: int, cfg: Config, addrs: list[str], deadline: Deadline,
+            fs: pcibind.Sysfs | None = None) -> dict[str, Any]:
     """Each GPU's IOMMU group to vfio-pci, in a worker (an unbind can block in the driver);
     what was moved is kept in the state dir for post-stop. A failure is said and undone; the
-    start goes on (qemu-server binds on its own, and says why when it cannot)."""
-    from pveclean.host import pcibind
+    start goes on (qemu-server binds on its own, and says why when it cannot). `fs`: the
+    sysfs (default: cfg.pci_sysfs)."""
     from pveclean.host.worker import Worker
+
+    fs = fs or pcibind.Sysfs(cfg.pci_sysfs)
 
     out: dict[str, Any] = {}
     done = []
     with Worker() as wk:
         for addr in addrs:
             try:
-                got = _call(wk, pcibind.w_bind, cfg.pci_sysfs, addr, deadline=deadline,
+                got = _call(wk, pcibind.w_bind, fs, addr, deadline=deadline,
                             what=f"binding {addr} to vfio-pci")
             except PvecleanError as exc:
                 got = f"{exc} (the worker was given up on: the driver may still hold it)"
@@ -200,12 +204,13 @@ def _save_handoffs(cfg: Config, vmid: int, done: list[Any]) -> None:
     os.replace(tmp, path)
 
 
-def post_stop(vmid: int, cfg: Config) -> None:
+def post_stop(vmid: int, cfg: Config, fs: pcibind.Sysfs | None = None) -> None:
     """The GPUs pre-start handed to vfio-pci, back to the drivers they had."""
     import yaml
 
-    from pveclean.host import pcibind
     from pveclean.host.worker import Worker
+
+    fs = fs or pcibind.Sysfs(cfg.pci_sysfs)
 
     path = _handoff_file(cfg, vmid)
     try:
@@ -220,7 +225,7 @@ def post_stop(vmid: int, cfg: Config) -> None:
         for item in saved if isinstance(saved, list) else []:
             h = pcibind.Handoff(str(item["pci_bus_id"]), dict(item["drivers_before"]))
             try:
-                failed = _call(wk, pcibind.w_give_back, cfg.pci_sysfs, h, deadline=deadline,
+                failed = _call(wk, pcibind.w_give_back, fs, h, deadline=deadline,
                                what=f"giving {h.address} back")
             except PvecleanError as exc:
                 failed = [str(exc)]

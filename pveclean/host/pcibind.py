@@ -136,13 +136,13 @@ def give_back(fs: Sysfs, h: Handoff) -> list[str]:
     return failed
 
 
-def w_bind(root: str, addr: str) -> Handoff | str:
+def w_bind(fs: Sysfs, addr: str) -> Handoff | str:
     """bind_group in a worker: a BindError comes back as its line."""
     try:
-        return bind_group(Sysfs(root), addr)
+        return bind_group(fs, addr)
     except BindError as exc:
         return str(exc)
 
 
-def w_give_back(root: str, h: Handoff) -> list[str]:
-    return give_back(Sysfs(root), h)
+def w_give_back(fs: Sysfs, h: Handoff) -> list[str]:
+    return give_back(fs, h)

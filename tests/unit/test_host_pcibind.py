@@ -1,6 +1,5 @@
 """Handing a GPU's IOMMU group to vfio-pci and back, against a sysfs root the tests lay out
-(tests/harness/qm.lay_out_pci) with the kernel's part played by KernelSim: what a write to
-driver_override, driver/unbind, drivers_probe and drivers/<d>/bind does to `driver`."""
+(tests/harness/qm.lay_out_pci) with the kernel's part played by helpers.KernelSim."""
 
 from __future__ import annotations
 
@@ -10,42 +9,9 @@ from pathlib import Path
 import pytest
 
 from pveclean.host import pcibind
-from pveclean.host.pcibind import BindError, Sysfs
+from pveclean.host.pcibind import BindError
 from tests.harness import qm
-
-DEFAULT = {"0x03": "nvidia", "0x04": "snd_hda_intel"}  # what the kernel binds without override
-
-
-class KernelSim(Sysfs):
-    def __init__(self, root: Path, fail: set[tuple[str, str]] | None = None) -> None:
-        super().__init__(root)
-        self.fail = fail or set()  # (function, operation) that fails with EBUSY
-        self.writes: list[tuple[str, str]] = []
-
-    def _link(self, fn: str, driver: str | None) -> None:
-        link = self.dev(fn) / "driver"
-        if link.is_symlink():
-            link.unlink()
-        if driver:
-            link.symlink_to(self.root / "drivers" / driver)
-
-    def write(self, path: Path, text: str) -> None:
-        rel = path.relative_to(self.root).parts
-        fn = text.strip() if rel[-1] in ("unbind", "bind", "drivers_probe") else rel[1]
-        op = rel[-1]
-        self.writes.append((fn, op))
-        if (fn, op) in self.fail:
-            raise BindError(f"writing {text.strip()!r} to {path}: Device or resource busy")
-        if op == "driver_override":
-            (self.dev(fn) / "driver_override").write_text((text.strip() or "(null)") + "\n")
-        elif op == "unbind":
-            self._link(fn, None)
-        elif op == "bind":
-            self._link(fn, rel[-2])
-        elif op == "drivers_probe":
-            override = (self.dev(fn) / "driver_override").read_text().strip()
-            cls = (self.dev(fn) / "class").read_text()[:4]
-            self._link(fn, override if override != "(null)" else DEFAULT[cls])
+from tests.helpers import KernelSim
 
 
 @pytest.fixture
