@@ -405,9 +405,13 @@ REPORT_WAIT = 0.5  # s: writing the report may take at least this, even at the d
 def _write_report(rep: dict[str, Any], cfg: Config) -> str:
     """In a worker: write, prune, publish (a report dir or metrics file on a hung NFS mount
     blocks here, not in the run)."""
-    path = reportfiles.write(rep, cfg.report_dir)
+    # logged first, naming the file about to be written: what could not be logged or
+    # written as metrics is then recorded in the report itself, never lost in silence
+    name = reportfiles.report_name(int(rep["vmid"]), str(rep["phase"]), float(rep["_started"]))
+    failed = notify.publish(rep, str(Path(cfg.report_dir) / name), cfg.syslog,
+                            cfg.syslog_socket, cfg.metrics_path, cfg.journal_socket)
+    path = reportfiles.write({**rep, "notify_errors": failed} if failed else rep, cfg.report_dir)
     reportfiles.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
-    notify.publish(rep, str(path), cfg.syslog, cfg.syslog_socket, cfg.metrics_path)
     return str(path)
 
 
@@ -437,5 +441,5 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
     spare = reportfiles.write_spare(rep.as_dict(), max(cfg.keep_reports, 1))
     # syslog only: a metrics file on the same hung file system would block this process
     notify.publish(rep.as_dict(), None if spare is None else str(spare), cfg.syslog,
-                   cfg.syslog_socket, None)
+                   cfg.syslog_socket, None, cfg.journal_socket)
     return RunResult(rep, None, max(code, ExitCode.REPORT), why, spare=spare)
