@@ -130,3 +130,22 @@ def chained(tmp_path: Path) -> tuple[config.Config, Path]:
     script = vz / "snippets/theirs.sh"
     chain.write_record(cfg, 100, "local:snippets/theirs.sh", str(script))
     return cfg, script
+
+
+def _tool(name: str) -> str:
+    """A program the test needs (installed by `make lab-deps`): its path; else the test
+    skips with the reason, and under CI=true fails."""
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        why = f"{name} not installed (make lab-deps installs it as root)"
+        if CI:
+            pytest.fail(f"{why}; under CI=true a missing tool is a failure")
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture
+def promtool() -> str:
+    return _tool("promtool")

@@ -23,7 +23,7 @@ GPU = ("node", "gpu", "UUID", "pci_bus_id")
 OWNER = (*GPU, "owner_type", "id")
 FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "pveclean_gpu_info": ("gauge", "1 for each GPU NVML lists, with its model.",
-                          (*GPU, "modelName")),
+                          (*GPU, "model")),
     "pveclean_gpu_memory_total_bytes": ("gauge", "GPU memory in all.", GPU),
     "pveclean_gpu_memory_used_bytes": ("gauge", "GPU memory in use, as NVML counts it.", GPU),
     "pveclean_gpu_memory_bytes": ("gauge", "GPU memory held by an owner's processes (id: "
