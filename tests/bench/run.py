@@ -8,10 +8,11 @@ to 500 processes, its holders to 200), cleanup (the seeds' situation: pveclean a
 `fuser -k` on the host and in the container and `ps aux | grep | kill`), hooks (pre-start,
 post-start, pre-stop with nothing to clean), gpus (pveclean gpus against fuser -v with the
 load in the host's cgroups, then in a container without GPUs), metrics (CPU per run of
-`pveclean metrics`, the timer's command, with 5,000 processes: its share of one core at 30 s), bloat (40 processes with
-20,000 fds each beside an 8 GiB NVML holder, and 1 GB of maps: ct --dry-run, gpus and a
-cleanup within the deadline + 1 s and 100 MB), report-bloat (400 holders of 64 long GPU
-paths: report size, task log, wall time against the deadline, peak RSS). Prints the tables
+`pveclean metrics`, the timer's command, with 5,000 processes: its share of one core at
+30 s), bloat (40 processes with 20,000 fds each beside an 8 GiB NVML holder, and 1 GB of
+maps: ct --dry-run, gpus and a cleanup within the deadline + 1 s and 100 MB), report-bloat
+(400 holders of 64 long GPU paths: report size, task log, wall time against the deadline,
+peak RSS). Prints the tables
 with the date and machine on top and writes them as Markdown and JSON to bench/results/
 (git-ignored).
 
@@ -45,9 +46,9 @@ from .discovery import bench_discovery, bench_growth
 from .flood import bench_flood
 from .gpus import bench_gpus
 from .hooks import bench_hooks
-from .metrics import bench_metrics
 from .load import HostLoad, build_loadproc
 from .measure import VmidPool, machine_info, new_lab, shielded
+from .metrics import bench_metrics
 from .reportbloat import bench_report_bloat
 from .settings import BenchConfig, quick
 from .table import Results, Row, Table, render_text, write_results
