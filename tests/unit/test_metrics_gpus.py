@@ -4,6 +4,7 @@ dcgm-exporter (`UUID`, `pci_bus_id`), read by prometheus_client's parser and pro
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -111,3 +112,33 @@ def test_promtool_accepts_the_map(promtool: str) -> None:
     r = subprocess.run([promtool, "check", "metrics"], input=_text(), capture_output=True,
                        text=True, timeout=60, check=False)
     assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
+
+
+def _hangs(*_args: Any) -> Any:
+    import time
+
+    time.sleep(60)
+
+
+def test_a_look_past_the_deadline_writes_up_0_and_keeps_the_last_success(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+    import time
+
+    from pveclean.commands import metrics as command
+    from pveclean.core.config import Config
+    from pveclean.errors import ExitCode, PvecleanError
+
+    prom = tmp_path / command.FILE_NAME
+    prom.write_text(_text())
+    monkeypatch.setattr(command, "w_look", _hangs)  # a hung pmxcfs, a wedged process
+    cfg = dataclasses.replace(Config(), deadline_seconds=1.0)
+    t = time.monotonic()
+    with pytest.raises(PvecleanError) as err:
+        command.write(cfg, str(tmp_path))
+    assert time.monotonic() - t < 10
+    assert err.value.exit_code == ExitCode.ACCESS and "pveclean_gpus_up 0" in str(err.value)
+    s = _samples(prom.read_text())
+    assert [x.value for x in s["pveclean_gpus_up"]] == [0]
+    assert [x.value for x in s["pveclean_gpus_last_success_timestamp_seconds"]] == [1700000000]
+    assert "pveclean_gpu_holders" not in s  # no old map shown as current
