@@ -289,6 +289,11 @@ def metrics(
         str, typer.Option("--textfile-dir", metavar="DIR",
                           help="node_exporter's textfile collector directory.")
     ] = "/var/lib/prometheus/node-exporter",
+    dcgm_job_dir: Annotated[
+        str | None, typer.Option("--dcgm-job-dir", metavar="DIR",
+                                 help="Also write dcgm-exporter's HPC job mapping files "
+                                 "(its --hpc-job-mapping-dir) naming the guests per GPU.")
+    ] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Write `pveclean gpus`' map of this node to DIR/pveclean_gpus.prom for node_exporter
@@ -299,7 +304,7 @@ def metrics(
     """
     from pveclean.commands.metrics import write
 
-    raise typer.Exit(write(load(config), textfile_dir))
+    raise typer.Exit(write(load(config), textfile_dir, job_dir=dcgm_job_dir))
 
 
 @app.command()

@@ -9,6 +9,7 @@ when the map was last read whole, for the staleness alert."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from pveclean.core.config import Config
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, notify
 from pveclean.host.nvml import Nvml
+from pveclean.host.reportfiles import exclusive_temp
 from pveclean.host.worker import RemoteError, Worker, WorkerError
 from pveclean.proxmox.passthrough import PCI_DEVICES, read_pci_mappings, vm_passthrough
 
@@ -43,10 +45,33 @@ def w_look(cfg: Config, pci_root: Path, end: float) -> dict[str, Any]:
             "refs": [(vmid, prefix, whole) for vmid, _name, prefix, whole in refs]}
 
 
-def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DEVICES) -> int:
-    """Look once and write `<textfile_dir>/pveclean_gpus.prom`. Exit code 0; or
-    PvecleanError: 3 when the host could not be read in time (the file then says
-    pveclean_gpus_up 0), 4 when the file could not be written."""
+def write_job_map(job_dir: str, jobs: dict[str, list[str]]) -> None:
+    """One file per GPU index naming the guests that hold it (core/metrics_gpus.job_map),
+    each replaced atomically; the files of GPUs no guest holds now are removed. Only names
+    that are GPU indices are touched: the directory may hold other writers' files."""
+    d = Path(job_dir)
+    d.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for entry in os.scandir(d):
+        if entry.name.isdigit() and entry.name not in jobs and entry.is_file(follow_symlinks=False):
+            os.unlink(entry.path)
+    for index, ids in jobs.items():
+        fd, tmp = exclusive_temp(d, ".pveclean-", ".tmp", 0o644)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write("".join(f"{i}\n" for i in ids))
+            os.replace(tmp, d / index)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DEVICES,
+          job_dir: str | None = None) -> int:
+    """Look once and write `<textfile_dir>/pveclean_gpus.prom` (and, with `job_dir`,
+    dcgm-exporter's job mapping files). Exit code 0; or PvecleanError: 3 when the host could
+    not be read in time (the file then says pveclean_gpus_up 0), 4 when a file could not be
+    written."""
     node = os.uname().nodename
     limit = cfg.deadline_seconds
     t0 = time.monotonic()
@@ -79,4 +104,10 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     if look is None:
         raise PvecleanError(f"metrics: {why}; {path} says pveclean_gpus_up 0",
                             ExitCode.ACCESS)
+    if job_dir:
+        try:
+            write_job_map(job_dir, metrics_gpus.job_map(look["data"]))
+        except OSError as exc:
+            raise PvecleanError(f"metrics: job mapping files in {job_dir} not written: "
+                                f"{exc.strerror or exc}", ExitCode.REPORT) from None
     return ExitCode.OK

@@ -136,3 +136,16 @@ def failed(node: str, seconds: float, last_ok: float | None) -> list[Family]:
 def last_success(old: Iterable[tuple[str, dict[str, str], float]]) -> float | None:
     return next((v for name, _l, v in old
                  if name == "pveclean_gpus_last_success_timestamp_seconds"), None)
+
+
+def job_map(data: Mapping[str, Any]) -> dict[str, list[str]]:
+    """dcgm-exporter's HPC job mapping (--hpc-job-mapping-dir): per GPU index the guests
+    whose processes hold it, one per line in a file named by the index, so that its own
+    series carry `hpc_job="lxc/129"`. GPUs no guest holds are left out."""
+    out: dict[str, list[str]] = {}
+    for g in data.get("gpus", []):
+        ids = sorted({guest_id(p["vmid"]) for p in g.get("processes", [])
+                      if p.get("owner") == "ct" and p.get("vmid") is not None})
+        if ids:
+            out[str(g["index"])] = ids
+    return out

@@ -119,9 +119,12 @@ def test_the_map_in_prometheus_shows_a_containers_holders_until_cleanup_and_a_le
     textfile: Path = prom.textfile  # type: ignore[attr-defined]
     lab.write_config(metrics_path=str(textfile / "pveclean.prom"))
     seeds(lab, vmid, host=False)
-    r = lab.pveclean("metrics", "--textfile-dir", str(textfile))
+    jobs = textfile.parent / "dcgm-jobs"
+    r = lab.pveclean("metrics", "--textfile-dir", str(textfile), "--dcgm-job-dir", str(jobs))
     assert r.returncode == 0, r.stderr
     assert not [p for p in textfile.iterdir() if p.name.startswith(".")]  # no temp left
+    for i in range(4):  # dcgm-exporter's job mapping: other labs on this host may add theirs
+        assert f"lxc/{vmid}" in (jobs / str(i)).read_text().splitlines()
     view = json.loads(lab.pveclean("gpus", "--json").stdout)
     expected = {str(g["index"]): float(sum(1 for p in g["processes"] if p["vmid"] == vmid))
                 for g in view["gpus"]}

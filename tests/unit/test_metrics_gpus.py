@@ -142,3 +142,18 @@ def test_a_look_past_the_deadline_writes_up_0_and_keeps_the_last_success(
     assert [x.value for x in s["pveclean_gpus_up"]] == [0]
     assert [x.value for x in s["pveclean_gpus_last_success_timestamp_seconds"]] == [1700000000]
     assert "pveclean_gpu_holders" not in s  # no old map shown as current
+
+
+def test_dcgm_job_mapping_files_name_the_guests_per_gpu_index(tmp_path: Path) -> None:
+    from pveclean.commands.metrics import write_job_map
+
+    assert metrics_gpus.job_map(DATA) == {"0": ["lxc/129", "lxc/130"], "1": ["lxc/129"]}
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "3").write_text("lxc/7\n")  # a GPU no guest holds any more
+    (jobs / "notes").write_text("someone else's\n")
+    write_job_map(str(jobs), metrics_gpus.job_map(DATA))
+    assert sorted(p.name for p in jobs.iterdir()) == ["0", "1", "notes"]
+    assert (jobs / "0").read_text() == "lxc/129\nlxc/130\n"
+    assert (jobs / "1").read_text() == "lxc/129\n"
+    assert oct((jobs / "0").stat().st_mode & 0o777) == oct(0o644)
