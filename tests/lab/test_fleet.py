@@ -114,8 +114,19 @@ def _by_gpu(result: list[dict[str, Any]]) -> dict[str, float]:
     return {r["metric"]["gpu"]: float(r["value"][1]) for r in result}
 
 
+def _parsers_accept(path: Path, promtool: str) -> None:
+    """The official parser reads it, each family typed; promtool's linter has nothing to say."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = list(text_string_to_metric_families(path.read_text()))
+    assert fams and all(f.type in ("gauge", "counter") and f.samples for f in fams), path
+    r = subprocess.run([promtool, "check", "metrics"], input=path.read_text(),
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
+
+
 def test_the_map_in_prometheus_shows_a_containers_holders_until_cleanup_and_a_leak_fires(
-        lab: Lab, vmid: int, prom: Prom) -> None:
+        lab: Lab, vmid: int, prom: Prom, promtool: str) -> None:
     textfile: Path = prom.textfile  # type: ignore[attr-defined]
     lab.write_config(metrics_path=str(textfile / "pveclean.prom"))
     seeds(lab, vmid, host=False)
@@ -143,6 +154,8 @@ def test_the_map_in_prometheus_shows_a_containers_holders_until_cleanup_and_a_le
     assert lab.pveclean("metrics", "--textfile-dir", str(textfile)).returncode == 0
     prom.wait(f'sum(pveclean_gpu_holders{{id="{ident}"}}) or vector(0)',
               lambda x: x and float(x[0]["value"][1]) == 0)
+    for written in ("pveclean.prom", "pveclean_gpus.prom"):
+        _parsers_accept(textfile / written, promtool)
     runs = prom.wait(f'pveclean_runs_total{{id="{ident}",phase="manual"}}', lambda x: x)
     assert [(r["metric"]["verdict"], r["value"][1]) for r in runs] == [("clean", "1")]
     assert prom.query('ALERTS{alertname="PvecleanGpuMemoryUnaccounted"}') == []
