@@ -178,3 +178,26 @@ def test_a_run_that_nobody_logged_says_so_in_its_report(lab: Lab, vmid: int,
     assert rep["notify_errors"] == [
         f"the run was not logged: neither the journal ({tmp_path}/no-journal) nor syslog "
         f"({tmp_path}/no-log) took it"]
+
+
+def test_a_runs_journal_entry_has_fields_naming_the_report_it_wrote(lab: Lab, vmid: int,
+                                                                    tmp_path: Path) -> None:
+    path = tmp_path / "journal.socket"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(10)
+    try:
+        lab.write_config(syslog=True, journal_socket=str(path),
+                         syslog_socket=str(tmp_path / "no-log"))
+        lab.create_ct(vmid, gpus=(0,))
+        lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 512})
+        assert lab.pveclean("ct", str(vmid)).returncode == 0
+        entry = sock.recv(1 << 16)
+    finally:
+        sock.close()
+    fields = dict(line.split("=", 1) for line in entry.decode().splitlines() if "=" in line)
+    (report,) = lab.report_dir.glob(f"{vmid}-manual-*.yaml")
+    assert fields["PVECLEAN_VMID"] == str(vmid) and fields["PVECLEAN_PHASE"] == "manual"
+    assert fields["PVECLEAN_VERDICT"] == "clean" and fields["SYSLOG_IDENTIFIER"] == "pveclean"
+    assert fields["PVECLEAN_REPORT"] == str(report)  # named before it was written: the same
+    assert "notify_errors" not in yaml.load(report.read_text(), Loader=yaml.CSafeLoader)
