@@ -265,10 +265,9 @@ def clean(
     only: OnlyGpus | None = None,
 ) -> RunResult:
     """One run. A cleanup holds the container's lock (a second one reports `busy`); a dry run
-    only reads and takes no lock, so it can never hold up a cleanup. One deadline covers the
-    whole run, the lock wait included; the report is written in the time kept back for it.
-    With `stop_units`, the holders' systemd units are stopped before any signal; with `only`,
-    only holders of those GPUs count (make_scope). `worker`: NVML's (host/prelude.py)."""
+    only reads and takes no lock. One deadline covers the run, the lock wait included. With
+    `stop_units`, the holders' units are stopped before any signal; with `only`, only holders
+    of those GPUs count (make_scope). `worker`: NVML's (host/prelude.py)."""
     started = time.time()
     deadline = deadline or start_deadline(cfg.deadline_seconds)
     raise_open_files_limit()
@@ -412,27 +411,28 @@ REPORT_WAIT = 0.5  # s: writing the report may take at least this, even at the d
 
 
 def _write_report(rep: dict[str, Any], cfg: Config) -> str:
-    """In a worker: write, prune, publish (a report dir or metrics file on a hung NFS mount
-    blocks here, not in the run)."""
-    path = reportfiles.write(rep, cfg.report_dir)
+    """In a worker (a report dir or metrics file on a hung NFS mount blocks here, not in the
+    run): publish first, naming the file about to be written, so that what could not be
+    logged or written as metrics is recorded in the report itself; then write, prune."""
+    name = reportfiles.report_name(int(rep["vmid"]), str(rep["phase"]), float(rep["_started"]))
+    failed = notify.publish(rep, str(Path(cfg.report_dir) / name), cfg.syslog,
+                            cfg.syslog_socket, cfg.metrics_path, cfg.journal_socket)
+    path = reportfiles.write({**rep, "notify_errors": failed} if failed else rep, cfg.report_dir)
     reportfiles.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
-    notify.publish(rep, str(path), cfg.syslog, cfg.syslog_socket, cfg.metrics_path)
     return str(path)
 
 
 def finish(rep: Report, cfg: Config, write_report: bool = True,
            deadline: Deadline | None = None, writer: Worker | None = None) -> RunResult:
-    """Bound, redact, write and prune within what is left of the run (at least REPORT_WAIT),
-    in `writer` (the run's scan worker, idle by now: no fork) or a worker of its own. The
-    caps come first (core/bounds.py): redacting and dumping a bounded report take a bounded
-    time, whatever the container holds. A report that cannot be written is kept whole in a
-    spare file (reportfiles.SPARE_DIR), named in the result and in syslog."""
+    """Bound (core/bounds.py: a bounded time whatever the container holds), redact, write and
+    prune within what is left of the run (at least REPORT_WAIT), in `writer` (the run's scan
+    worker, idle by now, the caller's to close) or a worker of its own. A report that cannot
+    be written is kept whole in a spare file (reportfiles.SPARE_DIR), named in syslog."""
     rep = report.Redactor(cfg.redact).value(rep.bounded())
     code = verdicts.exit_code(rep.verdict)
     if not write_report:
         return RunResult(rep, None, code)
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
-    # a writer is the caller's to close; a worker of its own is closed here
     with contextlib.nullcontext(writer) if writer else Worker() as wk:
         try:
             return RunResult(rep, Path(wk.call(_write_report, rep.as_dict(), cfg, timeout=wait,
@@ -444,7 +444,7 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
                    "(a hung file system?)")
     rep = rep.with_error(why)
     spare = reportfiles.write_spare(rep.as_dict(), max(cfg.keep_reports, 1))
-    # syslog only: a metrics file on the same hung file system would block this process
-    notify.publish(rep.as_dict(), None if spare is None else str(spare), cfg.syslog,
-                   cfg.syslog_socket, None)
+    notify.publish(  # syslog only: metrics on the same hung file system would block here
+        rep.as_dict(), None if spare is None else str(spare), cfg.syslog, cfg.syslog_socket,
+        None, cfg.journal_socket)
     return RunResult(rep, None, max(code, ExitCode.REPORT), why, spare=spare)

@@ -156,3 +156,22 @@ def vm_host(host: Lab) -> Iterator[Lab]:
         yield host
     finally:
         qm.stop_all(host.root)
+
+
+def _tool(name: str) -> str:
+    """A program the test needs (installed by `make lab-deps`): its path; else the test
+    skips with the reason, and under CI=true fails."""
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        why = f"{name} not installed (make lab-deps installs it as root)"
+        if CI:
+            pytest.fail(f"{why}; under CI=true a missing tool is a failure")
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture
+def promtool() -> str:
+    return _tool("promtool")
