@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .discovery import Tool, add_holders, host_process_count, pveclean_exe, time_interleaved
-from .load import HostLoad, group_pids
+from .load import HostLoad
 from .measure import Timed, VmidPool, median, new_lab, shielded, timed
 from .settings import BenchConfig
 from .table import Row, Table, ms
@@ -55,13 +55,7 @@ def bench_gpus(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
         load.grow_to(n)
         for where in ("the host's own cgroups", "a container without GPU passthrough"):
             if where.startswith("a container"):
-                target = lab.cgroup(quiet_ct) / "ns" / "load"
-                target.mkdir(parents=True, exist_ok=True)
-                for pid in group_pids(load.pgids()):
-                    try:
-                        (target / "cgroup.procs").write_text(str(pid))
-                    except OSError:
-                        continue
+                load.move_to(lab.cgroup(quiet_ct) / "ns" / "load")
             procs = host_process_count()
             log(f"gpus: {procs} host processes, {n} load processes in {where}")
             times = time_interleaved(tl, cfg.runs)

@@ -84,6 +84,16 @@ class HostLoad:
                                f"(exit {p.poll()})")
         self.count = total
 
+    def move_to(self, cgroup: Path) -> None:
+        """Every load process into `cgroup` (a container's, below ns/): where a host's
+        processes may live instead of its own cgroups."""
+        cgroup.mkdir(parents=True, exist_ok=True)
+        for pid in group_pids(self.pgids()):
+            try:
+                (cgroup / "cgroup.procs").write_text(str(pid))
+            except OSError:
+                continue
+
     def pgids(self) -> set[int]:
         return {p.pid for p in self.batches}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .discovery import add_holders, host_process_count, pveclean_exe
-from .load import HostLoad, group_pids
+from .load import HostLoad
 from .measure import VmidPool, median, new_lab, shielded, timed
 from .settings import BenchConfig
 from .table import Row, Table, ms
@@ -61,13 +61,7 @@ def bench_metrics(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
             argv = [*pveclean_exe(), "metrics", "--textfile-dir", d]
             for where in ("the host's own cgroups", "a container without GPU passthrough"):
                 if where.startswith("a container"):
-                    target = lab.cgroup(quiet) / "ns" / "load"
-                    target.mkdir(parents=True, exist_ok=True)
-                    for pid in group_pids(load.pgids()):
-                        try:
-                            (target / "cgroup.procs").write_text(str(pid))
-                        except OSError:
-                            continue
+                    load.move_to(lab.cgroup(quiet) / "ns" / "load")
                 procs = host_process_count()
                 log(f"metrics: {procs} host processes, {n} load processes in {where}")
                 cpu, wall = _measure(argv, lab.env(), cfg.runs)
