@@ -141,3 +141,28 @@ def still_held(addresses: list[str], gpus_map: dict[str, Any], allow_host: list[
         elif g.get("status", "ok") != "ok":
             out.append(f"GPU {g.get('index')} ({addr}) is {g.get('status')}: not verified")
     return out
+
+
+def conflicts(gpus_map: dict[str, Any], vm_refs: list[tuple[int, str, str, bool]],
+              policy: str, allow_host: list[str] | None = None) -> list[dict[str, Any]]:
+    """For `pveclean gpus` and `status`: each GPU on the nvidia driver that a VM's config
+    passes through (`vm_refs`: passthrough.vm_passthrough's rows) while a container or the
+    host holds it, with what that VM's next start would do under `policy`."""
+    out = []
+    for g in gpus_map.get("gpus", []):
+        addr = str(g.get("pci_bus_id") or "").lower()
+        vms = sorted({(v, n) for v, n, prefix, whole in vm_refs
+                      if addr and (addr.startswith(prefix) if whole else addr == prefix)})
+        holders = g.get("processes", [])
+        if not vms or not holders:
+            continue
+        cts = sorted({r["vmid"] for r in holders if r.get("owner") == "ct"})
+        others = [r for r in holders if r.get("owner") != "ct"
+                  and not (r.get("owner") == "host"
+                           and str(r.get("name") or "") in (allow_host or []))]
+        would = ("refuse" if policy != "stop-containers" or others
+                 else f"stop CT {', '.join(map(str, cts))}'s holders of it")
+        out.append({"gpu": g.get("index"), "pci_bus_id": addr,
+                    "vms": [{"vmid": v, "name": n} for v, n in vms], "containers": cts,
+                    "host_holders": len(others), "next_vm_start": would})
+    return out

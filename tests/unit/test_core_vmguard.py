@@ -81,3 +81,19 @@ def test_still_held_after_the_stop() -> None:
         "GPU 0 (0000:18:00.0) still held: PID 3 python3, 1000 MiB"]
     assert still_held([A0], gmap((A0, 0, [row(3, "host", name="x")])), ["x"]) == []
     assert "allocated with no process" in still_held([A0], gmap((A0, 0, []), leak_mib=9), [])[0]
+
+
+def test_conflicts_show_what_the_vms_next_start_would_do() -> None:
+    from pveclean.core.vmguard import conflicts
+
+    m = gmap((A0, 0, [row(11, "ct", 129)]), (A1, 1, [row(12, "ct", 130)]))
+    refs = [(200, "trainer", A0, False), (201, "win", "0000:19:00.", True)]
+    got = conflicts(m, refs, "refuse")
+    assert [(c["gpu"], c["vms"][0]["vmid"], c["containers"], c["next_vm_start"])
+            for c in got] == [(0, 200, [129], "refuse"), (1, 201, [130], "refuse")]
+    assert conflicts(m, refs, "stop-containers")[0]["next_vm_start"] == \
+        "stop CT 129's holders of it"
+    host = gmap((A0, 0, [row(11, "ct", 129), row(5, "host")]))
+    assert conflicts(host, refs, "stop-containers")[0]["next_vm_start"] == "refuse"
+    assert conflicts(gmap((A0, 0, [])), refs, "refuse") == []  # nothing holds it
+    assert conflicts(m, [], "refuse") == []  # no VM passes it
