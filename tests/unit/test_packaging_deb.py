@@ -261,3 +261,15 @@ def test_wheel_install_ships_the_hookscript(tmp_path: Path) -> None:
     assert shipped.stat().st_mode & 0o111
     rel = [t.relative_to(sys.prefix) for t in hookscript.TEMPLATES if t.is_relative_to(sys.prefix)]
     assert Path("share/pveclean/hookscripts/pveclean-hook") in rel
+
+
+def test_the_metrics_timer_ships_disabled_once_the_tree_has_it() -> None:
+    """dh_installsystemd installs config/systemd/pveclean-metrics.{service,timer} when they
+    exist (a missing one is skipped), neither enabled nor started."""
+    for unit in ("service", "timer"):
+        link = DEBIAN / f"pveclean.pveclean-metrics.{unit}"
+        assert link.is_symlink()
+        assert os.readlink(link) == f"../config/systemd/pveclean-metrics.{unit}"
+    rules = (DEBIAN / "rules").read_text()
+    assert re.search(r"^\tdh_installsystemd --no-enable --no-start --name=pveclean-metrics$",
+                     rules, re.M)
