@@ -10,7 +10,8 @@ For each release (the roots: packaging/deb_roots.py):
     package without network (a network namespace of its own: nothing from PyPI); its smoke test
     runs the CLI with that release's python3-click, -typing-extensions and -shellingham and the
     vendored typer; and a test build <version>~debcheck to upgrade from;
-  - lintian --pedantic on the .changes (the .dsc, the source and the .deb): no error, no warning;
+  - that release's lintian --pedantic, in that root, on the .changes (the .dsc, the source and
+    the .deb): no error, no warning;
   - apt in a fresh root: installs <version>~debcheck from scratch (the dependencies from Debian),
     a hookscript is stamped as `pveclean install` stamps it, apt upgrades to the real package:
     the stamped hookscript still runs pveclean; pveclean --version, config check, hook 129
@@ -22,8 +23,8 @@ For each release (the roots: packaging/deb_roots.py):
 Then bookworm -> trixie: a bookworm root with the bookworm build installed and a hookscript
 stamped, apt full-upgrade to trixie (Python 3.11 -> 3.13): pveclean and the hookscript work.
 
-Needs root, debootstrap, lintian and git (debootstrap and lintian installed with apt-get if
-missing) and Debian's archive ($PVECLEAN_DEB_MIRROR, default http://deb.debian.org/debian).
+Needs root, git and debootstrap (installed with apt-get if missing) and Debian's archive
+($PVECLEAN_DEB_MIRROR, default http://deb.debian.org/debian).
 
 Usage: deb_check.py [--releases bookworm,trixie] [--keep DIR]
 """
@@ -72,8 +73,7 @@ def check(release: str, what: str, ok: bool, detail: str = "") -> bool:
 
 
 def host_tools() -> None:
-    missing = [p for p, exe in (("debootstrap", "debootstrap"), ("lintian", "lintian"))
-               if shutil.which(exe) is None]
+    missing = [p for p, exe in (("debootstrap", "debootstrap"),) if shutil.which(exe) is None]
     if not missing:
         return
     log(f"installing {' '.join(missing)}")
@@ -144,6 +144,9 @@ def build_in_root(release: str, src: Path, work: Path, out: Path) -> list[Path]:
                      "dpkg-buildpackage -us -uc -b", network=False)
         check(release, "a test build <version>~debcheck to upgrade from", r2.returncode == 0,
               r2.stdout[-3000:] + r2.stderr[-3000:])
+        if r.returncode == 0:
+            version = root.sh("cd /build/pveclean && dpkg-parsechangelog -S Version").stdout
+            lintian(root, f"pveclean_{version.strip()}_*.changes")
         made = sorted(p for d in ("/build", "/build/prev") for p in root.file(d).iterdir()
                       if p.is_file())
         out.mkdir(parents=True, exist_ok=True)
@@ -153,14 +156,18 @@ def build_in_root(release: str, src: Path, work: Path, out: Path) -> list[Path]:
     return [out / p.name for p in made] if r.returncode == r2.returncode == 0 else []
 
 
-def lintian(release: str, changes: Path) -> None:
-    log(f"== {release}: lintian {changes.name} (the source package and the .deb)")
-    r = subprocess.run(["lintian", "--pedantic", "--fail-on", "error,warning", str(changes)],
-                       capture_output=True, text=True, check=False)
+def lintian(root: Root, changes: str) -> None:
+    """The release's own lintian on what its build made (the .dsc, the source and the .deb)."""
+    log(f"== {root.release}: lintian {changes}")
+    r = root.apt("install --no-install-recommends lintian")
+    if not check(root.release, "apt-get install lintian", r.returncode == 0, r.stdout + r.stderr):
+        return
+    r = root.sh(f"cd /build && lintian --version && lintian --pedantic --fail-on error,warning "
+                f"{changes}")
     out = "\n".join(ln for ln in (r.stdout + r.stderr).splitlines()
                     if "running with root privileges" not in ln)
-    log("  " + (out.replace("\n", "\n  ") if out.strip() else "(no tags)"))
-    check(release, "lintian: no errors or warnings (pedantic), source and binary",
+    log("  " + out.replace("\n", "\n  "))
+    check(root.release, "lintian: no errors or warnings (pedantic), source and binary",
           r.returncode == 0, out)
 
 
@@ -357,7 +364,6 @@ def main() -> int:
                 made = built[release] = build_in_root(release, src, work, work / "out" / release)
                 if not made:
                     continue
-                lintian(release, the(made, rf"pveclean_{v}_[a-z0-9]+\.changes"))
                 run_release(release, the(made, rf"pveclean_{v}~debcheck_all\.deb"),
                             the(made, rf"pveclean_{v}_all\.deb"), __version__, work)
             if {"bookworm", "trixie"} <= set(releases) and built.get("bookworm"):
