@@ -273,3 +273,21 @@ def test_the_metrics_timer_ships_disabled_once_the_tree_has_it() -> None:
     rules = (DEBIAN / "rules").read_text()
     assert re.search(r"^\tdh_installsystemd --no-enable --no-start --name=pveclean-metrics$",
                      rules, re.M)
+
+
+@pytest.mark.skipif(shutil.which("systemd-tmpfiles") is None, reason="no systemd-tmpfiles")
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the directories are root's)")
+def test_tmpfiles_make_the_report_and_state_directories_root_only(tmp_path: Path) -> None:
+    """What dh_installtmpfiles' postinst creates: the config's report and state directories,
+    0700 root (retention stays pveclean's own: no age field)."""
+    from pveclean.core.config import Config
+
+    conf = DEBIAN / "pveclean.tmpfiles"
+    r = subprocess.run(["systemd-tmpfiles", f"--root={tmp_path}", "--create", str(conf)],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    for d in (Config().report_dir, Config().state_dir):
+        st = (tmp_path / d.lstrip("/")).stat()
+        assert st.st_mode & 0o777 == 0o700 and st.st_uid == 0, d
+    lines = [ln.split() for ln in conf.read_text().splitlines() if ln and ln[0] != "#"]
+    assert all(len(f) == 6 and f[5] == "-" for f in lines)
