@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: all test demo bench soak lint venv lab-deps gpu-check deb deb-check clean
+.PHONY: all test demo bench soak lint venv lab-deps gpu-check deb deb-build-deps deb-check clean
 
 all: test
 
@@ -60,14 +60,36 @@ soak: lab-deps venv
 gpu-check: venv
 	$(BIN)/python tests/gpu/gpu_check.py
 
-# dist/pveclean_<version>_all.deb, for Proxmox VE 8 and 9 (see packaging/build_deb.py)
-deb: venv
-	$(BIN)/python packaging/build_deb.py dist
+# dist/pveclean_<version>_all.deb, for Proxmox VE 8 and 9, built the Debian way from debian/
+# with Debian's packages only (no venv, nothing from PyPI: debian/vendor/README). As root, the
+# build dependencies are installed with apt first. Debian's own python3 builds it, whatever
+# python3 comes first on PATH.
+DEB_PATH := /usr/sbin:/usr/bin:/sbin:/bin
 
-# As root: the .deb installed with apt into debootstrapped bookworm and trixie roots (cached in
-# /var/cache/pveclean-deb-check), upgraded, removed and purged there; lintian clean.
-deb-check: venv
-	$(BIN)/python packaging/deb_check.py
+deb-build-deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  if ! PATH=$(DEB_PATH) dpkg-checkbuilddeps >/dev/null 2>&1; then \
+	    echo "installing the build dependencies of debian/control"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get build-dep -y -q ./ >/dev/null \
+	    || { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get build-dep -y -q ./ >/dev/null; }; \
+	  fi; \
+	fi
+
+deb: deb-build-deps
+	env PATH=$(DEB_PATH) dpkg-buildpackage -us -uc -b
+	mkdir -p dist
+	v=$$(dpkg-parsechangelog -S Version) && a=$$(dpkg --print-architecture) && \
+	  mv ../pveclean_$${v}_all.deb ../pveclean_$${v}_$${a}.buildinfo ../pveclean_$${v}_$${a}.changes dist/ && \
+	  ls -l dist/pveclean_$${v}_all.deb
+
+# As root: the source package built in debootstrapped bookworm and trixie roots (cached in
+# /var/cache/pveclean-deb-check) with Debian's build dependencies only, lintian on it; the
+# .deb installed there with apt, upgraded, removed and purged; a bookworm root with it upgraded
+# to trixie. Needs no venv.
+deb-check:
+	$(PY) packaging/deb_check.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info tests/harness/build .mypy_cache .ruff_cache .pytest_cache
+	rm -rf .pybuild debian/.debhelper debian/pveclean debian/generated debian/files debian/*.substvars \
+	  debian/*.debhelper.log debian/debhelper-build-stamp

@@ -1,49 +1,55 @@
 #!/usr/bin/env python3
-"""`make deb-check`: install the .deb with apt, as an admin would, into fresh debootstrapped
-bookworm (Proxmox VE 8) and trixie (Proxmox VE 9) roots, and check it there; then lintian.
+"""`make deb-check`: the source package built the Debian way in fresh debootstrapped bookworm
+(Proxmox VE 8) and trixie (Proxmox VE 9) roots, lintian on it, the package installed there with
+apt as an admin would, and a bookworm root with it upgraded to trixie.
 
-In each root (a chroot with /proc mounted, removed afterwards):
-  - apt installs a test build <version>~debcheck from scratch (Debian's python3, python3-yaml,
-    python3-requests come from the archive), a hookscript is stamped as `pveclean install`
-    stamps it, then apt upgrades to the real package: the stamped hookscript still runs pveclean;
-  - pveclean --version, config check, hook 129 pre-start/pre-stop (no Proxmox here: exit 0),
-    bash completion through bash, byte-compiled modules (by postinst, and by the runtime.d
-    hook that python3 runs when its default version changes), nothing under /etc/pve;
-  - apt-get remove keeps a changed conffile (and the hookscript then still exits 0),
-    apt-get purge removes it and leaves nothing of the package behind.
+For each release (the roots: packaging/deb_roots.py):
+  - build: a clean checkout (the committed tree plus uncommitted changes to tracked files, as
+    `git archive` gives it) in a fresh root; `apt-get build-dep` installs Debian's build
+    dependencies and nothing else; `dpkg-buildpackage -us -uc` builds the source and the binary
+    package without network (a network namespace of its own: nothing from PyPI); its smoke test
+    runs the CLI with that release's python3-click, -typing-extensions and -shellingham and the
+    vendored typer; and a test build <version>~debcheck to upgrade from;
+  - that release's lintian --pedantic, in that root, on the .changes (the .dsc, the source and
+    the .deb): no error, no warning;
+  - apt in a fresh root: installs <version>~debcheck from scratch (the dependencies from Debian),
+    a hookscript is stamped as `pveclean install` stamps it, apt upgrades to the real package:
+    the stamped hookscript still runs pveclean; pveclean --version, config check, hook 129
+    pre-start/pre-stop (no Proxmox here: exit 0), bash completion through bash, byte-compiled
+    modules (dh_python3's postinst, and its runtime.d hook that python3 runs when its default
+    version changes), nothing under /etc/pve; apt-get remove keeps a changed conffile (and the
+    hookscript then still exits 0), apt-get purge removes it and pveclean's systemd drop-ins
+    (not another's) and leaves nothing of the package behind.
+Then bookworm -> trixie: a bookworm root with the bookworm build installed and a hookscript
+stamped, apt full-upgrade to trixie (Python 3.11 -> 3.13): pveclean and the hookscript work.
 
-The debootstrapped roots are cached as tarballs in $PVECLEAN_DEB_CACHE
-(default /var/cache/pveclean-deb-check, outside the clone: CI runs in a fresh one) for up to
-30 days, with the .debs apt fetched (apt still checks them against the archive's lists).
-Needs root, debootstrap and lintian (installed with apt-get if missing) and Debian's archive
+Needs root, git and debootstrap (installed with apt-get if missing) and Debian's archive
 ($PVECLEAN_DEB_MIRROR, default http://deb.debian.org/debian).
 
-Usage: deb_check.py DEB [--releases bookworm,trixie]
+Usage: deb_check.py [--releases bookworm,trixie] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
+from deb_roots import Root, fresh_root, log, remove_tree
+
 REPO = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("PVECLEAN_DEB_CACHE", "/var/cache/pveclean-deb-check"))
-MIRROR = os.environ.get("PVECLEAN_DEB_MIRROR", "http://deb.debian.org/debian")
 RELEASES = ("bookworm", "trixie")
-MAX_AGE_DAYS = 30  # then debootstrap again: a fresh root should look like a fresh install
-ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "HOME": "/root",
-       "DEBIAN_FRONTEND": "noninteractive"}
 # Proxmox runs hookscripts with this environment (see docs/proxmox.md)
 HOOK_ENV = {"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"}
-APT = "apt-get -y -q -o Dpkg::Use-Pty=0 -o Acquire::Retries=3"
+HOOK = "/var/lib/vz/snippets/pveclean-hook"
+FROM_DEBIAN = ("python3 python3-yaml python3-requests python3-click python3-typing-extensions "
+               "python3-shellingham")
 
 failures: list[str] = []
 passed = 0
@@ -55,11 +61,7 @@ def said(r: subprocess.CompletedProcess[str]) -> str:
     return repr(lines[0][:100]) if lines else "(nothing)"
 
 
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def check(release: str, what: str, ok: bool, detail: str = "") -> None:
+def check(release: str, what: str, ok: bool, detail: str = "") -> bool:
     global passed
     passed += ok
     log(f"  {'ok  ' if ok else 'FAIL'} {what}")
@@ -67,11 +69,11 @@ def check(release: str, what: str, ok: bool, detail: str = "") -> None:
         failures.append(f"{release}: {what}")
         if detail:
             log("       " + detail.strip().replace("\n", "\n       ")[-3000:])
+    return ok
 
 
 def host_tools() -> None:
-    missing = [p for p, exe in (("debootstrap", "debootstrap"), ("lintian", "lintian"))
-               if shutil.which(exe) is None]
+    missing = [p for p, exe in (("debootstrap", "debootstrap"),) if shutil.which(exe) is None]
     if not missing:
         return
     log(f"installing {' '.join(missing)}")
@@ -83,132 +85,128 @@ def host_tools() -> None:
         subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, check=True)
 
 
-def mounts_below(path: Path) -> list[str]:
-    prefix = str(path.resolve()) + "/"
-    with open("/proc/self/mounts") as f:
-        points = [ln.split()[1].replace("\\040", " ") for ln in f]
-    return sorted((p for p in points if (p + "/").startswith(prefix)), key=len, reverse=True)
-
-
-def remove_tree(path: Path) -> None:
-    """rm -rf, never through a mount (a bind or proc left inside a chroot)."""
-    for m in mounts_below(path):
-        if subprocess.run(["umount", m], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", m], check=False)
-    left = mounts_below(path)
-    if left:
-        raise SystemExit(f"deb-check: {left} still mounted; not removing {path}")
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def base_tarball(release: str) -> Path:
-    """The debootstrapped minbase root of release, made once and cached."""
-    tar = CACHE / f"{release}.tar"
-    if tar.is_file() and time.time() - tar.stat().st_mtime < MAX_AGE_DAYS * 86400:
-        return tar
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{release}-", dir=CACHE))
-    try:
-        t0 = time.monotonic()
-        log(f"debootstrap {release} (cached in {tar} afterwards)")
-        for attempt in (1, 2):  # a network hiccup or a mirror sync: once more
-            remove_tree(tmp / "root")
-            r = subprocess.run(["debootstrap", "--variant=minbase", release,
-                                str(tmp / "root"), MIRROR], capture_output=True, text=True,
-                               check=False)
-            if r.returncode == 0 or attempt == 2:
-                break
-            log(f"debootstrap {release} failed, once more")
-            time.sleep(10)
-        if r.returncode != 0:
-            raise SystemExit(f"deb-check: debootstrap {release} failed:\n{r.stdout[-3000:]}"
-                             f"{r.stderr[-2000:]}")
-        subprocess.run(["tar", "-C", str(tmp / "root"), "-cf", str(tmp / "root.tar"), "."],
-                       check=True)
-        os.replace(tmp / "root.tar", tar)
-        log(f"debootstrap {release}: {time.monotonic() - t0:.0f} s")
-    finally:
-        remove_tree(tmp)
+def source_tar(work: Path) -> Path:
+    """The tree a clean checkout has (uncommitted changes to tracked files included), as a
+    tarball with the top directory pveclean/."""
+    git = ["git", "-C", str(REPO)]
+    stash = subprocess.run([*git, "stash", "create"], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    tar = work / "pveclean-src.tar"
+    subprocess.run([*git, "archive", "--format=tar", "--prefix=pveclean/", "-o", str(tar),
+                    stash or "HEAD"], check=True)
     return tar
 
 
-class Root:
-    """A fresh root from the cached tarball, as a chroot."""
-
-    def __init__(self, release: str, path: Path) -> None:
-        self.release = release
-        self.path = path
-
-    def sh(self, cmd: str, env: dict[str, str] | None = None,
-           timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["chroot", str(self.path), "/bin/sh", "-c", cmd],
-                              env=env or ENV, capture_output=True, text=True, timeout=timeout,
-                              check=False, stdin=subprocess.DEVNULL)
-
-    def file(self, path: str) -> Path:
-        return self.path / path.lstrip("/")
+def apt_update(root: Root) -> bool:
+    r = root.apt("update")
+    if r.returncode != 0:  # a mirror sync in progress: once more
+        time.sleep(10)
+        r = root.apt("update")
+    return check(root.release, "apt-get update", r.returncode == 0, r.stdout + r.stderr)
 
 
-@contextmanager
-def fresh_root(release: str, work: Path) -> Iterator[Root]:
-    path = work / release
-    path.mkdir()
-    debs = CACHE / f"{release}-debs"
-    try:
-        subprocess.run(["tar", "-C", str(path), "-xf", str(base_tarball(release))], check=True)
-        shutil.copy2("/etc/resolv.conf", path / "etc/resolv.conf", follow_symlinks=True)
-        (path / "usr/sbin/policy-rc.d").write_text("#!/bin/sh\nexit 101\n")  # start no daemon
-        (path / "usr/sbin/policy-rc.d").chmod(0o755)
-        archives = path / "var/cache/apt/archives"
-        for d in debs.glob("*.deb") if debs.is_dir() else ():
-            shutil.copy2(d, archives / d.name)
-        subprocess.run(["mount", "-t", "proc", "proc", str(path / "proc")], check=True)
-        yield Root(release, path)
-    finally:
-        if (path / "var/cache/apt/archives").is_dir():
-            debs.mkdir(parents=True, exist_ok=True)
-            for d in (path / "var/cache/apt/archives").glob("*.deb"):
-                if not d.name.startswith("pveclean_") and not (debs / d.name).exists():
-                    shutil.copy2(d, debs / d.name)
-        remove_tree(path)
+def prepend_test_entry(changelog: Path) -> None:
+    """A changelog entry <version>~debcheck on top: the version the apt check upgrades from."""
+    text = changelog.read_text()
+    m = re.match(r"pveclean \(([^)]+)\)", text)
+    trailer = re.search(r"^ -- .+$", text, re.M)
+    assert m and trailer, "debian/changelog has no valid first entry"
+    changelog.write_text(f"pveclean ({m.group(1)}~debcheck) unstable; urgency=medium\n\n"
+                         "  * Test build, the version deb-check upgrades from.\n\n"
+                         f"{trailer.group(0)}\n\n{text}")
 
 
-def apt(root: Root, args: str) -> subprocess.CompletedProcess[str]:
-    return root.sh(f"{APT} {args}")
+def build_in_root(release: str, src: Path, work: Path, out: Path) -> list[Path]:
+    """Build the source and binary package in a fresh root of release: the files it made
+    (.dsc, .tar.xz, .deb, .buildinfo, .changes, and the ~debcheck ones) copied to out."""
+    t0 = time.monotonic()
+    log(f"== {release}: build")
+    with fresh_root(release, work, f"{release}-build") as root:
+        root.file("/build").mkdir()
+        subprocess.run(["tar", "-C", str(root.file("/build")), "-xf", str(src)], check=True)
+        if not apt_update(root):
+            return []
+        r = root.apt("build-dep /build/pveclean")
+        if not check(release, "apt-get build-dep: Debian's build dependencies only",
+                     r.returncode == 0, r.stdout + r.stderr):
+            return []
+        r = root.sh(f"dpkg-query -W -f '${{Package}} ${{Version}}, ' {FROM_DEBIAN} debhelper "
+                    "dh-python")
+        log(f"       from {release}: {r.stdout.strip(', ')}")
+        shutil.copytree(root.file("/build/pveclean"), root.file("/build/prev/pveclean"),
+                        symlinks=True)
+        r = root.sh("cd /build/pveclean && dpkg-buildpackage -us -uc", network=False)
+        check(release, "dpkg-buildpackage -us -uc without network: source and binary package "
+              "(its smoke test: this release's click, typing-extensions, shellingham)",
+              r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:])
+        prepend_test_entry(root.file("/build/prev/pveclean/debian/changelog"))
+        r2 = root.sh("cd /build/prev/pveclean && DEB_BUILD_OPTIONS=nocheck "
+                     "dpkg-buildpackage -us -uc -b", network=False)
+        check(release, "a test build <version>~debcheck to upgrade from", r2.returncode == 0,
+              r2.stdout[-3000:] + r2.stderr[-3000:])
+        if r.returncode == 0:
+            version = root.sh("cd /build/pveclean && dpkg-parsechangelog -S Version").stdout
+            lintian(root, f"pveclean_{version.strip()}_*.changes")
+        made = sorted(p for d in ("/build", "/build/prev") for p in root.file(d).iterdir()
+                      if p.is_file())
+        out.mkdir(parents=True, exist_ok=True)
+        for p in made:
+            shutil.copy2(p, out / p.name)
+    log(f"== {release}: build {time.monotonic() - t0:.0f} s")
+    return [out / p.name for p in made] if r.returncode == r2.returncode == 0 else []
+
+
+def lintian(root: Root, changes: str) -> None:
+    """The release's own lintian on what its build made (the .dsc, the source and the .deb)."""
+    log(f"== {root.release}: lintian {changes}")
+    r = root.apt("install --no-install-recommends lintian")
+    if not check(root.release, "apt-get install lintian", r.returncode == 0, r.stdout + r.stderr):
+        return
+    r = root.sh(f"cd /build && lintian --version && lintian --pedantic --fail-on error,warning "
+                f"{changes}")
+    out = "\n".join(ln for ln in (r.stdout + r.stderr).splitlines()
+                    if "running with root privileges" not in ln)
+    log("  " + out.replace("\n", "\n  "))
+    check(root.release, "lintian: no errors or warnings (pedantic), source and binary",
+          r.returncode == 0, out)
+
+
+def stamp(root: Root) -> bool:
+    """What `pveclean install` writes to a snippets directory (install.stamp)."""
+    r = root.sh(f"mkdir -p {os.path.dirname(HOOK)} && "
+                f"sed 's|^PVECLEAN_BIN=\"\"$|PVECLEAN_BIN=\"/usr/sbin/pveclean\"|' "
+                f"/usr/share/pveclean/hookscripts/pveclean-hook > {HOOK} && chmod 0755 {HOOK}"
+                f" && grep -q '^PVECLEAN_BIN=\"/usr/sbin/pveclean\"$' {HOOK}")
+    return check(root.release, "stamp a hookscript with /usr/sbin/pveclean", r.returncode == 0,
+                 r.stderr)
 
 
 def run_release(release: str, prev: Path, deb: Path, version: str, work: Path) -> None:
+    """apt install, upgrade, remove and purge of the package built in release's root."""
     t0 = time.monotonic()
-    log(f"== {release}")
-    with fresh_root(release, work) as root:
+    log(f"== {release}: apt")
+    with fresh_root(release, work, f"{release}-apt") as root:
         for d in (prev, deb):
             shutil.copy2(d, root.file(f"/tmp/{d.name}"))
             root.file(f"/tmp/{d.name}").chmod(0o644)
-        r = apt(root, "update")
+        r = root.apt("update")
         if r.returncode != 0:  # a mirror sync in progress: once more
             time.sleep(10)
-            r = apt(root, "update")
+            r = root.apt("update")
         check(release, "apt-get update", r.returncode == 0, r.stdout + r.stderr)
         if r.returncode != 0:
             return
-        r = apt(root, f"install /tmp/{prev.name}")
+        r = root.apt(f"install /tmp/{prev.name}")
         check(release, f"apt-get install {prev.name} (dependencies from Debian)",
               r.returncode == 0, r.stdout + r.stderr)
         if r.returncode != 0:
             return
-        py = root.sh("dpkg-query -W -f '${Package} ${Version}, ' python3 python3-yaml "
-                     "python3-requests")
+        py = root.sh(f"dpkg-query -W -f '${{Package}} ${{Version}}, ' {FROM_DEBIAN}")
         log(f"       from {release}: {py.stdout.strip(', ')}")
-        # what `pveclean install` writes to a snippets directory (install.stamp)
-        hook = "/var/lib/vz/snippets/pveclean-hook"
-        r = root.sh(f"mkdir -p {os.path.dirname(hook)} && "
-                    f"sed 's|^PVECLEAN_BIN=\"\"$|PVECLEAN_BIN=\"/usr/sbin/pveclean\"|' "
-                    f"/usr/share/pveclean/hookscripts/pveclean-hook > {hook} && chmod 0755 {hook}"
-                    f" && grep -q '^PVECLEAN_BIN=\"/usr/sbin/pveclean\"$' {hook}")
-        check(release, "stamp a hookscript with /usr/sbin/pveclean", r.returncode == 0,
-              r.stderr)
+        hook = HOOK
+        stamp(root)
 
-        r = apt(root, f"install /tmp/{deb.name}")
+        r = root.apt(f"install /tmp/{deb.name}")
         check(release, f"apt-get install {deb.name} (upgrade)", r.returncode == 0,
               r.stdout + r.stderr)
         r = root.sh("dpkg-query -W -f '${Version} ${db:Status-Abbrev}' pveclean")
@@ -258,7 +256,7 @@ def run_release(release: str, prev: Path, deb: Path, version: str, work: Path) -
         conf = "/etc/pveclean/pveclean.yaml"
         mark = "# changed by the admin (deb-check)"
         root.file(conf).write_text(root.file(conf).read_text() + f"{mark}\n")
-        r = apt(root, "remove pveclean")
+        r = root.apt("remove pveclean")
         check(release, "apt-get remove pveclean", r.returncode == 0, r.stdout + r.stderr)
         st = root.sh("dpkg-query -W -f '${db:Status-Abbrev}' pveclean").stdout.strip()
         check(release, f"after remove: changed conffile kept (status {st})",
@@ -270,7 +268,14 @@ def run_release(release: str, prev: Path, deb: Path, version: str, work: Path) -
         check(release, f"after remove: the registered hookscript exits {r.returncode}, "
               f"{said(r)}",
               r.returncode == 0 and "not found" in r.stdout, r.stdout + r.stderr)
-        r = apt(root, "purge pveclean")
+        # what `pveclean install --systemd` writes, and a drop-in of someone else's
+        ours = root.file("/etc/systemd/system/pve-container@129.service.d/pveclean.conf")
+        theirs = root.file("/etc/systemd/system/pve-container@130.service.d/pveclean.conf")
+        for p, text in ((ours, "# pveclean systemd drop-in: written by 'pveclean install "
+                         "--systemd'\n[Service]\n"), (theirs, "[Service]\n")):
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+        r = root.apt("purge pveclean")
         check(release, "apt-get purge pveclean", r.returncode == 0, r.stdout + r.stderr)
         st = root.sh("dpkg-query -W -f '${db:Status-Abbrev}' pveclean").stdout.strip()
         left = [p for p in ("/etc/pveclean", "/var/log/pveclean", "/var/lib/pveclean",
@@ -279,35 +284,66 @@ def run_release(release: str, prev: Path, deb: Path, version: str, work: Path) -
         check(release, "after purge: conffile and the package's directories gone"
               + (f" {left}" if left else ""),
               not left and st in ("", "un"), f"status {st!r}")
+        check(release, "after purge: pveclean's systemd drop-in removed, another one kept",
+              not ours.parent.exists() and theirs.is_file(), r.stderr)
         check(release, "nothing created under /etc/pve", not root.file("/etc/pve").exists())
-    log(f"== {release}: {time.monotonic() - t0:.0f} s")
+    log(f"== {release}: apt {time.monotonic() - t0:.0f} s")
 
 
-def lintian(deb: Path) -> None:
-    log(f"== lintian {deb.name}")
-    r = subprocess.run(["lintian", "--pedantic", "--fail-on", "error,warning", str(deb)],
-                       capture_output=True, text=True, check=False)
-    out = "\n".join(ln for ln in (r.stdout + r.stderr).splitlines()
-                    if "running with root privileges" not in ln)
-    log("  " + (out.replace("\n", "\n  ") if out.strip() else "(no tags)"))
-    check("lintian", "no errors or warnings (pedantic)", r.returncode == 0, out)
+def dist_upgrade(deb: Path, version: str, work: Path) -> None:
+    """bookworm with the package and a stamped hookscript, upgraded to trixie (Proxmox VE 8 ->
+    9): python3 3.11 -> 3.13, the package itself unchanged."""
+    t0 = time.monotonic()
+    what = "bookworm->trixie"
+    log(f"== {what}: apt full-upgrade with {deb.name} installed")
+    with fresh_root("bookworm", work, "upgrade", debs_of="trixie") as root:
+        shutil.copy2(deb, root.file(f"/tmp/{deb.name}"))
+        root.file(f"/tmp/{deb.name}").chmod(0o644)
+        if not apt_update(root):
+            return
+        r = root.apt(f"install /tmp/{deb.name}")
+        if not check(what, f"bookworm: apt-get install {deb.name}", r.returncode == 0,
+                     r.stdout + r.stderr) or not stamp(root):
+            return
+        sources = root.file("/etc/apt/sources.list")
+        sources.write_text(sources.read_text().replace("bookworm", "trixie"))
+        if not apt_update(root):
+            return
+        r = root.apt("-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "
+                     "full-upgrade")
+        check(what, "apt-get full-upgrade to trixie", r.returncode == 0,
+              r.stdout[-3000:] + r.stderr)
+        r = root.sh("python3 -c 'import sys; print(sys.version_info[:2])'; "
+                    "dpkg-query -W -f '${Version} ${db:Status-Abbrev}' pveclean")
+        check(what, f"python3 {r.stdout.splitlines()[0] if r.stdout else '?'}, pveclean still "
+              "installed", r.stdout.startswith("(3, 13)")
+              and f"{deb.name.split('_')[1]} ii" in r.stdout, r.stdout + r.stderr)
+        r = root.sh("pveclean --version")
+        check(what, f"pveclean --version: {r.stdout.strip()}",
+              r.returncode == 0 and r.stdout.strip() == f"pveclean {version}",
+              r.stdout + r.stderr)
+        r = root.sh("pveclean --help")
+        check(what, "pveclean --help with trixie's click",
+              r.returncode == 0 and "Usage: pveclean" in r.stdout, r.stdout + r.stderr)
+        r = root.sh(f"{HOOK} 129 pre-start", env=HOOK_ENV)
+        check(what, f"the stamped hookscript runs pveclean: exit {r.returncode}, {said(r)}",
+              r.returncode == 0 and "not found" not in r.stdout, r.stdout + r.stderr)
+        r = root.sh("ls /usr/lib/pveclean/pveclean/commands/__pycache__/")
+        check(what, "modules byte-compiled for Python 3.13 (dh_python3's rtupdate hook)",
+              "hook.cpython-313.pyc" in r.stdout, r.stdout + r.stderr)
+    log(f"== {what}: {time.monotonic() - t0:.0f} s")
 
 
-def build(out: Path, *extra: str) -> Path:
-    r = subprocess.run([sys.executable, str(REPO / "packaging/build_deb.py"), str(out), *extra],
-                       stdout=subprocess.PIPE, text=True, check=False)
-    if r.returncode != 0:
-        raise SystemExit(f"deb-check: build_deb.py {' '.join(extra)} failed")
-    deb = Path(r.stdout.strip().splitlines()[-1])
-    log(f"built {deb}")
-    return deb
+def the(made: list[Path], name: str) -> Path:
+    found = [p for p in made if re.fullmatch(name, p.name)]
+    assert len(found) == 1, f"{name}: {[p.name for p in made]}"
+    return found[0]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("deb", type=Path, nargs="?",
-                    help="the package to check (default: build it into dist/)")
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--releases", default=",".join(RELEASES))
+    ap.add_argument("--keep", type=Path, help="copy what the builds made to KEEP/<release>/")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("deb-check: needs root (debootstrap, chroot)", file=sys.stderr)
@@ -317,21 +353,32 @@ def main() -> int:
     sys.path.insert(0, str(REPO))
     from pveclean import __version__
 
-    deb = (args.deb or build(REPO / "dist")).resolve()
-    version = deb.name.split("_")[1]
+    releases = args.releases.split(",")
+    v = re.escape(__version__)
     with tempfile.TemporaryDirectory(prefix="pveclean-deb-check-", dir="/var/tmp") as tmp:
         work = Path(tmp)
-        # the version to upgrade from: the same tree, sorting before the real one
-        prev = build(work, "--version", f"{version}~debcheck")
+        built: dict[str, list[Path]] = {}
         try:
-            lintian(deb)
-            for release in args.releases.split(","):
-                run_release(release, prev, deb, __version__, work)
+            src = source_tar(work)
+            for release in releases:
+                made = built[release] = build_in_root(release, src, work, work / "out" / release)
+                if not made:
+                    continue
+                run_release(release, the(made, rf"pveclean_{v}~debcheck_all\.deb"),
+                            the(made, rf"pveclean_{v}_all\.deb"), __version__, work)
+            if {"bookworm", "trixie"} <= set(releases) and built.get("bookworm"):
+                dist_upgrade(the(built["bookworm"], rf"pveclean_{v}_all\.deb"), __version__,
+                             work)
+            if args.keep:
+                for release, made in built.items():
+                    (args.keep / release).mkdir(parents=True, exist_ok=True)
+                    for p in made:
+                        shutil.copy2(p, args.keep / release / p.name)
         finally:
             for p in work.iterdir():
                 if p.is_dir():
                     remove_tree(p)
-    log(f"deb-check: {time.monotonic() - t0:.0f} s on {args.releases}; lintian and apt "
+    log(f"deb-check: {time.monotonic() - t0:.0f} s on {args.releases}; build, lintian and apt "
         f"{'FAILED: ' + '; '.join(failures) if failures else 'clean'}")
     log(f"deb-check: {passed} passed, {len(failures)} failed")  # the closing line CI reads
     return 1 if failures else 0
