@@ -37,6 +37,11 @@ def not_listed_line(more: dict[str, Any]) -> str:
             f"PIDs {safe(more['host_pids'], 400)}; names {safe(names, 400)}")
 
 
+def public(rep: dict[str, Any]) -> dict[str, Any]:
+    """A report as shown: without the keys the program keeps for itself (`_started`)."""
+    return {k: v for k, v in rep.items() if not k.startswith("_")}
+
+
 def run(args: CtArgs, nvml: NvmlWorker) -> int:
     """Load the config, clean the container, print the result; returns the exit code.
     `nvml`: the run's NVML worker, forked by __main__ before the run's imports (prelude.py)."""
@@ -49,11 +54,13 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
         def progress(msg: str) -> None:
             print(f"... {safe(msg, 300)}", file=sys.stderr, flush=True)
 
+    # a dry run only reads: no report file, no syslog line, no metrics (an alert on the last
+    # verdict must not be silenced by a look), no keep_reports slot used
     result = clean(vid, cfg, worker, dry_run=args.dry_run, grace=args.grace,
-                   progress=progress, stop_units=args.stop_units)
+                   progress=progress, stop_units=args.stop_units,
+                   write_report=not args.dry_run)
     if args.as_json:
-
-        print(json.dumps(result.report.as_dict(), indent=2, default=str))
+        print(json.dumps(public(result.report.as_dict()), indent=2, default=str))
     else:
 
         rep = result.report.as_dict()

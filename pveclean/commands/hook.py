@@ -279,13 +279,13 @@ def _chained(vmid: int, phase: str, cfg: Config) -> int:
 
 
 def _main(argv: list[str], nvml: NvmlWorker) -> int:
-    if len(argv) != 2:
-        say("usage: pveclean hook VMID PHASE")
+    if len(argv) != 2:  # a usage error on stderr, as every command's (the task log has both)
+        sys.stderr.write("pveclean: usage: pveclean hook VMID PHASE (see 'pveclean hook -h')\n")
         return ExitCode.USAGE
     try:
         vmid = pveconf.parse_vmid(argv[0])
     except PvecleanError as exc:
-        say(f"pveclean: {exc}")
+        sys.stderr.write(f"pveclean: {exc}\n")
         return ExitCode.USAGE
     phase = argv[1]
     if phase not in PHASES:
