@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from dataclasses import dataclass
 
 from pveclean.cleanup import clean
+from pveclean.commands.dryview import render_dry_run
 from pveclean.commands.render import render_run
 from pveclean.core.text import safe
 from pveclean.host.configfile import load
@@ -37,6 +39,11 @@ def not_listed_line(more: dict[str, Any]) -> str:
             f"PIDs {safe(more['host_pids'], 400)}; names {safe(names, 400)}")
 
 
+def terminal_columns() -> int:
+    """The terminal's width; 80 when stdout is not a terminal (a pipe, a log)."""
+    return shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
+
+
 def public(rep: dict[str, Any]) -> dict[str, Any]:
     """A report as shown: without the keys the program keeps for itself (`_started`)."""
     return {k: v for k, v in rep.items() if not k.startswith("_")}
@@ -64,7 +71,11 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
     else:
 
         rep = result.report.as_dict()
-        print(render_run(rep))
+        if args.dry_run:
+            print(render_dry_run(rep, terminal_columns(), args.grace if args.grace is not None
+                                 else cfg.grace_seconds))
+        else:
+            print(render_run(rep))
         more = rep.get("holders_not_listed")
         if more:
             print(not_listed_line(more))

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 # ---- the terminal view --------------------------------------------------------------------
 def _n(mib: int | None) -> str:
-    return "-" if mib is None else f"{mib:,}"
+    """A MiB figure as every command prints it: digits only (18000), as in reports."""
+    return "-" if mib is None else str(mib)
 
 
 def _table(rows: Sequence[tuple[str, ...]], indent: str = "",
