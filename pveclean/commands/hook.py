@@ -87,9 +87,16 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     task = tasks.running_task()
     if task is None or not task.kills:
         return _pre_shutdown(vmid, cfg, nvml, task)
-    res = clean(vmid, cfg, phase="pre-stop", worker=nvml.warm(cfg, vmid),
+    deadline = start_deadline(cfg.deadline_seconds)
+    res = clean(vmid, cfg, phase="pre-stop", worker=nvml.warm(cfg, vmid), deadline=deadline,
+                write_report=False,
                 progress=progress_to_log(vmid, "pre-stop", cfg.grace_seconds))
     rep = res.report
+    if rep.verdict == Verdict.NOTHING_TO_DO and not cfg.report_nothing_to_do:
+        say(f"pveclean: CT {vmid} pre-stop: no GPU holders ({rep.duration_s:.2f} s); no "
+            "report (report_nothing_to_do: false)")
+        return 0
+    res = finish(rep, cfg, deadline=deadline)
     if rep.busy:
         return _busy(vmid, "pre-stop", res)
     s = rep.summary

@@ -36,7 +36,9 @@ def test_pct_stop_cleans_seeds_and_post_stop_reports_clean(lab: Lab, vmid: int) 
     conf_before = (lab.root / "etc/pve/lxc" / f"{vmid}.conf").read_text()
     pids = [p for w in s.targets() for p in w.host_pids(lab)]
     res = lab.pct("stop", str(vmid))
-    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("pveclean:"))
+    said = [ln for ln in res.stdout.splitlines() if ln.startswith("pveclean:")]
+    assert said[0].startswith(f"pveclean: CT {vmid} pre-stop: stopping 6 GPU holder(s)")
+    line = said[-1]
     freed = 4 * TP_MIB + VLLM_MIB + NCCL_MIB
     assert line.startswith(f"pveclean: CT {vmid} pre-stop: stopped 6 GPU holders "
                            f"({freed} MiB freed) in ")
@@ -292,3 +294,19 @@ def test_a_phase_that_waits_says_so_first(lab: Lab, vmid: int) -> None:
                         f"{vmid}, grace 2 s ..."), said
     assert ends - said[0][0] >= 1.5, said  # said before the grace, not at the end
     assert lines[-1].startswith(f"pveclean: CT {vmid} pre-stop: stopped 2 GPU holders"), said
+
+
+def test_a_pre_stop_with_nothing_to_do_writes_no_report_unless_asked(lab: Lab,
+                                                                     vmid: int) -> None:
+    """A no-op stop wrote two reports (keep_reports: 100 was about 50 stops): the post-stop's
+    is the stop's record; `report_nothing_to_do: true` brings the pre-stop's back."""
+    lab.create_ct(vmid, gpus=(0,))
+    lab.install_hook(vmid)
+    res = hook(lab, vmid, "pre-stop")
+    assert res.returncode == 0 and f"CT {vmid} pre-stop: no GPU holders (" in res.stdout
+    assert "no report (report_nothing_to_do: false)" in res.stdout
+    assert reports(lab, vmid, "pre-stop") == []
+    lab.write_config(report_nothing_to_do=True)
+    res = hook(lab, vmid, "pre-stop")
+    (pre,) = reports(lab, vmid, "pre-stop")
+    assert pre["verdict"] == "nothing-to-do" and "; report " in res.stdout
