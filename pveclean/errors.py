@@ -31,6 +31,22 @@ class ExitCode(IntEnum):
     PIPE = 141  # standard output closed early, as for a program that SIGPIPE ends
 
 
+# What each exit code means, as `pveclean --help` and pveclean(8)'s EXIT STATUS say it.
+EXIT_MEANING: dict[ExitCode, str] = {
+    ExitCode.OK: "clean, nothing to do, a dry run, or help shown",
+    ExitCode.RESIDUAL: "GPU holders or their memory remain (residual, leaked)",
+    ExitCode.USAGE: "usage or config error",
+    ExitCode.ACCESS: "container missing, or pct/cgroup/API access failed",
+    ExitCode.REPORT: "the report could not be written",
+    ExitCode.BUSY: "another run holds the container's lock",
+    ExitCode.INTERNAL: "internal error (a bug in pveclean: please report it)",
+    ExitCode.REFUSE: "a hook's pre-start refused the start (pre_start_policy: refuse)",
+    ExitCode.NOT_ROOT: "not run as root",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+    ExitCode.PIPE: "standard output closed early (| head)",
+}
+
+
 class PvecleanError(Exception):
     """An error with a one-line message for the admin and an exit code."""
 

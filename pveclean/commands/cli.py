@@ -37,7 +37,7 @@ app = typer.Typer(
     + EXIT_CODES_HELP + "\n\nExamples: pveclean ct 129 --dry-run | pveclean gpus | "
     "pveclean install --all --dry-run | pveclean COMMAND -h",
     invoke_without_command=True,
-    add_completion=True,
+    add_completion=True,  # its completion classes; its two options are dropped (Group)
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings=HELP_OPTIONS,

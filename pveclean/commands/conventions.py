@@ -12,15 +12,10 @@ import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from pveclean.errors import ExitCode, PvecleanError
+from pveclean.errors import EXIT_MEANING, ExitCode, PvecleanError
 
-EXIT_CODES_HELP = (
-    "Exit codes: 0 clean, nothing to do or dry run; 1 GPU holders or their memory remain; "
-    "2 usage or config error; 3 container missing, or pct/cgroup access failed; "
-    "4 report could not be written; 5 another run holds the container's lock; "
-    "70 internal error (a bug: please report it); 75 a hook's pre-start refused the start; "
-    "77 not run as root; 130 interrupted; 141 standard output closed early (| head)."
-)
+EXIT_CODES_HELP = "Exit codes: " + "; ".join(
+    f"{int(c)} {m}" for c, m in sorted(EXIT_MEANING.items())) + "."
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 PVE_LXC = "/etc/pve/lxc"  # where completion finds the VMIDs
 
@@ -52,6 +47,12 @@ class Command(TyperCommand):
 
 class Group(TyperGroup):
     context_class = Context
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        """Without typer's --install-completion (it writes root's ~/.bashrc) and
+        --show-completion: the package ships bash completion."""
+        return [p for p in super().get_params(ctx)
+                if p.name not in ("install_completion", "show_completion")]
 
     def invoke(self, ctx: click.Context) -> object:
         try:
