@@ -110,6 +110,9 @@ def ct(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     grace: GraceOpt = None,
     stop_units: StopUnitsOpt = False,
+    report_file: Annotated[Path | None, typer.Option(
+        "--report-file", metavar="FILE", help="Also write the report to FILE, a new file "
+        "(0600): how a dry run's report is kept.")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Stop every GPU holder of container VMID and verify its GPU memory is free.
@@ -117,13 +120,15 @@ def ct(
     A VMID that is a VM exits 2, a container on another node exits 3; the message says so
     and what to run instead.
 
-    Examples: pveclean ct 129 --dry-run | pveclean ct 129 --stop-units
+    Examples: pveclean ct 129 --dry-run | pveclean ct 129 --stop-units |
+    pveclean ct 129 --dry-run --report-file /root/ct129-before.yaml
     """
     from pveclean.commands.ct import CtArgs, run
 
     need_root()
     raise typer.Exit(run(CtArgs(vmid, dry_run, as_json, grace, stop_units,
-                                str(config) if config else None), ctx.obj))
+                                str(config) if config else None,
+                                str(report_file) if report_file else None), ctx.obj))
 
 
 @command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -11,9 +12,10 @@ from pveclean.cleanup import clean
 from pveclean.commands.dryview import render_dry_run
 from pveclean.commands.render import render_run
 from pveclean.core.text import safe
+from pveclean.errors import ExitCode
 from pveclean.host.configfile import load
 from pveclean.host.prelude import NvmlWorker
-from pveclean.host.reportfiles import unsaved_text
+from pveclean.host.reportfiles import to_yaml, unsaved_text
 from pveclean.proxmox.pveconf import parse_vmid
 
 TYPE_CHECKING = False
@@ -29,6 +31,19 @@ class CtArgs:
     grace: float | None = None
     stop_units: bool = False
     config: str | None = None
+    report_file: str | None = None
+
+
+def save_to(path: str, rep: dict[str, Any]) -> str | None:
+    """The report as YAML in a new file `path` (0600, never over another file), where the
+    admin asks for it (--report-file); the error, in one line, or None."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        return f"cannot write the report to {path}: {exc.strerror}"
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(to_yaml(public(rep)))
+    return None
 
 
 def not_listed_line(more: dict[str, Any]) -> str:
@@ -82,6 +97,12 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
         if result.path:
             print(f"report: {result.path}")
     sys.stdout.flush()
+    code = result.exit_code
+    if args.report_file:
+        failed = save_to(args.report_file, result.report.as_dict())
+        if failed:
+            print(f"pveclean: {failed}", file=sys.stderr)
+            code = max(code, ExitCode.REPORT)
     if result.report_error:
         print(f"pveclean: {result.report_error}", file=sys.stderr)
         if not args.as_json:
@@ -90,4 +111,4 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
             print(unsaved_text(result.report.as_dict(), result.spare), file=sys.stderr)
         elif result.spare:
             print(f"pveclean: the whole report is in {result.spare}", file=sys.stderr)
-    return result.exit_code
+    return code

@@ -88,6 +88,23 @@ def test_a_dry_run_writes_no_report_no_syslog_no_metrics(
     assert shown["verdict"] == "dry-run" and not [k for k in shown if k.startswith("_")], shown
 
 
+def test_a_dry_run_report_goes_only_where_the_admin_asks(
+        stopped_ct: Sinks, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    s = stopped_ct
+    kept = tmp_path / "kept" / "ct130.yaml"
+    kept.parent.mkdir()
+    args = ["ct", "130", "--dry-run", "--report-file", str(kept), "-c", str(s.config)]
+    assert run_app(args) == 0
+    assert s.look() == ([], None, [])
+    saved = yaml.safe_load(kept.read_text())
+    assert saved["verdict"] == "dry-run" and saved["vmid"] == 130 and "_started" not in saved
+    assert kept.stat().st_mode & 0o777 == 0o600
+    capfd.readouterr()
+    assert run_app(args) == 4  # never over another file
+    assert "cannot write the report to" in capfd.readouterr().err
+    assert yaml.safe_load(kept.read_text()) == saved
+
+
 def test_status_writes_no_report_no_syslog_no_metrics(cluster: Cluster) -> None:
     # CT 101 runs on this node with a GPU: status looks at its holders (a dry run)
     (cluster.tmp / "lxc/101.conf").write_text("arch: amd64\ndev0: /dev/nvidia0,gid=44\n")
