@@ -19,8 +19,10 @@ $(BIN)/pveclean: pyproject.toml Makefile
 
 venv: $(BIN)/pveclean
 
-# The lab needs LXC, a static busybox and a C compiler with a static libc. As root, install
-# what is missing (Debian/Proxmox package names); otherwise the lab tests skip with a reason.
+# The lab needs LXC, a static busybox and a C compiler with a static libc; the monitoring tests
+# Prometheus (its promtool too: Debian's prometheus package ships it) and node_exporter. As root,
+# install what is missing (Debian/Proxmox package names); otherwise those tests skip with a
+# reason. Their services are not started here (the tests start their own on loopback ports).
 lab-deps:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  missing=""; \
@@ -28,6 +30,8 @@ lab-deps:
 	  [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 || missing="$$missing busybox-static"; \
 	  command -v gcc >/dev/null 2>&1 || missing="$$missing gcc"; \
 	  [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || [ -e /usr/lib/aarch64-linux-gnu/libc.a ] || missing="$$missing libc6-dev"; \
+	  command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	  command -v prometheus-node-exporter >/dev/null 2>&1 || missing="$$missing prometheus-node-exporter"; \
 	  if [ -n "$$missing" ]; then \
 	    echo "installing lab packages:$$missing"; \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing >/dev/null \

@@ -1,7 +1,8 @@
 """Entry point: makes the run's NVML worker (forked at once for `ct` and the pre-stop and
 post-stop hooks, before any heavy import: host/prelude.py), then runs the command.
-`pveclean hook VMID PHASE` and `pveclean unit [-c FILE] VMID PHASE` take a fixed argv from
-Proxmox and systemd on every container start and stop: they skip typer (and proxmoxer).
+`pveclean hook VMID PHASE`, `pveclean vmhook VMID PHASE` and `pveclean unit [-c FILE] VMID
+PHASE` take a fixed argv from Proxmox and systemd on every guest start and stop: they skip
+typer (and proxmoxer).
 Every other command goes through the typer app (commands/cli.py)."""
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
             from pveclean.commands.unit import from_argv
 
             return from_argv(args[1:], nvml)
+        if args[:1] == ["vmhook"]:
+            from pveclean.commands.vmhook import main as vmhook_main
+
+            return vmhook_main(args[1:], nvml)
         from pveclean.commands.cli import run_app
 
         return run_app(args, nvml)

@@ -80,6 +80,7 @@ def discover(
 
 
 Progress = Callable[[str], None]
+OnlyGpus = tuple[frozenset[int], frozenset[int]]  # (NVML indices, /dev/nvidiaN minors)
 RESTART_WATCH = 0.3  # s after the last exit: systemd's default RestartSec (100 ms) and a start
 
 
@@ -87,12 +88,18 @@ def cgroup_root(cfg: Config) -> str:
     return cfg.cgroup_root or cgroupfs.cgroup2_root()
 
 
-def make_scope(vmid: int, cfg: Config, ctconf: pveconf.CtConfig) -> Scope:
+def make_scope(vmid: int, cfg: Config, ctconf: pveconf.CtConfig,
+               only: OnlyGpus | None = None) -> Scope:
+    """`only`: (NVML indices, minors) of the GPUs whose holders alone count (a VM's hand-off)."""
     root = cgroup_root(cfg)
     devices = devnodes.gpu_devices(cfg.devices)
     patterns = sorted({*ctconf.gpu_paths(), "/dev/nvidia*", "/dev/nvidia-caps/*"})
+    if only is not None:
+        devices = devnodes.only_minors(devices, only[1])
+        patterns = [f"/dev/nvidia{m}" for m in sorted(only[1])]
     return Scope(vmid, cgroupfs.container_cgroup(root, vmid), devices, frozenset(cfg.protect),
-                 patterns, running=cgroupfs.monitor_running(root, vmid))
+                 patterns, running=cgroupfs.monitor_running(root, vmid),
+                 gpu_indices=None if only is None else only[0])
 
 
 def reserve_for(cfg: Config) -> float:
@@ -255,12 +262,12 @@ def clean(
     write_report: bool = True,
     deadline: Deadline | None = None,
     stop_units: bool = False,
+    only: OnlyGpus | None = None,
 ) -> RunResult:
     """One run. A cleanup holds the container's lock (a second one reports `busy`); a dry run
-    only reads and takes no lock, so it can never hold up a cleanup. One deadline covers the
-    whole run, the lock wait included; the report is written in the time kept back for it.
-    With `stop_units`, the holders' systemd units are stopped before any signal. `worker`:
-    NVML's, the entry point's to make and close (host/prelude.py)."""
+    only reads and takes no lock. One deadline covers the run, the lock wait included. With
+    `stop_units`, the holders' units are stopped before any signal; with `only`, only holders
+    of those GPUs count (make_scope). `worker`: NVML's (host/prelude.py)."""
     started = time.time()
     deadline = deadline or start_deadline(cfg.deadline_seconds)
     raise_open_files_limit()
@@ -270,13 +277,13 @@ def clean(
         ctconf = read_ct_config(cfg, vmid, scan, deadline)
         if dry_run:
             res = _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
-                         deadline, started, stop_units, scan)
+                         deadline, started, stop_units, scan, only)
         else:
             wait = min(cfg.lock_wait_seconds, max(0.0, deadline.remaining() - reserve_for(cfg)))
             try:
                 with container_lock(cfg.state_dir, vmid, wait, f"{phase} run"):
                     res = _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress,
-                                 write_report, wk, deadline, started, stop_units, scan)
+                                 write_report, wk, deadline, started, stop_units, scan, only)
             except Busy as exc:
                 busy = busy_report(stamp(started, time.time() - started), vmid, phase,
                                    dry_run, ctconf.gpu_lines(), str(exc))
@@ -320,8 +327,9 @@ def _clean(
     started: float,
     stop_units: bool,
     scan: Worker,
+    only: OnlyGpus | None = None,
 ) -> RunResult:
-    scope = make_scope(vmid, cfg, ctconf)
+    scope = make_scope(vmid, cfg, ctconf, only)
     end = deadline.end - reserve_for(cfg)
     idle = cgroupfs.nothing_left(scope.cgroup_dir, scope.running)  # then no NVML at all
     with Reads(wk, deadline, stall_for(cfg), not idle,
@@ -403,27 +411,28 @@ REPORT_WAIT = 0.5  # s: writing the report may take at least this, even at the d
 
 
 def _write_report(rep: dict[str, Any], cfg: Config) -> str:
-    """In a worker: write, prune, publish (a report dir or metrics file on a hung NFS mount
-    blocks here, not in the run)."""
-    path = reportfiles.write(rep, cfg.report_dir)
+    """In a worker (a report dir or metrics file on a hung NFS mount blocks here, not in the
+    run): publish first, naming the file about to be written, so that what could not be
+    logged or written as metrics is recorded in the report itself; then write, prune."""
+    name = reportfiles.report_name(int(rep["vmid"]), str(rep["phase"]), float(rep["_started"]))
+    failed = notify.publish(rep, str(Path(cfg.report_dir) / name), cfg.syslog,
+                            cfg.syslog_socket, cfg.metrics_path, cfg.journal_socket)
+    path = reportfiles.write({**rep, "notify_errors": failed} if failed else rep, cfg.report_dir)
     reportfiles.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
-    notify.publish(rep, str(path), cfg.syslog, cfg.syslog_socket, cfg.metrics_path)
     return str(path)
 
 
 def finish(rep: Report, cfg: Config, write_report: bool = True,
            deadline: Deadline | None = None, writer: Worker | None = None) -> RunResult:
-    """Bound, redact, write and prune within what is left of the run (at least REPORT_WAIT),
-    in `writer` (the run's scan worker, idle by now: no fork) or a worker of its own. The
-    caps come first (core/bounds.py): redacting and dumping a bounded report take a bounded
-    time, whatever the container holds. A report that cannot be written is kept whole in a
-    spare file (reportfiles.SPARE_DIR), named in the result and in syslog."""
+    """Bound (core/bounds.py: a bounded time whatever the container holds), redact, write and
+    prune within what is left of the run (at least REPORT_WAIT), in `writer` (the run's scan
+    worker, idle by now, the caller's to close) or a worker of its own. A report that cannot
+    be written is kept whole in a spare file (reportfiles.SPARE_DIR), named in syslog."""
     rep = report.Redactor(cfg.redact).value(rep.bounded())
     code = verdicts.exit_code(rep.verdict)
     if not write_report:
         return RunResult(rep, None, code)
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
-    # a writer is the caller's to close; a worker of its own is closed here
     with contextlib.nullcontext(writer) if writer else Worker() as wk:
         try:
             return RunResult(rep, Path(wk.call(_write_report, rep.as_dict(), cfg, timeout=wait,
@@ -435,7 +444,7 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
                    "(a hung file system?)")
     rep = rep.with_error(why)
     spare = reportfiles.write_spare(rep.as_dict(), max(cfg.keep_reports, 1))
-    # syslog only: a metrics file on the same hung file system would block this process
-    notify.publish(rep.as_dict(), None if spare is None else str(spare), cfg.syslog,
-                   cfg.syslog_socket, None)
+    notify.publish(  # syslog only: metrics on the same hung file system would block here
+        rep.as_dict(), None if spare is None else str(spare), cfg.syslog, cfg.syslog_socket,
+        None, cfg.journal_socket)
     return RunResult(rep, None, max(code, ExitCode.REPORT), why, spare=spare)

@@ -15,7 +15,8 @@ import pytest
 from pveclean.core import config
 from pveclean.host import procfs
 from pveclean.proxmox import chain, pveapi
-from tests.harness import pvesh
+from tests.harness import pvesh, qm
+from tests.harness.hangfs import HangFs
 from tests.harness.lxclab import Lab, LabUnavailable, cgroup2_root, lab_unavailable_reason
 from tests.helpers import GPU_LXC, Cluster, write_config
 
@@ -76,6 +77,17 @@ def vmid2(vmid: int) -> int:
 
 
 @pytest.fixture
+def hangfs(lab: Lab) -> Iterator[HangFs]:
+    """A FUSE mount in the lab that answers until told to hang (the lab's "NFS server went
+    away")."""
+    fs = HangFs(lab.root / "fuse")
+    try:
+        yield fs
+    finally:
+        fs.close()  # aborts the connection: every reader stuck on it goes on
+
+
+@pytest.fixture
 def host(lab: Lab) -> Lab:
     """The lab as a Proxmox host for install: a pvesh stand-in, pveclean's state in the lab."""
     pvesh.install(lab.root)
@@ -130,3 +142,36 @@ def chained(tmp_path: Path) -> tuple[config.Config, Path]:
     script = vz / "snippets/theirs.sh"
     chain.write_record(cfg, 100, "local:snippets/theirs.sh", str(script))
     return cfg, script
+
+
+@pytest.fixture
+def vm_host(host: Lab) -> Iterator[Lab]:
+    """The lab with VMs: its GPUs in a sysfs root of the lab's, a `qm` stand-in, and the
+    config's VM paths pointing there. Every VM's QEMU stand-in ends with the test."""
+    qm.lay_out_pci(host.root, 4)
+    host.write_config(state_dir=str(host.root / "state"),
+                      pci_sysfs=str(host.root / "sys/bus/pci"),
+                      qemu_run_dir=str(host.root / "run/qemu-server"))
+    try:
+        yield host
+    finally:
+        qm.stop_all(host.root)
+
+
+def _tool(name: str) -> str:
+    """A program the test needs (installed by `make lab-deps`): its path; else the test
+    skips with the reason, and under CI=true fails."""
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        why = f"{name} not installed (make lab-deps installs it as root)"
+        if CI:
+            pytest.fail(f"{why}; under CI=true a missing tool is a failure")
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture
+def promtool() -> str:
+    return _tool("promtool")

@@ -17,6 +17,7 @@ import yaml
 
 from pveclean.core import units
 from pveclean.core.records import GpuDevices, Holder
+from pveclean.host.pcibind import BindError, Sysfs
 from tests.harness import pct as pct_harness
 from tests.harness.lxclab import Lab, Workload
 
@@ -176,3 +177,42 @@ def fake_host_pci(tmp: Path, pve: Path) -> Path:
         f"bigone\n\tmap id=10de:2330,node={os.uname().nodename},path=0000:44:00.0\n"
         "\tmap id=10de:2330,node=othernode,path=0000:41:00.0\n")
     return sysfs / "devices"
+
+
+DEFAULT = {"0x03": "nvidia", "0x04": "snd_hda_intel"}  # what the kernel binds without override
+
+
+class KernelSim(Sysfs):
+    """The kernel's part on a laid-out sysfs root: what a write to driver_override,
+    driver/unbind, drivers_probe and drivers/<d>/bind does to a device's `driver` link;
+    `fail`: (function, file) writes that fail with EBUSY, as an unbind of a held GPU does."""
+
+    def __init__(self, root: Path, fail: set[tuple[str, str]] | None = None) -> None:
+        super().__init__(root)
+        self.fail = fail or set()  # (function, operation) that fails with EBUSY
+        self.writes: list[tuple[str, str]] = []
+
+    def _link(self, fn: str, driver: str | None) -> None:
+        link = self.dev(fn) / "driver"
+        if link.is_symlink():
+            link.unlink()
+        if driver:
+            link.symlink_to(self.root / "drivers" / driver)
+
+    def write(self, path: Path, text: str) -> None:
+        rel = path.relative_to(self.root).parts
+        fn = text.strip() if rel[-1] in ("unbind", "bind", "drivers_probe") else rel[1]
+        op = rel[-1]
+        self.writes.append((fn, op))
+        if (fn, op) in self.fail:
+            raise BindError(f"writing {text.strip()!r} to {path}: Device or resource busy")
+        if op == "driver_override":
+            (self.dev(fn) / "driver_override").write_text((text.strip() or "(null)") + "\n")
+        elif op == "unbind":
+            self._link(fn, None)
+        elif op == "bind":
+            self._link(fn, rel[-2])
+        elif op == "drivers_probe":
+            override = (self.dev(fn) / "driver_override").read_text().strip()
+            cls = (self.dev(fn) / "class").read_text()[:4]
+            self._link(fn, override if override != "(null)" else DEFAULT[cls])

@@ -321,6 +321,33 @@ def gpus(
     raise typer.Exit(show(load(config), as_json, watch, count or 0, sysfs_pci))
 
 
+@command()
+def metrics(
+    textfile_dir: Annotated[
+        str, typer.Option("--textfile-dir", metavar="DIR",
+                          help="node_exporter's textfile collector directory.")
+    ] = "/var/lib/prometheus/node-exporter",
+    dcgm_job_dir: Annotated[
+        str | None, typer.Option("--dcgm-job-dir", metavar="DIR",
+                                 help="Also write dcgm-exporter's HPC job mapping files "
+                                 "(its --hpc-job-mapping-dir) naming the guests per GPU.")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Write `pveclean gpus`' map of this node to DIR/pveclean_gpus.prom for node_exporter
+    (what pveclean-metrics.timer runs). Signals nothing.
+
+    Exit codes: 0 written; 2 usage or config error; 3 the host could not be read within
+    deadline_seconds (the file then says pveclean_gpus_up 0); 4 the file could not be written.
+
+    Example: pveclean metrics --textfile-dir /var/lib/prometheus/node-exporter
+    """
+    from pveclean.commands.metrics import write
+
+    need_root()
+    raise typer.Exit(write(load(config), textfile_dir, job_dir=dcgm_job_dir))
+
+
 VERDICTS = [str(v) for v in Verdict]
 
 

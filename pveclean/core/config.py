@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 HOOK_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
 PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
 PRE_START_POLICIES = ("warn", "refuse")
+VM_GPU_POLICIES = ("refuse", "stop-containers")
 API_BACKENDS = ("local", "https")
 DEFAULT_API: dict[str, Any] = {
     "backend": "local", "host": None, "user": "root@pam", "password_file": None,
@@ -68,6 +69,13 @@ class Config:
     journal_socket: str = "/run/systemd/journal/socket"  # the drop-in's output goes there
     strict_permissions: bool = True
     api: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_API))
+    # a VM's pre-start with a GPU passed through: refuse while anything holds it, or stop
+    # the containers' holders of it; host processes named here may keep it (never stopped)
+    vm_gpu_policy: str = "refuse"
+    vm_gpu_allow_host: list[str] = field(default_factory=list)
+    vm_gpu_rebind: bool = False  # hand the GPU to vfio-pci at pre-start, back at post-stop
+    pci_sysfs: str = "/sys/bus/pci"
+    qemu_run_dir: str = "/run/qemu-server"  # qemu-server's pidfiles and PCI reservations
     source: str = "built-in defaults"
 
     def phase_enabled(self, phase: str) -> bool:
@@ -134,6 +142,11 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "syslog_socket": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "journal_socket": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "strict_permissions": ("true or false", lambda v: isinstance(v, bool)),
+    "vm_gpu_policy": ("'refuse' or 'stop-containers'", lambda v: v in VM_GPU_POLICIES),
+    "vm_gpu_allow_host": ("a list of process names", _str_list),
+    "vm_gpu_rebind": ("true or false", lambda v: isinstance(v, bool)),
+    "pci_sysfs": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
+    "qemu_run_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "api": (
         "a mapping with backend ('local' or 'https'), host, user, password_file (a path) and "
         "verify_ssl (true, false or a CA file path)",

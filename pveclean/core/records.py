@@ -48,6 +48,9 @@ class Scope:
     protect: frozenset[str]
     probe_patterns: list[str] = field(default_factory=list)
     running: bool = True
+    # only these GPUs (NVML indices; `devices` then names only their /dev/nvidiaN): the
+    # hand-off of a GPU to a VM stops its holders, not the container's others
+    gpu_indices: frozenset[int] | None = None
 
 
 @dataclass

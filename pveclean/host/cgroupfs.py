@@ -51,6 +51,28 @@ def cgroup2_root(mounts_file: str | None = None) -> str:
     return best
 
 
+PARKING = "pveclean.stuck"  # at the hierarchy's root, beside LXC's lxc/ and lxc.monitor/
+
+
+def park(pid: int, root: str | None = None) -> str | None:
+    """Move a process pveclean gave up on (SIGKILLed, still stuck in the kernel: a GPU driver,
+    a hung FUSE or NFS server) out of the cgroup it shares with pveclean, into
+    <root>/pveclean.stuck. Under the drop-in that cgroup is the unit's, and after
+    ExecStopPost= systemd SIGKILLs what is left there and waits for it to empty, up to
+    TimeoutStopSec= (120 s) before it fails the unit; under the hookscript's post-stop it is
+    the container's lxc.monitor/<vmid>, which Proxmox removes before the next start. The
+    process dies where it is parked once the kernel lets it go. Returns the cgroup, or None
+    where it could not be moved (no cgroup v2, gone already)."""
+    try:
+        target = Path(root or cgroup2_root()) / PARKING
+        target.mkdir(mode=0o755, exist_ok=True)
+        with open(target / "cgroup.procs", "w", encoding="ascii") as fh:
+            fh.write(str(pid))
+    except (OSError, PvecleanError):
+        return None
+    return str(target)
+
+
 def container_cgroup(root: str, vmid: int) -> Path:
     return Path(root) / "lxc" / str(vmid)
 

@@ -340,6 +340,14 @@ def nvidia_majors(proc_devices: str | None = None) -> frozenset[int]:
     return frozenset(majors)
 
 
+def only_minors(devices: GpuDevices, minors: Iterable[int]) -> GpuDevices:
+    """Only the /dev/nvidiaN nodes of these N, by device number, no whole major: a holder of
+    nvidiactl or nvidia-uvm alone holds no GPU."""
+    nodes = {f"nvidia{m}" for m in minors}
+    return GpuDevices({r: p for r, p in devices.rdevs.items()
+                       if os.path.basename(p) in nodes}, frozenset())
+
+
 def gpu_devices(patterns: Iterable[str], proc_devices: str | None = None) -> GpuDevices:
     rdevs: dict[int, str] = {}
     for pattern in patterns:

@@ -1,5 +1,7 @@
-"""Where admins look: one structured syslog/journald line per run, and node_exporter
-textfile metrics. Both best effort: a missing /dev/log never fails a cleanup."""
+"""Where admins look: one line per run in the journal with fields to filter on (its native
+protocol; syslog's /dev/log where there is no journal), and node_exporter textfile metrics
+(core/metrics.py). Both best effort: a missing journal never fails a cleanup, but what was not
+logged or written is returned, for the report."""
 
 from __future__ import annotations
 
@@ -9,10 +11,13 @@ import fcntl
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from pveclean.core import metrics
 from pveclean.core.text import safe
-from pveclean.core.verdicts import VERDICTS, Outcome, Verdict
+from pveclean.core.verdicts import Verdict
+from pveclean.host import journal
 from pveclean.host.reportfiles import exclusive_temp
 
 TYPE_CHECKING = False
@@ -26,12 +31,7 @@ MAX_METRICS = 4 << 20  # bytes of an existing textfile read back
 
 
 def survived(rep: dict[str, Any]) -> int:
-    """Holders that survived: counted in the summary (a report lists only some, see
-    core/bounds.py), else in the holders listed."""
-    counted = (rep.get("summary") or {}).get("outcomes", {}).get(str(Outcome.SURVIVED))
-    if isinstance(counted, int):
-        return counted
-    return sum(1 for h in rep.get("holders", []) if h.get("outcome") == Outcome.SURVIVED)
+    return metrics.survived(rep)
 
 
 def log_line(rep: dict[str, Any], path: str | None) -> str:
@@ -46,68 +46,59 @@ def log_line(rep: dict[str, Any], path: str | None) -> str:
     )
 
 
-def syslog(rep: dict[str, Any], path: str | None, socket_path: str = "/dev/log") -> bool:
-    """Send one RFC 3164 line with identifier `pveclean` (journalctl -t pveclean)."""
+def level(rep: dict[str, Any]) -> str:
     verdict = rep.get("verdict")
-    level = "info" if verdict in (Verdict.CLEAN, Verdict.NOTHING_TO_DO, Verdict.DRY_RUN) \
-        else "warning"
     if verdict == Verdict.ERROR:
-        level = "err"
-    msg = f"<{LOG_USER * 8 + PRI[level]}>pveclean[{os.getpid()}]: {log_line(rep, path)}"
-    try:
-        import socket  # only when syslog is on: not on every run's import path
-
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.settimeout(0.5)
-            sock.connect(socket_path)
-            sock.send(msg.encode("utf-8", "replace"))
-        return True
-    except OSError:
-        return False
+        return "err"
+    return "info" if verdict in (Verdict.CLEAN, Verdict.NOTHING_TO_DO, Verdict.DRY_RUN) \
+        else "warning"
 
 
-def label(value: object) -> str:
-    """A Prometheus label value: printable, cut, backslash and quote escaped."""
-    return safe(value, 64).replace('"', '\\"')
+def fields(rep: dict[str, Any], path: str | None) -> dict[str, str]:
+    """The journal fields a run is filtered on (journalctl PVECLEAN_VMID=129
+    PVECLEAN_VERDICT=residual)."""
+    out = {"PVECLEAN_VMID": safe(rep["vmid"], 12), "PVECLEAN_PHASE": safe(rep["phase"], 20),
+           "PVECLEAN_VERDICT": safe(rep["verdict"], 20)}
+    if path:
+        out["PVECLEAN_REPORT"] = path
+    return out
 
 
-def _metric_lines(rep: dict[str, Any], now: float) -> list[str]:
-    vmid = label(rep["vmid"])
-    s = rep.get("summary", {})
-    residual = survived(rep)
-    lab = f'vmid="{vmid}"'
-    lines = [f'pveclean_last_run_timestamp_seconds{{{lab},phase="{label(rep["phase"])}"}} '
-             f'{now:.0f}']
-    lines += [
-        f'pveclean_last_verdict{{{lab},verdict="{v}"}} {1 if rep["verdict"] == v else 0}'
-        for v in VERDICTS
-    ]
-    lines += [
-        f"pveclean_last_holders_stopped{{{lab}}} {s.get('stopped', 0)}",
-        f"pveclean_last_freed_bytes{{{lab}}} {int(s.get('freed_mib', 0)) * 1024 * 1024}",
-        f"pveclean_last_residual_holders{{{lab}}} {residual}",
-        f"pveclean_last_leaked_bytes{{{lab}}} "
-        f"{sum(x.get('unaccounted_mib', 0) for x in rep.get('leaks', [])) * 1024 * 1024}",
-        f"pveclean_last_run_duration_seconds{{{lab}}} {rep.get('duration_s', 0)}",
-    ]
-    return lines
+def syslog(rep: dict[str, Any], path: str | None, socket_path: str = "/dev/log") -> bool:
+    """Send one RFC 3164 line with identifier `pveclean` (journalctl -t pveclean) to a
+    datagram socket, else to a stream socket (rsyslog's or syslog-ng's /dev/log may be
+    either); False when neither took it."""
+    msg = (f"<{LOG_USER * 8 + PRI[level(rep)]}>pveclean[{os.getpid()}]: "
+           f"{log_line(rep, path)}").encode("utf-8", "replace")
+    import socket  # only when syslog is on: not on every run's import path
+
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        try:
+            with socket.socket(socket.AF_UNIX, kind) as sock:
+                sock.settimeout(0.5)
+                sock.connect(socket_path)
+                if kind == socket.SOCK_STREAM:
+                    sock.sendall(msg + b"\0")  # octet-stuffed: one message per NUL
+                else:
+                    sock.send(msg)
+            return True
+        except OSError as exc:
+            if kind == socket.SOCK_DGRAM and exc.errno != errno.EPROTOTYPE:
+                return False
+    return False
 
 
-HELP = """# HELP pveclean_last_verdict 1 for the verdict of the last pveclean run on a container.
-# TYPE pveclean_last_verdict gauge
-# HELP pveclean_last_run_timestamp_seconds When the last run on a container ended.
-# TYPE pveclean_last_run_timestamp_seconds gauge
-# HELP pveclean_last_holders_stopped GPU holders stopped by the last run.
-# TYPE pveclean_last_holders_stopped gauge
-# HELP pveclean_last_freed_bytes GPU memory freed by the last run.
-# TYPE pveclean_last_freed_bytes gauge
-# HELP pveclean_last_residual_holders GPU holders that survived the last run.
-# TYPE pveclean_last_residual_holders gauge
-# HELP pveclean_last_leaked_bytes GPU memory left with no process after the last stop.
-# TYPE pveclean_last_leaked_bytes gauge
-# HELP pveclean_last_run_duration_seconds Wall time of the last run.
-# TYPE pveclean_last_run_duration_seconds gauge
-"""
+def log(rep: dict[str, Any], path: str | None, syslog_socket: str,
+        journal_socket: str | None) -> str | None:
+    """The run's line with its fields in the journal (native protocol), else in syslog;
+    the reason when neither took it."""
+    if journal_socket and journal.send(log_line(rep, path), level(rep), fields(rep, path),
+                                       journal_socket):
+        return None
+    if syslog(rep, path, syslog_socket):
+        return None
+    where = f"the journal ({journal_socket}) nor " if journal_socket else ""
+    return f"the run was not logged: neither {where}syslog ({syslog_socket}) took it"
 
 
 def _lock(lock_path: str, wait: float) -> int:
@@ -154,21 +145,22 @@ def _read_old(path: Path) -> str:
         os.close(fd)
 
 
-def write_metrics(rep: dict[str, Any], metrics_path: str, lock_wait: float = LOCK_WAIT) -> None:
-    """Replace this container's series in the textfile, atomically, under a lock."""
+def update_textfile(metrics_path: str, make: Callable[[str], str],
+                    lock_wait: float = LOCK_WAIT) -> None:
+    """Replace the textfile with make(its current text), atomically, under a lock: written
+    to a temporary name that does not end in `.prom` (node_exporter's textfile collector
+    reads every name that does, dotfiles too, and would read it half written), then renamed
+    over it."""
     path = Path(metrics_path)
     if not path.parent.is_dir():
         path.parent.mkdir(mode=0o755, parents=True)
-    vmid_label = f'vmid="{label(rep["vmid"])}"'
     fd = _lock(f"{path}.lock", lock_wait)
     try:
-        old = [ln for ln in _read_old(path).splitlines()
-               if ln.startswith("pveclean_") and vmid_label not in ln]
-        lines = sorted(old + _metric_lines(rep, time.time()))
-        tmpfd, tmp = exclusive_temp(path.parent, ".pveclean-", ".prom")
+        text = make(_read_old(path))
+        tmpfd, tmp = exclusive_temp(path.parent, ".pveclean-", ".tmp")
         try:
-            with os.fdopen(tmpfd, "w") as fh:
-                fh.write(HELP + "\n".join(lines) + "\n")
+            with os.fdopen(tmpfd, "w", encoding="utf-8") as fh:
+                fh.write(text)
             os.chmod(tmp, 0o644)
             os.replace(tmp, path)  # rename replaces a symlink itself, never its target
         except BaseException:
@@ -179,15 +171,25 @@ def write_metrics(rep: dict[str, Any], metrics_path: str, lock_wait: float = LOC
         os.close(fd)
 
 
+def write_metrics(rep: dict[str, Any], metrics_path: str, lock_wait: float = LOCK_WAIT,
+                  now: float | None = None) -> None:
+    """This run's counters added, its container's last-run gauges for its phase replaced."""
+    when = time.time() if now is None else now
+    update_textfile(metrics_path, lambda old: metrics.render(
+        metrics.run_families(rep, when, metrics.parse(old))), lock_wait)
+
+
 def publish(rep: dict[str, Any], path: str | None, cfg_syslog: bool, syslog_socket: str,
-            metrics_path: str | None) -> list[str]:
-    """Best effort; returns warnings for the caller to record."""
+            metrics_path: str | None, journal_socket: str | None = None) -> list[str]:
+    """Best effort; returns what failed, for the caller to record in the report."""
     warnings = []
     if cfg_syslog:
-        syslog(rep, path, syslog_socket)
+        why = log(rep, path, syslog_socket, journal_socket)
+        if why:
+            warnings.append(why)
     if metrics_path:
         try:
             write_metrics(rep, metrics_path)
         except OSError as exc:
-            warnings.append(f"metrics not written to {metrics_path}: {exc.strerror}")
+            warnings.append(f"metrics not written to {metrics_path}: {exc.strerror or exc}")
     return warnings

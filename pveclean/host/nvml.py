@@ -103,7 +103,10 @@ def _call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
     thread = threading.Thread(target=target, name=f"nvml-{what}", daemon=True)
     thread.start()
     thread.join(max(timeout, 0.0))
-    if thread.is_alive():
+    if thread.is_alive():  # abandoned, maybe stuck in the driver for good
+        from pveclean.host import worker
+
+        worker.park_self()
         raise NvmlUnavailable(f"NVML {what} did not answer within {timeout:.1f} s")
     if "error" in box:
         raise box["error"]

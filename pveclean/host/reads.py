@@ -146,6 +146,19 @@ class Reader:
         self.worker.close()
 
 
+def only_gpus(procs: Any, scope: Scope) -> Any:
+    """NVML's processes with memory on the scope's GPUs, when it names some (a VM's hand-off);
+    the list's faults are kept."""
+    if procs is None or scope.gpu_indices is None:
+        return procs
+    kept = type(procs)()
+    kept.update({pid: {i: m for i, m in per.items() if i in scope.gpu_indices}
+                 for pid, per in procs.items() if any(i in scope.gpu_indices for i in per)})
+    if hasattr(procs, "faults"):
+        kept.faults = {i: f for i, f in procs.faults.items() if i in scope.gpu_indices}
+    return kept
+
+
 class Reads:
     """The parent's side of every read, bounded by the run's deadline, in two workers that
     work at once: NVML's (forked first thing, see prelude.py) and the scan's (/proc and
@@ -274,7 +287,7 @@ class Reads:
         if memory_asked:
             rows = self._nvml_receive("NVML memory query")
             self.before = None if rows is None else gpu_memory(rows)
-        procs = self._nvml_receive("NVML process query") if asked else None
+        procs = only_gpus(self._nvml_receive("NVML process query") if asked else None, scope)
         if hold is not None:
             hold()
         view = self._scan(scope, end if scan_end is None else scan_end, "host scan")
@@ -322,7 +335,7 @@ class Reads:
         is looked at (the verdict stays residual with the scan's problem). `hold()` (the
         freezer) comes after NVML's answer, before the scan, as in host()."""
         asked = self._nvml_send(w_processes, end, "NVML process query")
-        procs = self._nvml_receive("NVML process query") if asked else None
+        procs = only_gpus(self._nvml_receive("NVML process query") if asked else None, scope)
         if hold is not None:
             hold()
         view: HostView | str = HostView({}, {}, {}, None)

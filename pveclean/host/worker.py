@@ -86,6 +86,19 @@ def mark(key: int) -> None:
         MARK.pack_into(_marks, 0, _mark_seq, key)
 
 
+def park_self() -> None:
+    """From a function running in the worker that gave up on a thread stuck in the kernel (an
+    NVML call past its timeout, see nvml.py): move the worker out of the run's cgroup now,
+    while its main thread still runs. Once the worker is killed its main thread is a zombie
+    that cannot be moved and, while the stuck thread lives, keeps the cgroup from emptying:
+    under the drop-in that is the unit's, which systemd then holds "stopping" up to
+    TimeoutStopSec= (see cgroupfs.park). Nothing in a process that is not a worker."""
+    if _out_fd >= 0:
+        from pveclean.host import cgroupfs
+
+        cgroupfs.park(os.getpid())
+
+
 def state() -> dict[str, Any]:
     """Per-worker state that lives across calls (the NVML session)."""
     return _state
@@ -355,13 +368,21 @@ class Worker:
         return kind, pickle.loads(body)
 
     def kill(self, why: str = "done") -> None:
-        """SIGKILL the worker and reap it if it goes within REAP_WAIT (a process stuck in
-        an uninterruptible driver call may not; it holds no lock and no pidfd)."""
+        """SIGKILL the worker and reap it if it goes within REAP_WAIT. A process stuck in an
+        uninterruptible driver call may not (it holds no lock and no pidfd). So a worker
+        killed busy (a call timed out, or a request is still unanswered) is first parked
+        outside pveclean's cgroup (cgroupfs.park), where it dies when the kernel lets it: once
+        SIGKILL has made its main thread a zombie, a thread stuck in the kernel can no longer
+        be moved, and it would keep the cgroup from emptying. An idle worker exits at once."""
         pid = self.pid
         if pid is None:
             return
         if why != "done":
             self.killed.append(why)
+        if why != "done" or self._pending:  # it may be stuck: a cgroup write, only here
+            from pveclean.host import cgroupfs
+
+            cgroupfs.park(pid)
         self.pid = None
         self._pending = []
         for fd in (self._req, self._resp):

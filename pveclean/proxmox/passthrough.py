@@ -118,3 +118,79 @@ def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[dict[s
         out.append({"pci_bus_id": addr, "device": f"10de:{_read(d / 'device')[2:]}",
                     "driver": driver, "vms": [{"vmid": v, "name": n} for v, n in vms]})
     return out
+
+
+# ---- one VM's start ------------------------------------------------------------------------
+def vm_gpu_functions(qemu_dir: Path, vmid: int, mapping_file: Path, pci_root: Path,
+                     node: str | None = None) -> list[str]:
+    """The NVIDIA display functions (vendor 0x10de, class 0x03xxxx) that VM `vmid`'s hostpci
+    lines name, by address or through a resource mapping, as sysfs names them; a line
+    naming a whole device (`01:00`) counts each of its functions."""
+    mappings = read_pci_mappings(mapping_file, node or os.uname().nodename)
+    refs = [(prefix, whole) for v, _, prefix, whole in vm_passthrough(qemu_dir, mappings)
+            if v == vmid]
+    if not refs:
+        return []
+    try:
+        devs = sorted(d.name.lower() for d in pci_root.iterdir())
+    except OSError:
+        return []
+    return [a for a in devs
+            if any(a.startswith(p) if whole else a == p for p, whole in refs)
+            and _read(pci_root / a / "vendor") == NVIDIA_VENDOR
+            and _read(pci_root / a / "class").startswith("0x03")]
+
+
+def pci_reservations(run_dir: Path) -> dict[str, int]:
+    """PCI id -> VMID of qemu-server's reservations (PCI.pm: <run_dir>/pci-id-reservations,
+    lines `<id> <vmid> pid:<pid>` for a started VM, `time:<expiry>` while it starts), only
+    those whose VM process lives or whose start window is open. Ids as sysfs names them."""
+    import time
+
+    out: dict[str, int] = {}
+    try:
+        text = (run_dir / "pci-id-reservations").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return out
+    for line in text.splitlines():
+        m = re.fullmatch(r"(\S+) (\d+) (time|pid):(\d+)", line.strip())
+        if not m:
+            continue
+        kind, value = m.group(3), int(m.group(4))
+        live = value > time.time() if kind == "time" else os.path.exists(f"/proc/{value}")
+        ids = _pci_ids(m.group(1))
+        if live and ids:
+            out[ids[0][0].rstrip(".")] = int(m.group(2))
+    return out
+
+
+def w_vm_gpus(pve_dir: str, vmid: int, pci_sysfs: str) -> list[str] | None:
+    """In a worker (/etc/pve is pmxcfs): VM `vmid`'s NVIDIA GPU functions; None when it has
+    no config on this node."""
+    qemu_dir = Path(pve_dir) / "qemu-server"
+    if not (qemu_dir / f"{vmid}.conf").is_file():
+        return None
+    return vm_gpu_functions(qemu_dir, vmid, Path(pve_dir) / "mapping" / "pci.cfg",
+                            Path(pci_sysfs) / "devices")
+
+
+def w_keeping(ct_dir: str, minors: dict[int, str]) -> dict[int, list[str]]:
+    """In a worker: container -> the addresses among `minors` (GPU minor -> PCI address) that
+    its config grants (a grant of every GPU counts for each); its next start takes them."""
+    out: dict[int, list[str]] = {}
+    try:
+        files = sorted(p for p in Path(ct_dir).glob("*.conf") if p.stem.isdigit())
+    except OSError:
+        return out
+    for path in files:
+        try:
+            conf = pveconf.parse_config(path.read_text(encoding="utf-8", errors="replace"),
+                                        int(path.stem))
+        except (OSError, ValueError):
+            continue
+        g = conf.gpu()
+        hit = [a for m, a in sorted(minors.items())
+               if g.any and (g.minors is None or g.allow_all or m in g.minors)]
+        if hit:
+            out[conf.vmid] = hit
+    return out

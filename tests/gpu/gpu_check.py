@@ -327,6 +327,43 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def rebind_check(addr: str, timeout: float) -> int:
+    """`--rebind ADDR`: the real hand-off of a spare GPU (a VM's vm_gpu_rebind): its IOMMU
+    group to vfio-pci and back through pveclean's own code, each function's driver checked
+    after each way. Only with this option: it takes the GPU from the nvidia driver."""
+    from pveclean.host import pcibind
+    from pveclean.host.worker import Worker, WorkerError
+
+    fs = pcibind.Sysfs()
+    if not (fs.root / "drivers" / "vfio-pci").is_dir():
+        with contextlib.suppress(OSError):
+            subprocess.run(["modprobe", "vfio-pci"], check=False)
+    if not (fs.root / "drivers" / "vfio-pci").is_dir():
+        return fail("no vfio-pci driver here (modprobe vfio-pci did not load one)")
+    try:
+        before = {fn: fs.driver(fn) for fn in fs.group(addr)}
+    except pcibind.BindError as exc:
+        return fail(str(exc))
+    with Worker() as wk:
+        try:
+            got = wk.call(pcibind.w_bind, fs, addr, timeout=timeout, what="bind")
+        except WorkerError as exc:
+            return fail(f"the hand-off did not finish in {timeout:g} s (held?): {exc}")
+        if isinstance(got, str):
+            print(f"FAILED: hand-off: {got}")
+            return 1
+        on_vfio = {fn: fs.driver(fn) for fn in before}
+        left = wk.call(pcibind.w_give_back, fs, got, timeout=timeout, what="give back")
+    after = {fn: fs.driver(fn) for fn in before}
+    rows = [(fn, before[fn], on_vfio[fn], after[fn]) for fn in before]
+    print(f"{'function':<14} {'before':<14} {'handed over':<14} after")
+    for r in rows:
+        print(f"{r[0]:<14} {r[1] or '-':<14} {r[2] or '-':<14} {r[3] or '-'}")
+    ok_ = (all(v == "vfio-pci" for v in on_vfio.values()) and after == before and not left)
+    print("PASSED" if ok_ else f"FAILED: {'; '.join(left) or 'drivers differ'}")
+    return 0 if ok_ else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", type=int, default=0)
@@ -338,7 +375,12 @@ def main() -> int:
     ap.add_argument("--fake-nvml", metavar="LIB",
                     help="test mode without a GPU: the lab's fake libnvidia-ml.so.1 (its state "
                          "file beside it) and fake nodes from --devices")
+    ap.add_argument("--rebind", metavar="PCI_ADDRESS",
+                    help="instead: hand this spare GPU's IOMMU group to vfio-pci and back, as "
+                         "vm_gpu_rebind does (takes the GPU from the nvidia driver)")
     args = ap.parse_args()
+    if args.rebind:
+        return rebind_check(args.rebind.lower(), args.deadline)
     global FAKE_NVML
     if args.fake_nvml:
         FAKE_NVML = str(Path(args.fake_nvml).resolve())

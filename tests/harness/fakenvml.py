@@ -93,6 +93,7 @@ class FakeNvml:
     leaks: dict[int, int] = field(default_factory=dict)
     init_error_code: str | None = None
     hang_seconds: float | None = None
+    stuck_path: str | None = None
     proc_query_error_code: str | None = None
     gpu_errors: dict[tuple[int, str], str] = field(default_factory=dict)  # (gpu, getter)
     pci_domains: dict[int, int] = field(default_factory=dict)
@@ -253,6 +254,14 @@ class FakeNvml:
         self.hang_seconds = seconds or None
         self.write()
 
+    def stuck(self, path: str | Path | None) -> None:
+        """Make every API call stat() `path` first: on a hung FUSE mount (hangfs) the caller
+        is stuck in the kernel, beyond SIGKILL, as in a wedged GPU driver (None: no more)."""
+        if path is not None and (len(str(path)) > 255 or any(c.isspace() for c in str(path))):
+            raise ValueError(f"stuck path must be short and without blanks: {path!r}")
+        self.stuck_path = None if path is None else str(path)
+        self.write()
+
     def proc_query_error(self, error: str | int | None) -> None:
         """Make the running-process calls fail with an NVML error name or code."""
         self.proc_query_error_code = None if error is None else _error_token(error)
@@ -300,6 +309,8 @@ class FakeNvml:
             lines.append(f"init_error {self.init_error_code}")
         if self.hang_seconds is not None:
             lines.append(f"hang {self.hang_seconds!r}")
+        if self.stuck_path is not None:
+            lines.append(f"stuck {self.stuck_path}")
         if self.proc_query_error_code is not None:
             lines.append(f"proc_query_error {self.proc_query_error_code}")
         if self.missing is not None:

@@ -52,10 +52,12 @@ def build_programs(out_dir: Path) -> dict[str, Path]:
 
 
 def build_program(source: Path, out_dir: Path) -> Path:
-    """Compile one static program (skipped when newer than its source)."""
+    """Compile one static program (skipped when newer than its source and the headers
+    beside it, attack.h)."""
     out_dir = Path(out_dir)
     binary = out_dir / source.stem
-    if binary.exists() and binary.stat().st_mtime >= source.stat().st_mtime:
+    newest = max(p.stat().st_mtime for p in [source, *source.parent.glob("*.h")])
+    if binary.exists() and binary.stat().st_mtime >= newest:
         return binary
     gcc = shutil.which("gcc")
     if gcc is None:

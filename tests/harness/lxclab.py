@@ -575,6 +575,10 @@ class Lab:
                             "--kill"], capture_output=True, check=False, timeout=30)
             _kill_tree(cg)
             _end_unit(self.root / "run/pve-lab" / f"unit-{vmid}.pid")
+            for base in ("pve-container", "pve-container-debug"):  # the stand-in's units
+                unit_cg = cgroup2_root() / "pveclean-lab.slice" / f"{base}@{vmid}.service"
+                _kill_tree(unit_cg)
+                _rm_cgroup(unit_cg)
             for hierarchy in cgroup_hierarchies():  # v2, and v1 ones on hybrid hosts
                 _rm_cgroup(hierarchy / "lxc" / str(vmid))
                 _rm_cgroup(hierarchy / "lxc.monitor" / str(vmid))
@@ -586,6 +590,8 @@ class Lab:
                     break
                 except OSError:
                     time.sleep(0.05)
+        with contextlib.suppress(OSError):  # only when no other lab has a unit in it
+            (cgroup2_root() / "pveclean-lab.slice").rmdir()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

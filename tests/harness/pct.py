@@ -621,22 +621,70 @@ def default_start_timeout(lab: Lab) -> float:
     return DEFAULT_START_TIMEOUT
 
 
+def unit_cgroup(vmid: str, base: str = "pve-container") -> Path:
+    """The unit's own cgroup, where systemd runs every Exec*= line (a lab slice stands in for
+    system.slice, which belongs to this host's own systemd)."""
+    return cgroup2_root() / "pveclean-lab.slice" / f"{base}@{vmid}.service"
+
+
+def _join_cgroup(cg: Path) -> None:
+    """In the forked child, before exec: as systemd's exec_child puts it in the unit's cgroup."""
+    (cg / "cgroup.procs").write_text("0")
+
+
+def _cgroup_pids(cg: Path) -> list[int]:
+    try:
+        return [int(p) for p in (cg / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def final_sigkill(cg: Path, timeout: float) -> bool:
+    """After the last ExecStopPost= line: service_enter_signal(SERVICE_FINAL_SIGTERM) with
+    KillMode=mixed signals only the main process (lxc-start, gone by now), so the unit goes on
+    to SERVICE_FINAL_SIGKILL: unit_kill_context SIGKILLs every process left in the unit's
+    cgroup (cg_kill_recursive) and, on the unified hierarchy, waits for the cgroup to empty,
+    up to TimeoutStopSec= (service_dispatch_timer: "Processes still around after final
+    SIGKILL. Entering failed mode."). Returns False for that failure. An emptied cgroup is
+    removed, as systemd does."""
+    t0 = time.monotonic()
+    end = t0 + timeout
+    left = _cgroup_pids(cg)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    while left and time.monotonic() < end:
+        time.sleep(0.02)
+        left = _cgroup_pids(cg)
+    if left:
+        print(f"unit: Processes still around after final SIGKILL ({left}). Entering failed "
+              f"mode. ({time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
+        return False
+    print(f"unit: cgroup empty after final SIGKILL ({time.monotonic() - t0:.1f} s)",
+          file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):
+        cg.rmdir()
+    return True
+
+
 def run_unit_command(cmd: str, env: dict[str, str], lab: Lab, vmid: str,
-                     timeout: float) -> bool:
+                     timeout: float, cgroup: Path | None = None) -> bool:
     """One Exec*= line as systemd runs it: stdout to null and stderr to the unit's
     StandardError= file, which systemd opens without truncating it, each opener writing from
     its start (service.c's exec context: O_WRONLY|O_CREAT, no O_APPEND, no O_TRUNC); killed
     when it passes `timeout` (TimeoutStartSec= for ExecStartPre=, TimeoutStopSec= for
     ExecStopPost=: SIGTERM, then SIGKILL), which fails the line. A `-` prefix makes a failure
-    count as success (systemd.service)."""
+    count as success (systemd.service). With `cgroup`, the line runs in that cgroup (the
+    unit's)."""
     ignore = cmd.startswith("-")
     argv = shlex.split(cmd.lstrip("-@+!:"))
     err = stderr_file(lab, vmid)
     err.parent.mkdir(parents=True, exist_ok=True)
     efd = os.open(err, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
+        join = None if cgroup is None else (lambda: _join_cgroup(cgroup))
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=efd, env=env, start_new_session=True)
+                                stderr=efd, env=env, start_new_session=True, preexec_fn=join)
         try:
             rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -664,20 +712,27 @@ def unit(lab: Lab, vmid: str, base: str = "pve-container") -> int:
     runs it: ExecStartPre=, ExecStart=/usr/bin/lxc-start -F -n %i; when it exits,
     ExecStop=/usr/share/lxc/pve-container-stop-wrapper %i (with EXIT_CODE=exited), then
     ExecStopPost=. The wrapper restarts the unit when the post-stop hook left the reboot
-    file; the restart goes straight to the unit's start again (no vm_start, no hooks)."""
+    file; the restart goes straight to the unit's start again (no vm_start, no hooks). Every
+    Exec*= line runs in the unit's cgroup, and after the last ExecStopPost= what is left there
+    is SIGKILLed and waited for (final_sigkill): a process that outlives it fails the unit."""
     env = {"PATH": SYSTEMD_PATH, "INVOCATION_ID": os.urandom(16).hex()}
     state = lab.rundir / f"unit-{vmid}.state"
+    cg = unit_cgroup(vmid, base)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     while lab.conf_path(vmid).exists():
+        cg.mkdir(parents=True, exist_ok=True)  # removed by final_sigkill once empty
         cmds = dropin_commands(lab, vmid, base)
         start_t = (_seconds(cmds["TimeoutStartSec"][0]) if cmds["TimeoutStartSec"]
                    else default_start_timeout(lab))
         stop_t = _seconds((cmds["TimeoutStopSec"] or [str(UNIT_STOP_TIMEOUT)])[0])
         state.write_text("activating\n")
-        if not all(run_unit_command(c, env, lab, vmid, start_t) for c in cmds["ExecStartPre"]):
+        if not all(run_unit_command(c, env, lab, vmid, start_t, cg)
+                   for c in cmds["ExecStartPre"]):
             state.write_text("failed\n")
             for c in cmds["ExecStopPost"]:
-                run_unit_command(c, {**env, "SERVICE_RESULT": "exit-code"}, lab, vmid, stop_t)
+                run_unit_command(c, {**env, "SERVICE_RESULT": "exit-code"}, lab, vmid, stop_t,
+                                 cg)
+            final_sigkill(cg, stop_t)
             return 1
         state.write_text("active\n")
         cleanup_cgroups(vmid)
@@ -690,7 +745,10 @@ def unit(lab: Lab, vmid: str, base: str = "pve-container") -> int:
                     "EXIT_CODE": "exited", "EXIT_STATUS": str(res.returncode)}
         restart = stop_wrapper(lab, vmid, stop_env)
         for c in dropin_commands(lab, vmid, base)["ExecStopPost"]:
-            run_unit_command(c, stop_env, lab, vmid, stop_t)
+            run_unit_command(c, stop_env, lab, vmid, stop_t, cg)
+        if not final_sigkill(cg, stop_t):
+            state.write_text("failed\n")
+            return 1
         if not restart:
             break
         (lab.lxcpath / vmid / "restarts").open("a").write("restart\n")

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -41,15 +40,6 @@ def holds(pid: int, path: Path) -> bool:
                    for fd in os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return False
-
-
-@pytest.fixture
-def hangfs(lab: Lab) -> Any:
-    fs = HangFs(lab.root / "fuse")
-    try:
-        yield fs
-    finally:
-        fs.close()  # aborts the connection: every reader stuck on it goes on
 
 
 def test_a_hung_fuse_fd_cannot_hang_pre_stop(lab: Lab, vmid: int, hangfs: HangFs) -> None:

@@ -5,12 +5,15 @@ start limit, and do not repeat a check the hookscript's pre-start just made."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pveclean.host.cgroupfs import PARKING
 from tests.harness import pct as pct_harness
-from tests.harness.lxclab import Lab
+from tests.harness.hangfs import HangFs
+from tests.harness.lxclab import Lab, cgroup2_root
 from tests.helpers import pveclean, reports, wait_for
 
 
@@ -121,3 +124,42 @@ def test_pct_start_debug_runs_the_debug_units_dropin(host: Lab, vmid: int) -> No
     assert not any(host.alive(p) for p in pids)
     (pre,) = reports(host, vmid, "pre-start")
     assert "pve-container-debug@" in pre["via"]
+
+
+def test_a_worker_stuck_in_the_driver_does_not_hold_the_unit_stopping(
+        host: Lab, vmid: int, hangfs: HangFs) -> None:
+    """After ExecStopPost= systemd SIGKILLs what is left in the unit's cgroup and waits for
+    it to empty, up to TimeoutStopSec= (120 s; 20 s here), then fails the unit. An NVML
+    worker stuck in the driver outlives SIGKILL: pveclean parks each worker it gave up on
+    outside its cgroup, so the unit stops at once, and the worker dies when the driver lets
+    it go."""
+    assert host.nvml is not None
+    host.create_ct(vmid, gpus=(0,), start=False)
+    units = with_dropin_only(host, vmid, deadline_seconds=3)
+    limit = units / f"pve-container@{vmid}.service.d" / "zz-lab.conf"
+    limit.parent.mkdir(parents=True, exist_ok=True)
+    limit.write_text("[Service]\nTimeoutStopSec=20s\n")
+    host.pct("start", str(vmid))
+    host.nvml.stuck(hangfs.file)
+    hangfs.hang()
+    parking = cgroup2_root() / PARKING / "cgroup.procs"
+    before = set(parking.read_text().split()) if parking.exists() else set()
+    with journal(host):
+        t0 = time.monotonic()
+        host.pct("stop", str(vmid))
+        stand_in = pct_harness.Lab(host.root)
+        pct_harness.wait_unit_inactive(stand_in, str(vmid), timeout=40)
+        took = time.monotonic() - t0
+    log = (host.root / "lxc" / str(vmid) / "unit.log").read_text(errors="replace")
+    assert pct_harness.unit_state(stand_in, str(vmid)) == "inactive", log
+    assert "cgroup empty after final SIGKILL" in log, log
+    assert took < 3 + 8, (took, log)  # the run's deadline, start-up and the stop; not 20 s
+    stuck = [int(p) for p in set(parking.read_text().split()) - before]
+    # its main thread a zombie by now (no command line): the name it was forked with
+    assert stuck and all(Path(f"/proc/{p}/comm").read_text().strip() == "pveclean"
+                         for p in stuck), stuck
+    (post,) = reports(host, vmid, "post-stop")
+    assert "nvml" in str(post["sources"]).lower(), post["sources"]
+    hangfs.close()  # the "driver" lets go: the parked worker ends where it is
+    assert wait_for(lambda: not any(host.alive(p) for p in stuck), 10), stuck
+    host.nvml.stuck(None)

@@ -19,7 +19,8 @@ def test_syslog_line_and_metrics_per_run(lab: Lab, vmid: int, vmid2: int,
     sock.bind(str(sock_path))
     sock.settimeout(5)
     prom = tmp_path / "textfile" / "pveclean.prom"
-    lab.write_config(syslog=True, syslog_socket=str(sock_path), metrics_path=str(prom))
+    lab.write_config(syslog=True, syslog_socket=str(sock_path), metrics_path=str(prom),
+                     journal_socket=str(tmp_path / "no-journal"))
     lab.create_ct(vmid, gpus=(0,))
     lab.create_ct(vmid2, gpus=(0,), start=False)
     lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 1234})
@@ -36,10 +37,13 @@ def test_syslog_line_and_metrics_per_run(lab: Lab, vmid: int, vmid2: int,
     assert f"report={lab.report_dir}/{vmid}-manual-" in msg
     assert f"vmid={vmid2} phase=manual verdict=nothing-to-do" in msg2
     text = prom.read_text()
-    assert f'pveclean_last_verdict{{vmid="{vmid}",verdict="clean"}} 1' in text
-    assert f'pveclean_last_verdict{{vmid="{vmid}",verdict="residual"}} 0' in text
-    assert f'pveclean_last_freed_bytes{{vmid="{vmid}"}} {1234 * 2**20}' in text
-    assert f'pveclean_last_verdict{{vmid="{vmid2}",verdict="nothing-to-do"}} 1' in text
+    lab_ = f'id="lxc/{vmid}",phase="manual"'
+    assert f'pveclean_last_verdict{{{lab_},verdict="clean"}} 1' in text
+    assert f'pveclean_last_verdict{{{lab_},verdict="residual"}} 0' in text
+    assert f'pveclean_last_freed_bytes{{{lab_}}} {1234 * 2**20}' in text
+    assert f'pveclean_runs_total{{{lab_},verdict="clean"}} 1' in text
+    assert (f'pveclean_last_verdict{{id="lxc/{vmid2}",phase="manual",verdict="nothing-to-do"}} 1'
+            in text)
     assert text.count("# TYPE pveclean_last_verdict gauge") == 1
 
 
@@ -138,7 +142,7 @@ def test_metrics_never_follow_a_symlink_and_the_lock_is_roots(lab: Lab, vmid: in
     assert oct((textdir / "pveclean.prom.lock").stat().st_mode & 0o777) == oct(0o600)
     prom.unlink()  # without the symlink, metrics are written
     assert lab.pveclean("ct", str(vmid)).returncode == 0
-    assert f'vmid="{vmid}"' in prom.read_text() and not prom.is_symlink()
+    assert f'id="lxc/{vmid}"' in prom.read_text() and not prom.is_symlink()
 
 
 def test_metrics_lock_held_by_someone_else_does_not_hang_the_run(

@@ -19,7 +19,7 @@ from pveclean.commands.cli import app, run_app
 from pveclean.errors import ExitCode
 
 COMMANDS = [[], ["ct"], ["hook"], ["unit"], ["install"], ["uninstall"], ["status"], ["gpus"],
-            ["reports"], ["config"], ["config", "check"]]
+            ["metrics"], ["reports"], ["config"], ["config", "check"]]
 
 
 @pytest.fixture(autouse=True)
@@ -74,6 +74,7 @@ USAGE_ERRORS = [
     (["install", "129", "--all"], "--all"),
     (["uninstall"], "--all"),
     (["status", "--bogus"], "--bogus"),
+    (["metrics", "--bogus"], "--bogus"),
     (["gpus", "--watch", "nan"], "finite"),
     (["gpus", "--watch", "inf"], "--watch"),
     (["gpus", "--watch", "0"], "--watch"),
@@ -134,7 +135,7 @@ def test_internal_error_has_its_own_documented_code(
 
 
 @pytest.mark.parametrize("args", [["ct", "129"], ["ct", "129", "--dry-run"], ["gpus"],
-                                  ["status"], ["reports"], ["install", "129"],
+                                  ["status"], ["reports"], ["metrics"], ["install", "129"],
                                   ["uninstall", "129"], ["hook", "129", "pre-stop"],
                                   ["unit", "129", "start-pre"]],
                          ids=" ".join)

@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 
-from pveclean.core.verdicts import VERDICTS
-from pveclean.host import notify
-from pveclean.host.notify import label
+from pveclean.host import journal, notify
 
 
 def _rep(vmid: Any = 129, verdict: str = "clean", **extra: Any) -> dict[str, Any]:
@@ -49,37 +47,6 @@ def test_log_line_escapes_and_cuts_what_it_is_given() -> None:
     assert line.endswith("…") and len(line.split("report=")[1]) == 300
 
 
-@pytest.mark.parametrize(("value", "out"), [
-    ('a"b', 'a\\"b'), ("a\\b", "a\\\\b"), ("x" * 100, "x" * 63 + "…"), (129, "129"),
-    ("\u202e", "\\u202e")])
-def test_label(value: object, out: str) -> None:
-    assert notify.label(value) == out
-
-
-# ---- metric lines ---------------------------------------------------------------------------
-def test_metric_lines() -> None:
-    rep = _rep(verdict="leaked", leaks=[{"unaccounted_mib": 100}, {"unaccounted_mib": 28}])
-    lines = notify._metric_lines(rep, 1700000000.4)
-    lab = 'vmid="129"'
-    assert lines[0] == f'pveclean_last_run_timestamp_seconds{{{lab},phase="manual"}} 1700000000'
-    verdicts = [ln for ln in lines if ln.startswith("pveclean_last_verdict")]
-    assert len(verdicts) == len(VERDICTS)
-    assert [ln for ln in verdicts if ln.endswith(" 1")] == [
-        f'pveclean_last_verdict{{{lab},verdict="leaked"}} 1']
-    assert lines[len(VERDICTS) + 1:] == [
-        f"pveclean_last_holders_stopped{{{lab}}} 2",
-        f"pveclean_last_freed_bytes{{{lab}}} {1234 * 2**20}",
-        f"pveclean_last_residual_holders{{{lab}}} 1",
-        f"pveclean_last_leaked_bytes{{{lab}}} {128 * 2**20}",
-        f"pveclean_last_run_duration_seconds{{{lab}}} 1.25",
-    ]
-
-
-def test_metric_labels_cannot_break_out_of_their_quotes() -> None:
-    lines = notify._metric_lines(_rep(vmid='1"} 9\nx{a="'), 0)
-    assert all(ln.count('"') % 2 == 0 and "\n" not in ln for ln in lines)
-
-
 # ---- the textfile ---------------------------------------------------------------------------
 def _series(path: Path) -> list[str]:
     return [ln for ln in path.read_text().splitlines() if not ln.startswith("#")]
@@ -89,30 +56,17 @@ def test_write_metrics_replaces_only_this_containers_series(tmp_path: Path) -> N
     prom = tmp_path / "textfile/pveclean.prom"
     notify.write_metrics(_rep(12, "residual"), str(prom))
     notify.write_metrics(_rep(129, "clean"), str(prom))
-    first = _series(prom)
-    assert len(first) == 2 * len(notify._metric_lines(_rep(), 0))
     notify.write_metrics(_rep(129, "error"), str(prom))
     text = prom.read_text()
-    assert 'pveclean_last_verdict{vmid="129",verdict="error"} 1' in text
-    assert 'pveclean_last_verdict{vmid="129",verdict="clean"} 0' in text
-    assert 'pveclean_last_verdict{vmid="12",verdict="residual"} 1' in text  # CT 12 kept
+    assert 'pveclean_last_verdict{id="lxc/129",phase="manual",verdict="error"} 1' in text
+    assert 'pveclean_last_verdict{id="lxc/129",phase="manual",verdict="clean"} 0' in text
+    assert 'pveclean_last_verdict{id="lxc/12",phase="manual",verdict="residual"} 1' in text
     assert text.count("# TYPE pveclean_last_verdict gauge") == 1
-    assert _series(prom) == sorted(_series(prom))
     assert stat.S_IMODE(prom.stat().st_mode) == 0o644
     lock = tmp_path / "textfile/pveclean.prom.lock"
     assert stat.S_IMODE(lock.stat().st_mode) == 0o600
     assert sorted(p.name for p in prom.parent.iterdir()) == ["pveclean.prom",
                                                             "pveclean.prom.lock"]
-
-
-def test_write_metrics_drops_foreign_lines_of_the_file(tmp_path: Path) -> None:
-    prom = tmp_path / "pveclean.prom"
-    prom.write_text("# HELP other\nother_metric 1\npveclean_last_holders_stopped"
-                    '{vmid="7"} 4\n')
-    notify.write_metrics(_rep(129), str(prom))
-    text = prom.read_text()
-    assert "other_metric" not in text
-    assert 'pveclean_last_holders_stopped{vmid="7"} 4' in text
 
 
 def test_write_metrics_refuses_a_symlinked_textfile(tmp_path: Path) -> None:
@@ -210,5 +164,63 @@ def test_publish_sends_syslog_when_asked(log_socket: tuple[socket.socket, str]) 
     assert "vmid=129" in sock.recv(4096).decode()
 
 
-def test_metrics_label_is_escaped() -> None:
-    assert label('a"b\\c\nd') == 'a\\"b\\\\c\\x0ad'
+# ---- the journal, syslog as the fallback, a failure said -----------------------------------
+def _fields(datagram: bytes) -> dict[str, str]:
+    out, rest = {}, datagram
+    while rest:
+        line, _, tail = rest.partition(b"\n")
+        if b"=" in line:
+            k, _, v = line.partition(b"=")
+            out[k.decode()], rest = v.decode(), tail
+        else:  # KEY\n, 64-bit little-endian length, value, \n
+            n = int.from_bytes(tail[:8], "little")
+            out[line.decode()], rest = tail[8:8 + n].decode(), tail[9 + n:]
+    return out
+
+
+def test_the_runs_line_goes_to_the_journal_with_fields_to_filter_on(
+        tmp_path: Path, log_socket: tuple[socket.socket, str]) -> None:
+    sock, jpath = log_socket
+    syslog_path = tmp_path / "syslog"
+    assert notify.publish(_rep(verdict="residual"), "/var/log/pveclean/129-manual-x.yaml", True,
+                          str(syslog_path), None, jpath) == []
+    got = _fields(sock.recv(65536))
+    assert got["PVECLEAN_VMID"] == "129" and got["PVECLEAN_PHASE"] == "manual"
+    assert got["PVECLEAN_VERDICT"] == "residual"
+    assert got["PVECLEAN_REPORT"] == "/var/log/pveclean/129-manual-x.yaml"
+    assert got["SYSLOG_IDENTIFIER"] == "pveclean" and got["PRIORITY"] == "4"
+    assert got["MESSAGE"] == notify.log_line(_rep(verdict="residual"),
+                                             "/var/log/pveclean/129-manual-x.yaml")
+    assert journal.encode({"A": "x\ny"}) == b"A\n" + (3).to_bytes(8, "little") + b"x\ny\n"
+
+
+def test_without_a_journal_the_line_goes_to_syslog(
+        tmp_path: Path, log_socket: tuple[socket.socket, str]) -> None:
+    sock, path = log_socket
+    assert notify.publish(_rep(), None, True, path, None, str(tmp_path / "no-journal")) == []
+    assert sock.recv(4096).decode().endswith(notify.log_line(_rep(), None))
+
+
+def test_a_stream_dev_log_takes_the_line(tmp_path: Path) -> None:
+    path = str(tmp_path / "log")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    srv.settimeout(5)
+    try:
+        assert notify.syslog(_rep(), None, path) is True  # main's datagram was lost
+        conn, _ = srv.accept()
+        with conn:
+            conn.settimeout(5)
+            assert conn.recv(4096).endswith(notify.log_line(_rep(), None).encode() + b"\0")
+    finally:
+        srv.close()
+
+
+def test_a_line_nobody_took_is_returned_for_the_report(tmp_path: Path) -> None:
+    warnings = notify.publish(_rep(), None, True, str(tmp_path / "log"), None,
+                              str(tmp_path / "journal"))
+    assert warnings == [f"the run was not logged: neither the journal ({tmp_path}/journal) "
+                        f"nor syslog ({tmp_path}/log) took it"]
+
+

@@ -19,6 +19,7 @@
  *   leak <gpu_index> <mib>
  *   init_error <NAME|code>
  *   hang <seconds>
+ *   stuck <path>
  *   proc_query_error <NAME|code>
  *   gpu_error <gpu_index> handle|memory|info|minor|procs|pci <NAME|code>
  *   pci_domain <gpu_index> <hex domain>
@@ -29,6 +30,10 @@
  * gpu_error makes one getter of one GPU fail ("handle": nvmlDeviceGetHandleBy*; "info":
  * name and UUID; "procs": every running-process call), as a GPU that fell off the bus
  * (GPU_IS_LOST, Xid 79) or answers with an error does; the other GPUs answer.
+ * stuck makes every call stat() <path> first: on a FUSE mount whose server reads requests
+ * and never answers (tests/harness/hangfs.py), the caller sleeps uninterruptibly in the
+ * kernel and even SIGKILL does not end it until the server goes, as a process stuck in the
+ * GPU driver does ("hang" only sleeps, which SIGKILL ends).
  * pci_domain gives a GPU a PCI domain (Intel VMD: 0x10000 and above).
  * "missing v3" makes the _v3 process calls answer FUNCTION_NOT_FOUND, as pynvml sees a
  * driver before R510 (no such symbol); "missing v2" the _v2 ones too.  A build with
@@ -54,6 +59,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #define API __attribute__((visibility("default")))
@@ -176,6 +182,7 @@ struct state {
     int init_error, proc_error;
     int missing_v3, missing_v2;
     double hang;
+    char stuck[256];
     struct gpu gpus[MAX_GPUS];
     struct proc procs[MAX_PROCS];
     int fault[MAX_GPUS][NFAULTS]; /* per GPU index, per getter: an NVML error or 0 */
@@ -328,6 +335,8 @@ static void parse_line(struct state *st, char *line)
             st->missing_v3 = 1;
         else if (strcmp(tok[1], "v2") == 0)
             st->missing_v2 = st->missing_v3 = 1;
+    } else if (strcmp(tok[0], "stuck") == 0 && n == 2) {
+        snprintf(st->stuck, sizeof(st->stuck), "%s", tok[1]);
     } else if (strcmp(tok[0], "hang") == 0 && n == 2) {
         char *end;
         double v = strtod(tok[1], &end);
@@ -446,9 +455,13 @@ static int pid_alive(unsigned int pid)
     return rp[2] != 'X';
 }
 
-static void do_hang(double seconds)
+static void do_hang(const struct state *st)
 {
     struct timespec ts;
+    struct stat sb;
+    double seconds = st->hang;
+    if (st->stuck[0])
+        (void)stat(st->stuck, &sb);
     if (seconds <= 0)
         return;
     ts.tv_sec = (time_t)seconds;
@@ -469,7 +482,7 @@ static nvmlReturn_t enter(struct state **out)
     *out = NULL;
     if (!st)
         return NVML_ERROR_MEMORY;
-    do_hang(st->hang);
+    do_hang(st);
     if (!initialized()) {
         free(st);
         return NVML_ERROR_UNINITIALIZED;
@@ -526,7 +539,7 @@ API nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
     (void)flags;
     if (!st)
         return NVML_ERROR_MEMORY;
-    do_hang(st->hang);
+    do_hang(st);
     r = st->init_error;
     free(st);
     if (r == NVML_SUCCESS)
@@ -542,7 +555,7 @@ API nvmlReturn_t nvmlShutdown(void)
     struct state *st = load_state();
     int cur;
     if (st) {
-        do_hang(st->hang);
+        do_hang(st);
         free(st);
     }
     cur = __atomic_load_n(&g_refcount, __ATOMIC_SEQ_CST);

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "attack.h"
+
 static volatile sig_atomic_t got_term;
 
 static void on_term(int sig)
@@ -20,33 +22,17 @@ static void on_term(int sig)
     got_term = 1;
 }
 
-static void die(const char *what, int err)
-{
-    fprintf(stderr, "forkstorm: %s: %s\n", what, strerror(err));
-    exit(2);
-}
-
 int main(int argc, char **argv)
 {
-    const char *hold = NULL, *ready = NULL;
-    long exit_after = 900;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--hold") && i + 1 < argc) hold = argv[++i];
-        else if (!strcmp(argv[i], "--ready") && i + 1 < argc) ready = argv[++i];
-        else if (!strcmp(argv[i], "--exit-after") && i + 1 < argc) exit_after = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--")) break;
-        else die(argv[i], EINVAL);
-    }
-    if (!hold || !ready) die("--hold and --ready are required", EINVAL);
-    if (open(hold, O_RDWR) < 0) die(hold, errno);
+    struct attack_args a = attack_parse(argc, argv, 900, NULL);
+    long exit_after = a.exit_after;
+    if (!a.hold || !a.ready) die("--hold and --ready are required", EINVAL);
+    if (open(a.hold, O_RDWR) < 0) die(a.hold, errno);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_term;
     sigaction(SIGTERM, &sa, NULL);
-    int rfd = open(ready, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (rfd < 0) die(ready, errno);
-    dprintf(rfd, "%d forkstorm\n", (int)getpid());
-    close(rfd);
+    write_ready(a.ready);
     alarm((unsigned)exit_after);  /* SIGALRM's default ends it; not inherited: re-armed */
     for (;;) {
         pause();

@@ -17,34 +17,20 @@
 #include <time.h>
 #include <unistd.h>
 
-#define BASE "/tmp/hopper-cg"
+#include "attack.h"
 
-static void die(const char *what, int err)
-{
-    fprintf(stderr, "hopper: %s: %s\n", what, strerror(err));
-    exit(2);
-}
+#define BASE "/tmp/hopper-cg"
 
 int main(int argc, char **argv)
 {
-    const char *hold = NULL, *ready = NULL;
-    long exit_after = 900;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--hold") && i + 1 < argc) hold = argv[++i];
-        else if (!strcmp(argv[i], "--ready") && i + 1 < argc) ready = argv[++i];
-        else if (!strcmp(argv[i], "--exit-after") && i + 1 < argc) exit_after = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--")) break;
-        else die(argv[i], EINVAL);
-    }
-    if (!hold || !ready) die("--hold and --ready are required", EINVAL);
-    if (open(hold, O_RDWR) < 0) die(hold, errno);
+    struct attack_args a = attack_parse(argc, argv, 900, NULL);
+    long exit_after = a.exit_after;
+    if (!a.hold || !a.ready) die("--hold and --ready are required", EINVAL);
+    if (open(a.hold, O_RDWR) < 0) die(a.hold, errno);
     mkdir(BASE, 0755);
     if (mount("none", BASE, "cgroup2", 0, NULL) < 0 && errno != EBUSY) die("mount cgroup2", errno);
     char cur[64] = "", next[64], procs[96];
-    int rfd = open(ready, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (rfd < 0) die(ready, errno);
-    dprintf(rfd, "%d hopper\n", (int)getpid());
-    close(rfd);
+    write_ready(a.ready);
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (unsigned long n = 0;; n++) {

@@ -13,44 +13,38 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void die(const char *what)
+#include "attack.h"
+
+static long n = 1000, depth = 16;
+
+static int own_option(int argc, char **argv, int *i)
 {
-    fprintf(stderr, "maps_bloat: %s: %s\n", what, strerror(errno));
-    exit(2);
+    if (*i + 1 >= argc) return 0;
+    if (!strcmp(argv[*i], "--maps")) n = atol(argv[++*i]);
+    else if (!strcmp(argv[*i], "--depth")) depth = atol(argv[++*i]);
+    else return 0;
+    return 1;
 }
 
 int main(int argc, char **argv)
 {
-    const char *ready = NULL, *top = "/tmp/maps-bloat";
-    long n = 1000, depth = 16, exit_after = 3600;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ready") && i + 1 < argc) ready = argv[++i];
-        else if (!strcmp(argv[i], "--maps") && i + 1 < argc) n = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--depth") && i + 1 < argc) depth = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--exit-after") && i + 1 < argc) exit_after = atol(argv[++i]);
-    }
+    const char *top = "/tmp/maps-bloat";
+    struct attack_args a = attack_parse(argc, argv, 3600, own_option);
     char name[251];
     memset(name, '\n', 250);
     name[250] = 0;
     mkdir(top, 0755);
-    if (chdir(top) < 0) die(top);
+    if (chdir(top) < 0) die(top, errno);
     for (long d = 0; d < depth; d++) {
-        if (mkdir(name, 0755) < 0 && errno != EEXIST) die("mkdir");
-        if (chdir(name) < 0) die("chdir");
+        if (mkdir(name, 0755) < 0 && errno != EEXIST) die("mkdir", errno);
+        if (chdir(name) < 0) die("chdir", errno);
     }
     int fd = open("f", O_RDWR | O_CREAT, 0644);
-    if (fd < 0 || ftruncate(fd, 4096) < 0) die("file");
+    if (fd < 0 || ftruncate(fd, 4096) < 0) die("file", errno);
     for (long i = 0; i < n; i++)
-        if (mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED) die("mmap");
+        if (mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED) die("mmap", errno);
     close(fd);
-    if (ready) {
-        char comm[17] = "";
-        prctl(PR_GET_NAME, (unsigned long)comm, 0, 0, 0);
-        FILE *f = fopen(ready, "a");
-        if (!f) die(ready);
-        fprintf(f, "%d %s\n", getpid(), comm);
-        fclose(f);
-    }
-    alarm((unsigned)exit_after);
+    write_ready(a.ready);
+    alarm((unsigned)a.exit_after);
     for (;;) pause();
 }

@@ -14,29 +14,15 @@
 #include <time.h>
 #include <unistd.h>
 
-static void die(const char *what, int err)
-{
-    fprintf(stderr, "relay: %s: %s\n", what, strerror(err));
-    exit(2);
-}
+#include "attack.h"
 
 int main(int argc, char **argv)
 {
-    const char *hold = NULL, *ready = NULL;
-    long exit_after = 900;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--hold") && i + 1 < argc) hold = argv[++i];
-        else if (!strcmp(argv[i], "--ready") && i + 1 < argc) ready = argv[++i];
-        else if (!strcmp(argv[i], "--exit-after") && i + 1 < argc) exit_after = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--")) break;
-        else die(argv[i], EINVAL);
-    }
-    if (!hold || !ready) die("--hold and --ready are required", EINVAL);
-    if (open(hold, O_RDWR) < 0) die(hold, errno);
-    int rfd = open(ready, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (rfd < 0) die(ready, errno);
-    dprintf(rfd, "%d relay\n", (int)getpid());
-    close(rfd);
+    struct attack_args a = attack_parse(argc, argv, 900, NULL);
+    long exit_after = a.exit_after;
+    if (!a.hold || !a.ready) die("--hold and --ready are required", EINVAL);
+    if (open(a.hold, O_RDWR) < 0) die(a.hold, errno);
+    write_ready(a.ready);
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {

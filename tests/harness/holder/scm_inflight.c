@@ -12,21 +12,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "attack.h"
+
 int main(int argc, char **argv)
 {
-    const char *path = NULL, *ready = NULL;
-    long exit_after = 3600;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ready") && i + 1 < argc) ready = argv[++i];
-        else if (!strcmp(argv[i], "--exit-after") && i + 1 < argc) exit_after = atol(argv[++i]);
-        else if (!strcmp(argv[i], "--")) break;
-        else path = argv[i];
-    }
+    struct attack_args a = attack_parse(argc, argv, 3600, NULL);
+    const char *path = a.hold;
     int sv[2], fd = path ? open(path, O_RDWR) : -1;
-    if (fd < 0 || socketpair(AF_UNIX, SOCK_DGRAM, 0, sv) < 0) {
-        fprintf(stderr, "scm_inflight: %s: %s\n", path ? path : "no PATH", strerror(errno));
-        return 2;
-    }
+    if (fd < 0 || socketpair(AF_UNIX, SOCK_DGRAM, 0, sv) < 0)
+        die(path ? path : "a PATH is required", path ? errno : EINVAL);
     char byte = 'x', cbuf[CMSG_SPACE(sizeof(int))];
     struct iovec iov = {&byte, 1};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
@@ -36,19 +30,9 @@ int main(int argc, char **argv)
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    if (sendmsg(sv[0], &msg, 0) < 0) {
-        fprintf(stderr, "scm_inflight: sendmsg: %s\n", strerror(errno));
-        return 2;
-    }
+    if (sendmsg(sv[0], &msg, 0) < 0) die("sendmsg", errno);
     close(fd); /* the file is now only in the message */
-    if (ready) {
-        char comm[17] = "";
-        prctl(PR_GET_NAME, (unsigned long)comm, 0, 0, 0);
-        FILE *f = fopen(ready, "a");
-        if (!f) return 2;
-        fprintf(f, "%d %s\n", getpid(), comm);
-        fclose(f);
-    }
-    alarm((unsigned)exit_after);
+    write_ready(a.ready);
+    alarm((unsigned)a.exit_after);
     for (;;) pause();
 }

@@ -1,0 +1,256 @@
+"""`pveclean vmhook VMID PHASE`: the hookscript of a VM that passes an NVIDIA GPU through
+(`pveclean install --vm`). Its pre-start finds every holder of the VM's GPUs and, by
+`vm_gpu_policy`, refuses the start naming each, or stops the containers' holders of those
+GPUs (the same cleanup as `pveclean ct`, one report per container) and verifies through NVML
+that nothing is left on them; with `vm_gpu_rebind` it then hands each GPU's IOMMU group to
+vfio-pci, and its post-stop gives them back to their drivers.
+
+qemu-server runs the hookscript as containers' (PVE::GuestHelpers::exec_hookscript): pre-start
+in vm_start_nolock under the config lock, fatal; post-stop from vm_stop_cleanup or `qm
+cleanup`. As for containers, only ExitCode.REFUSE fails the start (the shim turns every other
+status into a warning), and a failure of pveclean itself never keeps a VM from starting.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from pveclean.core import vmguard
+from pveclean.core.config import Config
+from pveclean.core.text import safe
+from pveclean.errors import ConfigError, ExitCode, PvecleanError
+from pveclean.host import pcibind
+from pveclean.host.clock import start_deadline
+from pveclean.host.prelude import NvmlWorker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from pveclean.core.records import Deadline
+    from pveclean.host.worker import Worker
+
+SETTLE_POLL = 0.2  # s between looks while a stopped holder's GPU memory is released
+
+
+def say(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str], nvml: NvmlWorker) -> int:
+    """Never raises: every failure is one line in the task log, and only a decision refuses."""
+    if len(argv) != 2 or not argv[0].isdigit():
+        say("usage: pveclean vmhook VMID PHASE")
+        return ExitCode.USAGE
+    vmid, phase = int(argv[0]), argv[1]
+    try:
+        from pveclean.host.configfile import load
+
+        cfg = load()
+    except ConfigError as exc:
+        say(f"pveclean: VM {vmid} {phase}: config error, nothing done: {exc}")
+        return 0
+    try:
+        if phase == "pre-start" and cfg.phase_enabled(phase):
+            return pre_start(vmid, cfg, nvml)
+        if phase == "post-stop" and cfg.phase_enabled(phase):
+            post_stop(vmid, cfg)
+    except PvecleanError as exc:
+        say(f"pveclean: VM {vmid} {phase}: {safe(exc, 300)}; nothing done")
+    except Exception as exc:  # never a traceback in the task log, never a failed start
+        say(f"pveclean: VM {vmid} {phase}: internal error: {type(exc).__name__}: "
+            f"{safe(exc, 300)}")
+    return 0
+
+
+def _look(cfg: Config, deadline: Deadline) -> dict[str, Any]:
+    """`pveclean gpus`' map of the host, in a worker bounded by the deadline."""
+    from pveclean.commands.gpus import READERS_SHARE, w_collect
+    from pveclean.host.nvml import Nvml
+    from pveclean.host.worker import RemoteError, Worker, WorkerError
+
+    left = max(deadline.remaining() - 0.5, 0.5)
+    with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
+        try:
+            data: dict[str, Any] = wk.call(w_collect, cfg, Path(cfg.pci_sysfs) / "devices",
+                                           time.monotonic() + left * READERS_SHARE,
+                                           timeout=left, what="reading the host's GPUs")
+        except (WorkerError, RemoteError) as exc:
+            raise PvecleanError(f"{exc}") from None
+    return data
+
+
+def _call(wk: Worker, fn: Any, *args: Any, deadline: Deadline, what: str) -> Any:
+    from pveclean.host.worker import RemoteError, WorkerError
+
+    try:
+        return wk.call(fn, *args, timeout=max(deadline.remaining() - 0.5, 0.5), what=what)
+    except (WorkerError, RemoteError) as exc:
+        raise PvecleanError(str(exc)) from None
+
+
+def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
+    from pveclean.host.worker import Worker
+    from pveclean.proxmox import passthrough
+
+    deadline = start_deadline(cfg.deadline_seconds)
+    pve = str(Path(cfg.pve_config_dir).parent)
+    with Worker() as scan:
+        addrs = _call(scan, passthrough.w_vm_gpus, pve, vmid, cfg.pci_sysfs,
+                      deadline=deadline, what="reading the VM's config")
+        if not addrs:
+            return 0  # no NVIDIA GPU passed through (or no VM of that id here): not ours
+        say(f"pveclean: VM {vmid} pre-start: checking who holds GPU {', '.join(addrs)}")
+        gmap = _look(cfg, deadline)
+        minors = {g["minor"]: g["pci_bus_id"] for g in gmap.get("gpus", [])
+                  if g.get("pci_bus_id") in addrs and isinstance(g.get("minor"), int)}
+        keeping = _call(scan, passthrough.w_keeping, cfg.pve_config_dir, minors,
+                        deadline=deadline, what="reading the containers' configs")
+    reservations = passthrough.pci_reservations(Path(cfg.qemu_run_dir))
+    plan = vmguard.plan(vmid, addrs, gmap, reservations, cfg.vm_gpu_policy,
+                        cfg.vm_gpu_allow_host, keeping)
+    for line in plan.notes:
+        say(f"pveclean: VM {vmid} pre-start: {line}")
+    record: dict[str, Any] = {"plan": plan.as_dict(), "containers": {}}
+    if plan.decision is vmguard.Decision.REFUSE:
+        for line in plan.blockers:
+            say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
+        return _finish(vmid, cfg, record, "refused", ExitCode.REFUSE)
+    if plan.decision is vmguard.Decision.STOP:
+        left = _stop_holders(vmid, cfg, nvml, plan, deadline, record)
+        if left:
+            for line in left:
+                say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
+            return _finish(vmid, cfg, record, "residual", ExitCode.REFUSE)
+        say(f"pveclean: VM {vmid} pre-start: GPU {', '.join(addrs)} verified free")
+    if cfg.vm_gpu_rebind:
+        record["rebind"] = _rebind(vmid, cfg, addrs, deadline)
+    return _finish(vmid, cfg, record, "clear" if plan.decision is vmguard.Decision.CLEAR
+                   else "stopped", ExitCode.OK)
+
+
+def _stop_holders(vmid: int, cfg: Config, nvml: NvmlWorker, plan: vmguard.Plan,
+                  deadline: Deadline, record: dict[str, Any]) -> list[str]:
+    """Each container's holders of the VM's GPUs stopped as `pveclean ct` stops them (and only
+    those); then the GPUs looked at until nothing holds them, or the deadline. Returns what
+    is still held."""
+    from pveclean.cleanup import clean
+
+    for ct, only in sorted(plan.stop.items()):
+        say(f"pveclean: VM {vmid} pre-start: stopping CT {ct}'s holders of GPU "
+            f"{', '.join(str(i) for i in sorted(only[0]))}, grace {cfg.grace_seconds:g} s")
+        res = clean(ct, cfg, worker=nvml.warm(cfg, ct), phase="vm-start", deadline=deadline,
+                    only=only)
+        rep = res.report
+        record["containers"][str(ct)] = {"verdict": str(rep.verdict),
+                                         "report": None if res.path is None else str(res.path)}
+        say(f"pveclean: VM {vmid} pre-start: CT {ct}: {rep.verdict}; "
+            f"{res.path or 'no report written'}")
+    addrs = [t.address for t in plan.targets]
+    while True:
+        left = vmguard.still_held(addrs, _look(cfg, deadline), cfg.vm_gpu_allow_host)
+        if not left or deadline.remaining() < 1.0:
+            return left
+        time.sleep(SETTLE_POLL)
+
+
+def _rebind(vmid: int, cfg: Config, addrs: list[str], deadline: Deadline,
+            fs: pcibind.Sysfs | None = None) -> dict[str, Any]:
+    """Each GPU's IOMMU group to vfio-pci, in a worker (an unbind can block in the driver);
+    what was moved is kept in the state dir for post-stop. A failure is said and undone; the
+    start goes on (qemu-server binds on its own, and says why when it cannot). `fs`: the
+    sysfs (default: cfg.pci_sysfs)."""
+    from pveclean.host.worker import Worker
+
+    fs = fs or pcibind.Sysfs(cfg.pci_sysfs)
+
+    out: dict[str, Any] = {}
+    done = []
+    with Worker() as wk:
+        for addr in addrs:
+            try:
+                got = _call(wk, pcibind.w_bind, fs, addr, deadline=deadline,
+                            what=f"binding {addr} to vfio-pci")
+            except PvecleanError as exc:
+                got = f"{exc} (the worker was given up on: the driver may still hold it)"
+            if isinstance(got, str):
+                say(f"pveclean: VM {vmid} pre-start: WARNING: {addr} not handed to vfio-pci: "
+                    f"{got}")
+                out[addr] = {"error": got}
+                continue
+            say(f"pveclean: VM {vmid} pre-start: {addr} and its IOMMU group on vfio-pci")
+            out[addr] = got.as_dict()
+            done.append(got)
+    if done:
+        _save_handoffs(cfg, vmid, done)
+    return out
+
+
+def _handoff_file(cfg: Config, vmid: int) -> Path:
+    return Path(cfg.state_dir) / f"vfio-{vmid}.yaml"
+
+
+def _save_handoffs(cfg: Config, vmid: int, done: list[Any]) -> None:
+    import yaml
+
+    path = _handoff_file(cfg, vmid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.dump([h.as_dict() for h in done], Dumper=yaml.CSafeDumper))
+    os.replace(tmp, path)
+
+
+def post_stop(vmid: int, cfg: Config, fs: pcibind.Sysfs | None = None) -> None:
+    """The GPUs pre-start handed to vfio-pci, back to the drivers they had."""
+    import yaml
+
+    from pveclean.host.worker import Worker
+
+    fs = fs or pcibind.Sysfs(cfg.pci_sysfs)
+
+    path = _handoff_file(cfg, vmid)
+    try:
+        saved = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+    except FileNotFoundError:
+        return
+    except (OSError, yaml.YAMLError) as exc:
+        raise PvecleanError(f"cannot read {path}: {exc}") from None
+    deadline = start_deadline(cfg.deadline_seconds)
+    record: dict[str, Any] = {"given_back": {}}
+    with Worker() as wk:
+        for item in saved if isinstance(saved, list) else []:
+            h = pcibind.Handoff(str(item["pci_bus_id"]), dict(item["drivers_before"]))
+            try:
+                failed = _call(wk, pcibind.w_give_back, fs, h, deadline=deadline,
+                               what=f"giving {h.address} back")
+            except PvecleanError as exc:
+                failed = [str(exc)]
+            record["given_back"][h.address] = failed or "ok"
+            say(f"pveclean: VM {vmid} post-stop: {h.address} "
+                + ("back on " + ", ".join(f"{f}: {d}" for f, d in h.before.items())
+                   if not failed else f"NOT given back: {'; '.join(failed)}"))
+    path.unlink()
+    _finish(vmid, cfg, record, "given-back", ExitCode.OK, phase="post-stop")
+
+
+def _finish(vmid: int, cfg: Config, record: dict[str, Any], outcome: str, code: int,
+            phase: str = "pre-start") -> int:
+    """The VM's report (kind: vm), written as the containers' are; a report that cannot be
+    written is said, never a failed start by itself."""
+    from pveclean.core.report import iso
+    from pveclean.host import reportfiles
+
+    now = time.time()
+    rep = {"pveclean_report": 1, "kind": "vm", "vmid": vmid, "phase": phase,
+           "verdict": outcome, "host": os.uname().nodename, "time": iso(now),
+           "policy": cfg.vm_gpu_policy, **record, "_started": now}
+    try:
+        path = reportfiles.write(rep, cfg.report_dir)
+        say(f"pveclean: VM {vmid} {phase}: {outcome}; report {path}")
+    except reportfiles.ReportError as exc:
+        say(f"pveclean: VM {vmid} {phase}: {outcome}; WARNING: {exc}")
+    return code

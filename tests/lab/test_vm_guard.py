@@ -1,0 +1,131 @@
+"""A VM's start with a GPU passed through, in the lab with the `qm` stand-in: every holder of
+its GPU is named, a container's stopped only by policy and only for that GPU, a host
+process never."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pveclean.proxmox.hookscript import stamp
+from tests.harness import qm
+from tests.harness.lxclab import Lab
+from tests.helpers import reports
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_vm(lab: Lab, vmid: int, gpus: tuple[int, ...] = (0,)) -> int:
+    """A VM passing the GPUs through, with pveclean's hookscript registered under the name
+    `pveclean install --vm` gives it."""
+    exe = Path(sys.executable).parent / "pveclean"
+    text = stamp((REPO / "hookscripts/pveclean-hook").read_text(), str(exe),
+                 str(lab.config_path))
+    dest = lab.snippets / "pveclean-vm-hook"
+    dest.write_text(text)
+    dest.chmod(0o755)
+    qm.create_vm(lab.root, vmid, gpus, "local:snippets/pveclean-vm-hook")
+    return vmid
+
+
+def vm_reports(lab: Lab, vmid: int) -> list[dict[str, Any]]:
+    return [yaml.safe_load(f.read_text())
+            for f in sorted(lab.report_dir.glob(f"{vmid}-pre-start-*.yaml"))]
+
+
+def test_a_vm_start_is_refused_while_a_container_holds_its_gpu(vm_host: Lab, vmid: int,
+                                                                vmid2: int) -> None:
+    lab = vm_host
+    lab.create_ct(vmid, gpus=(0, 1))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0", "/dev/nvidiactl"],
+                      gpu_mib={0: 18000})
+    (pid,) = w.host_pids(lab)
+    make_vm(lab, vmid2)
+    res = qm.run(lab.root, "start", str(vmid2))
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert f"hookscript error for {vmid2} on pre-start" in res.stderr
+    assert (f"refusing to start: GPU 0 ({qm.gpu_address(0)}) is held by CT {vmid}: "
+            f"PID {pid} python3, 18000 MiB") in res.stdout, res.stdout
+    assert f"`pveclean ct {vmid}`" in res.stdout
+    assert lab.alive(pid)
+    assert qm.run(lab.root, "status", str(vmid2)).stdout.strip() == "status: stopped"
+    (rep,) = vm_reports(lab, vmid2)
+    assert rep["kind"] == "vm" and rep["verdict"] == "refused"
+    assert rep["plan"]["blockers"] and rep["plan"]["gpus"][0]["index"] == 0
+
+
+def test_without_pveclean_the_start_fails_in_the_driver(vm_host: Lab, vmid: int,
+                                                        vmid2: int) -> None:
+    """The stand-in's own check: what pveclean's guard is for (qemu-server's unbind of a GPU
+    something holds fails "device busy")."""
+    lab = vm_host
+    lab.create_ct(vmid, gpus=(0,))
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 1000})
+    qm.create_vm(lab.root, vmid2, (0,), None)
+    res = qm.run(lab.root, "start", str(vmid2))
+    assert res.returncode != 0 and "device busy" in res.stderr, res.stderr
+
+
+def test_stop_containers_frees_only_that_gpu_and_the_vm_starts(vm_host: Lab, vmid: int,
+                                                               vmid2: int) -> None:
+    lab = vm_host
+    lab.write_config(state_dir=str(lab.root / "state"), vm_gpu_policy="stop-containers",
+                     pci_sysfs=str(lab.root / "sys/bus/pci"),
+                     qemu_run_dir=str(lab.root / "run/qemu-server"))
+    lab.create_ct(vmid, gpus=(0, 1))
+    on0 = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0", "/dev/nvidiactl"],
+                        gpu_mib={0: 18000})
+    on1 = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia1", "/dev/nvidiactl"],
+                        gpu_mib={1: 9000})
+    ctl = lab.run_in_ct(vmid, "nccl-helper", hold=["/dev/nvidiactl", "/dev/nvidia-uvm"])
+    (p0,), (p1,), (pc,) = on0.host_pids(lab), on1.host_pids(lab), ctl.host_pids(lab)
+    make_vm(lab, vmid2, (0,))
+    res = qm.run(lab.root, "start", str(vmid2))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert qm.run(lab.root, "status", str(vmid2)).stdout.strip() == "status: running"
+    assert not lab.alive(p0)
+    assert lab.alive(p1) and lab.alive(pc)  # another GPU's holder, and no GPU's, live on
+    assert "verified free" in res.stdout, res.stdout
+    (ct_rep,) = reports(lab, vmid, "vm-start")
+    assert [h["host_pid"] for h in ct_rep["holders"]] == [p0], [
+        (h["host_pid"], h["outcome"], h["sources"], h["devices"]) for h in ct_rep["holders"]]
+    assert ct_rep["verdict"] == "clean"
+    (rep,) = vm_reports(lab, vmid2)
+    assert rep["verdict"] == "stopped"
+    assert rep["containers"][str(vmid)]["verdict"] == "clean"
+    assert any(f"CT {vmid}'s config passes" in n for n in rep["plan"]["notes"])
+
+
+def test_a_host_process_refuses_in_both_policies_unless_allowed(vm_host: Lab, vmid: int
+                                                                ) -> None:
+    lab = vm_host
+    w = lab.run_on_host("nvtop", hold=[str(lab.nodes["nvidia0"])], gpu_mib={0: 300})
+    (pid,) = [p for p in w.host_pids(lab)]
+    make_vm(lab, vmid, (0,))
+    base = {"state_dir": str(lab.root / "state"), "pci_sysfs": str(lab.root / "sys/bus/pci"),
+            "qemu_run_dir": str(lab.root / "run/qemu-server")}
+    for policy in ("refuse", "stop-containers"):
+        lab.write_config(**base, vm_gpu_policy=policy)
+        res = lab.pveclean("vmhook", str(vmid), "pre-start")
+        assert res.returncode == 75, (policy, res.stdout)
+        assert f"held by a host process: PID {pid} nvtop" in res.stdout, res.stdout
+        assert lab.alive(pid)
+    lab.write_config(**base, vm_gpu_policy="stop-containers", vm_gpu_allow_host=["nvtop"])
+    res = lab.pveclean("vmhook", str(vmid), "pre-start")
+    assert res.returncode == 0, res.stdout
+    assert "allowed by vm_gpu_allow_host" in res.stdout
+    assert lab.alive(pid)
+
+
+def test_a_gpu_another_running_vm_has_refuses_the_start(vm_host: Lab, vmid: int,
+                                                        vmid2: int) -> None:
+    lab = vm_host
+    qm.create_vm(lab.root, vmid, (1,), None)
+    assert qm.run(lab.root, "start", str(vmid)).returncode == 0
+    make_vm(lab, vmid2, (1,))
+    res = lab.pveclean("vmhook", str(vmid2), "pre-start")
+    assert res.returncode == 75
+    assert f"in use by VM {vmid} (vfio-pci): `qm stop {vmid}`" in res.stdout, res.stdout

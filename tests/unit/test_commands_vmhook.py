@@ -1,0 +1,69 @@
+"""The VM hook's hand-off of a GPU to vfio-pci and back (vm_gpu_rebind), in-process against a
+laid-out sysfs root whose kernel part helpers.KernelSim plays: the hand-off is kept in the
+state dir for post-stop, a failure is said and undone and never refuses the start, and each
+phase writes the VM's report."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pveclean.commands import vmhook
+from pveclean.core.config import Config
+from pveclean.host.clock import start_deadline
+from tests.harness import qm
+from tests.helpers import KernelSim
+
+GPU, AUDIO = "0000:18:00.0", "0000:18:00.1"
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> Config:
+    return replace(Config(), report_dir=str(tmp_path / "reports"),
+                   state_dir=str(tmp_path / "state"), vm_gpu_rebind=True)
+
+
+def test_pre_start_hands_the_group_over_and_post_stop_gives_it_back(
+        tmp_path: Path, cfg: Config, capsys: pytest.CaptureFixture[str]) -> None:
+    qm.lay_out_pci(tmp_path, 2)
+    fs = KernelSim(tmp_path / "sys/bus/pci")
+    out = vmhook._rebind(200, cfg, [GPU], start_deadline(10), fs)
+    assert out[GPU]["drivers_before"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
+    assert fs.driver(GPU) == fs.driver(AUDIO) == "vfio-pci"
+    saved = yaml.safe_load((tmp_path / "state/vfio-200.yaml").read_text())
+    assert saved[0]["pci_bus_id"] == GPU
+    vmhook.post_stop(200, cfg, fs)
+    assert (fs.driver(GPU), fs.driver(AUDIO)) == ("nvidia", "snd_hda_intel")
+    assert not (tmp_path / "state/vfio-200.yaml").exists()
+    (rep,) = [yaml.safe_load(p.read_text())
+              for p in (tmp_path / "reports").glob("200-post-stop-*.yaml")]
+    assert rep["kind"] == "vm" and rep["given_back"] == {GPU: "ok"}
+    assert f"VM 200 post-stop: {GPU} back on {GPU}: nvidia" in capsys.readouterr().out
+
+
+def test_a_failed_hand_off_is_undone_said_and_not_kept(
+        tmp_path: Path, cfg: Config, capsys: pytest.CaptureFixture[str]) -> None:
+    qm.lay_out_pci(tmp_path, 1)
+    fs = KernelSim(tmp_path / "sys/bus/pci", fail={(AUDIO, "unbind")})
+    out = vmhook._rebind(200, cfg, [GPU], start_deadline(10), fs)
+    assert "busy; undone" in out[GPU]["error"]
+    assert (fs.driver(GPU), fs.driver(AUDIO)) == ("nvidia", "snd_hda_intel")
+    assert not (tmp_path / "state/vfio-200.yaml").exists()
+    assert "WARNING: 0000:18:00.0 not handed to vfio-pci" in capsys.readouterr().out
+    vmhook.post_stop(200, cfg, fs)  # nothing was kept: nothing to give back, no report
+    assert not list((tmp_path / "reports").glob("200-post-stop-*.yaml"))
+
+
+def test_vmhook_usage_and_config_errors_never_refuse(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("vm_gpu_policy: maybe\n")
+    bad.chmod(0o644)
+    monkeypatch.setenv("PVECLEAN_CONFIG", str(bad))
+    assert vmhook.main(["200", "pre-start"], None) == 0  # type: ignore[arg-type]
+    assert "config error, nothing done" in capsys.readouterr().out
+    assert vmhook.main(["x", "pre-start"], None) == 2  # type: ignore[arg-type]

@@ -1,0 +1,83 @@
+"""The VM guard's decision on hand-built maps of the host (`pveclean gpus --json`'s shape)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pveclean.core.vmguard import Decision, plan, still_held
+
+A0, A1 = "0000:18:00.0", "0000:19:00.0"
+
+
+def row(pid: int, owner: str, vmid: int | None = None, name: str = "python3",
+        mib: int | None = 1000) -> dict[str, Any]:
+    return {"host_pid": pid, "owner": owner, "vmid": vmid, "name": name, "memory_mib": mib}
+
+
+def gmap(*gpus: tuple[str, int, list[dict[str, Any]]], **extra: Any) -> dict[str, Any]:
+    return {"gpus": [{"index": i, "minor": i, "pci_bus_id": a, "status": "ok",
+                      "processes": rows, "leak_mib": 0, **extra} for a, i, rows in gpus]}
+
+
+def test_nothing_holds_the_gpu() -> None:
+    p = plan(200, [A0], gmap((A0, 0, [])), {}, "refuse", [])
+    assert p.decision is Decision.CLEAR and not p.blockers
+    assert [(t.address, t.index, t.minor) for t in p.targets] == [(A0, 0, 0)]
+
+
+def test_a_container_holder_refuses_by_default_naming_it_and_the_fix() -> None:
+    p = plan(200, [A0], gmap((A0, 0, [row(11, "ct", 129, mib=18000)])), {}, "refuse", [])
+    assert p.decision is Decision.REFUSE
+    assert p.blockers == ["GPU 0 (0000:18:00.0) is held by CT 129: PID 11 python3, 18000 MiB: "
+                          "`pveclean ct 129` or `pct stop 129`"]
+
+
+def test_stop_containers_names_only_the_vms_gpus() -> None:
+    m = gmap((A0, 0, [row(11, "ct", 129), row(12, "ct", 130)]), (A1, 1, [row(13, "ct", 131)]))
+    p = plan(200, [A0], m, {}, "stop-containers", [])
+    assert p.decision is Decision.STOP
+    assert p.stop == {129: (frozenset({0}), frozenset({0})), 130: (frozenset({0}), frozenset({0}))}
+
+
+def test_a_host_process_refuses_in_both_policies_unless_allowed() -> None:
+    m = gmap((A0, 0, [row(5, "host", name="nvidia-persistenced", mib=None), row(6, "ct", 129)]))
+    for policy in ("refuse", "stop-containers"):
+        assert plan(200, [A0], m, {}, policy, []).decision is Decision.REFUSE
+    p = plan(200, [A0], m, {}, "stop-containers", ["nvidia-persistenced"])
+    assert p.decision is Decision.STOP and "allowed by vm_gpu_allow_host" in p.notes[0]
+
+
+def test_what_cannot_be_placed_or_read_is_not_innocent() -> None:
+    assert plan(200, [A0], gmap((A0, 0, [row(7, "unknown")])), {}, "stop-containers",
+                []).decision is Decision.REFUSE
+    lost = gmap((A0, 0, []), status="lost")
+    p = plan(200, [A0], lost, {}, "stop-containers", [])
+    assert p.decision is Decision.REFUSE and "is lost" in p.blockers[0]
+
+
+def test_memory_no_process_accounts_for_refuses() -> None:
+    p = plan(200, [A0], gmap((A0, 0, []), leak_mib=4096), {}, "stop-containers", [])
+    assert p.decision is Decision.REFUSE and "4096 MiB that no process" in p.blockers[0]
+
+
+def test_another_running_vm_has_it() -> None:
+    p = plan(200, [A1], {"gpus": []}, {A1: 201}, "stop-containers", [])
+    assert p.blockers == ["GPU 0000:19:00.0 is in use by VM 201 (vfio-pci): `qm stop 201`"]
+    assert plan(200, [A1], {"gpus": []}, {"0000:19:00": 201}, "refuse",
+                []).decision is Decision.REFUSE  # a whole-device reservation
+    assert plan(200, [A1], {"gpus": []}, {A1: 200}, "refuse", []).decision is Decision.CLEAR
+
+
+def test_containers_that_keep_the_gpu_are_noted() -> None:
+    p = plan(200, [A0], gmap((A0, 0, [])), {}, "refuse", [], keeping={129: [A0]})
+    assert p.decision is Decision.CLEAR
+    assert p.notes == ["CT 129's config passes 0000:18:00.0 too: its next start takes the GPU "
+                       "back"]
+
+
+def test_still_held_after_the_stop() -> None:
+    assert still_held([A0], gmap((A0, 0, []), (A1, 1, [row(3, "ct", 1)])), []) == []
+    assert still_held([A0], gmap((A0, 0, [row(3, "ct", 129)])), []) == [
+        "GPU 0 (0000:18:00.0) still held: PID 3 python3, 1000 MiB"]
+    assert still_held([A0], gmap((A0, 0, [row(3, "host", name="x")])), ["x"]) == []
+    assert "allocated with no process" in still_held([A0], gmap((A0, 0, []), leak_mib=9), [])[0]
