@@ -249,8 +249,9 @@ def run_release(release: str, prev: Path, deb: Path, version: str, work: Path) -
                     "echo \"${COMPREPLY[*]}\"'")
         check(release, f"bash completion of 'pveclean con': {r.stdout.strip()!r}",
               r.stdout.split() == ["config"], r.stdout + r.stderr)
-        r = root.sh("test -s /usr/share/man/man8/pveclean.8.gz")
-        check(release, "man page installed", r.returncode == 0)
+        r = root.sh("test -s /usr/share/man/man8/pveclean.8.gz && "
+                    "test -s /usr/share/man/man5/pveclean.yaml.5.gz")
+        check(release, "man pages pveclean(8) and pveclean.yaml(5) installed", r.returncode == 0)
         check(release, "nothing created under /etc/pve", not root.file("/etc/pve").exists())
 
         conf = "/etc/pveclean/pveclean.yaml"

@@ -4,6 +4,7 @@ line on stderr and an exit code (never a traceback)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -24,8 +25,26 @@ class ExitCode(IntEnum):
     # on this code alone; any other status (a crash, a missing interpreter) is a warning and
     # exit 0. 75 is EX_TEMPFAIL in sysexits.h; nothing else in pveclean uses it.
     REFUSE = 75
+    INTERNAL = 70  # a bug in pveclean (EX_SOFTWARE): the message names the exception
+    NOT_ROOT = 77  # run by a user other than root (EX_NOPERM): nothing was read or done
     INTERRUPTED = 130  # Ctrl-C
     PIPE = 141  # standard output closed early, as for a program that SIGPIPE ends
+
+
+# What each exit code means, as `pveclean --help` and pveclean(8)'s EXIT STATUS say it.
+EXIT_MEANING: dict[ExitCode, str] = {
+    ExitCode.OK: "clean, nothing to do, a dry run, or help shown",
+    ExitCode.RESIDUAL: "GPU holders or their memory remain (residual, leaked)",
+    ExitCode.USAGE: "usage or config error",
+    ExitCode.ACCESS: "container missing, or pct/cgroup/API access failed",
+    ExitCode.REPORT: "the report could not be written",
+    ExitCode.BUSY: "another run holds the container's lock",
+    ExitCode.INTERNAL: "internal error (a bug in pveclean: please report it)",
+    ExitCode.REFUSE: "a hook's pre-start refused the start (pre_start_policy: refuse)",
+    ExitCode.NOT_ROOT: "not run as root",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+    ExitCode.PIPE: "standard output closed early (| head)",
+}
 
 
 class PvecleanError(Exception):
@@ -40,20 +59,26 @@ class ConfigError(Exception):
     """A config file that cannot be used; the message is one line for the admin."""
 
 
-def fail(message: str, code: int) -> int:
+def fail(message: str, code: int, as_json: bool = False) -> int:
+    """Say `message` on stderr, one line; under --json also as a JSON object on stdout, so
+    that a script reading stdout gets JSON whatever happened."""
+    if as_json:
+        with contextlib.suppress(OSError):
+            sys.stdout.write(json.dumps({"error": message, "exit_code": int(code)}) + "\n")
+            sys.stdout.flush()
     sys.stderr.write(f"pveclean: {message}\n")
     return code
 
 
-def guarded(fn: Callable[[], int]) -> int:
+def guarded(fn: Callable[[], int], as_json: bool = False) -> int:
     """Run a command: every expected failure becomes one line and an exit code, never a
-    traceback."""
+    traceback (with `as_json`, also a JSON object on stdout)."""
     try:
         return fn()
     except ConfigError as exc:
-        return fail(str(exc), ExitCode.USAGE)
+        return fail(str(exc), ExitCode.USAGE, as_json)
     except PvecleanError as exc:
-        return fail(str(exc), exc.exit_code)
+        return fail(str(exc), exc.exit_code, as_json)
     except KeyboardInterrupt:
         return fail("interrupted", ExitCode.INTERRUPTED)
     except BrokenPipeError:  # `pveclean gpus | head -1`: the reader is gone, nothing to say
@@ -61,4 +86,4 @@ def guarded(fn: Callable[[], int]) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return ExitCode.PIPE
     except Exception as exc:  # never a traceback
-        return fail(f"internal error: {type(exc).__name__}: {exc}", ExitCode.ACCESS)
+        return fail(f"internal error: {type(exc).__name__}: {exc}", ExitCode.INTERNAL, as_json)

@@ -3,56 +3,50 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
 import click
 import typer
-from typer.core import TyperGroup
 
 from pveclean import __version__
+from pveclean.commands.conventions import (
+    EXIT_CODES_HELP,
+    HELP_OPTIONS,
+    Command,
+    Group,
+    Passed,
+    complete_from,
+    complete_vmids,
+    finite,
+    need_root,
+    wants_json,
+)
 from pveclean.core.config import dump
+from pveclean.core.verdicts import Verdict
 from pveclean.errors import ExitCode, PvecleanError, guarded
 from pveclean.host.configfile import load
 from pveclean.host.prelude import NvmlWorker
 
-EXIT_CODES_HELP = (
-    "Exit codes: 0 clean, nothing to do or dry run; 1 GPU holders or their memory remain; "
-    "2 usage or config error; 3 container missing, or pct/cgroup access failed; "
-    "4 report could not be written; 5 another run holds the container's lock; "
-    "141 standard output closed early (| head)."
-)
-
-class _Passed(Exception):
-    """Carries a Ctrl-C or a closed stdout past click's own handling of them, to guarded()."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(str(original))
-        self.original = original
-
-
-class _Group(TyperGroup):
-    def invoke(self, ctx: click.Context) -> object:
-        try:
-            return super().invoke(ctx)
-        except (KeyboardInterrupt, BrokenPipeError) as exc:
-            raise _Passed(exc) from None
-
-
 app = typer.Typer(
     name="pveclean",
-    cls=_Group,
+    cls=Group,
     help="Find, stop and verify the GPU holders of one Proxmox LXC container.\n\n"
-    + EXIT_CODES_HELP,
-    no_args_is_help=True,
-    add_completion=True,
+    + EXIT_CODES_HELP + "\n\nExamples: pveclean ct 129 --dry-run | pveclean gpus | "
+    "pveclean install --all --dry-run | pveclean COMMAND -h",
+    invoke_without_command=True,
+    add_completion=True,  # its completion classes; its two options are dropped (Group)
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings=HELP_OPTIONS,
 )
-config_app = typer.Typer(help="Show and check the configuration.", no_args_is_help=True)
+config_app = typer.Typer(cls=Group, help="Show and check the configuration.\n\n"
+                         "Example: pveclean config check", invoke_without_command=True,
+                         context_settings=HELP_OPTIONS)
 app.add_typer(config_app, name="config")
+command = partial(app.command, cls=Command)
 
 ConfigOpt = Annotated[
     Path | None,
@@ -67,25 +61,35 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+def _help_alone(ctx: typer.Context) -> None:
+    """A group given no command: its help on stdout, exit 0 (click's no_args_is_help says it
+    on stderr as a usage error)."""
+    if ctx.invoked_subcommand is None and not ctx.resilient_parsing:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+
+
 @app.callback()
 def main(
+    ctx: typer.Context,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show version.")
     ] = False,
 ) -> None:
     """pveclean."""
+    _help_alone(ctx)
 
 
-def _finite(value: float | None) -> float | None:
-    """Reject nan and inf: every comparison with a NaN is false, so a range check alone
-    lets it through (--grace nan sent SIGTERM, then the stop raised)."""
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"{value} is not a finite number")
-    return value
+@config_app.callback()
+def config_main(ctx: typer.Context) -> None:
+    """Show and check the configuration."""
+    _help_alone(ctx)
 
 
+VmidArg = Annotated[str, typer.Argument(help="Container ID, e.g. 129.",
+                                        autocompletion=complete_vmids)]
 GraceOpt = Annotated[
-    float | None, typer.Option("--grace", min=0, max=3600, callback=_finite,
+    float | None, typer.Option("--grace", min=0, max=3600, callback=finite,
                                help="Seconds from SIGTERM to SIGKILL.")
 ]
 StopUnitsOpt = Annotated[
@@ -93,17 +97,22 @@ StopUnitsOpt = Annotated[
                        "container (pct exec VMID -- systemctl stop UNIT...), so that "
                        "Restart= does not bring them back.")
 ]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")]
 
 
-@app.command()
+@command()
 def ct(
     ctx: typer.Context,
-    vmid: Annotated[str, typer.Argument(help="Container ID, e.g. 129.")],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Find and report; signal nothing.")]
-    = False,
+    vmid: VmidArg,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Show what a cleanup would stop and free; signal nothing, write no "
+        "report, no syslog line and no metrics.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     grace: GraceOpt = None,
     stop_units: StopUnitsOpt = False,
+    report_file: Annotated[Path | None, typer.Option(
+        "--report-file", metavar="FILE", help="Also write the report to FILE, a new file "
+        "(0600): how a dry run's report is kept.")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Stop every GPU holder of container VMID and verify its GPU memory is free.
@@ -111,51 +120,69 @@ def ct(
     A VMID that is a VM exits 2, a container on another node exits 3; the message says so
     and what to run instead.
 
-    Examples: pveclean ct 129 --dry-run | pveclean ct 129 --stop-units
+    Examples: pveclean ct 129 --dry-run | pveclean ct 129 --stop-units |
+    pveclean ct 129 --dry-run --report-file /root/ct129-before.yaml
     """
     from pveclean.commands.ct import CtArgs, run
 
+    need_root()
     raise typer.Exit(run(CtArgs(vmid, dry_run, as_json, grace, stop_units,
-                                str(config) if config else None), ctx.obj))
+                                str(config) if config else None,
+                                str(report_file) if report_file else None), ctx.obj))
 
 
-@app.command()
+@command()
 def hook(
     ctx: typer.Context,
-    vmid: Annotated[str, typer.Argument(help="Container ID.")],
-    phase: Annotated[str, typer.Argument(help="pre-start, post-start, pre-stop or post-stop.")],
+    vmid: VmidArg,
+    phase: Annotated[str, typer.Argument(
+        help="pre-start, post-start, pre-stop or post-stop.",
+        autocompletion=complete_from(("pre-start", "post-start", "pre-stop", "post-stop")))],
 ) -> None:
     """Run a hook phase, as Proxmox calls the hookscript (normally via pveclean-hook).
+
+    Every failure is one line in the task log and exit 0, but a pre-start that refuses the
+    start (pre_start_policy: refuse): exit 75.
 
     Example: pveclean hook 129 pre-stop
     """
     from pveclean.commands.hook import main as hook_main
 
+    need_root()
     raise typer.Exit(hook_main([vmid, phase], ctx.obj))
 
 
-@app.command()
+@command()
 def unit(
     ctx: typer.Context,
-    vmid: Annotated[str, typer.Argument(help="Container ID.")],
-    phase: Annotated[str, typer.Argument(help="start-pre or stop-post.")],
+    vmid: VmidArg,
+    phase: Annotated[str, typer.Argument(help="start-pre or stop-post.",
+                                         autocompletion=complete_from(("start-pre",
+                                                                        "stop-post")))],
     config: ConfigOpt = None,
 ) -> None:
     """Run from the systemd drop-in that 'install --systemd' writes (ExecStartPre=,
-    ExecStopPost=). Exit 1 only when pre_start_policy refuses the start.
+    ExecStopPost=). Says everything in the journal. Exit 75 only when pre_start_policy
+    refuses the start; a bad argument exits 2 by hand, 0 under systemd (a start goes on).
 
     Example: pveclean unit 129 start-pre
     """
     from pveclean.commands.unit import main as unit_main
 
+    need_root()
     raise typer.Exit(unit_main([vmid, phase], ctx.obj, str(config) if config else None))
 
 
-@app.command()
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).")]
+VmidsArg = Annotated[list[str] | None, typer.Argument(help="Container IDs.",
+                                                      autocompletion=complete_vmids)]
+
+
+@command()
 def install(
-    vmids: Annotated[list[str] | None, typer.Argument(help="Container IDs.")] = None,
-    all_gpu: Annotated[bool, typer.Option("--all-gpu", help="Every container with GPUs.")]
-    = False,
+    vmids: VmidsArg = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every container with GPUs.")] = False,
+    all_gpu: Annotated[bool, typer.Option("--all-gpu", hidden=True)] = False,  # the old name
     storage: Annotated[str, typer.Option(help="Storage for the snippet.")] = "local",
     chain: Annotated[bool, typer.Option(help="Keep and call an existing hookscript.")] = False,
     enable_snippets: Annotated[
@@ -166,8 +193,8 @@ def install(
                            "cleanup before every start, leak check after every stop, the "
                            "reboot from inside the guest included.")
     ] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")]
-    = False,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
     """Register the hookscript on containers (through the Proxmox API, see 'api' in the config).
@@ -181,30 +208,36 @@ def install(
     cannot go ahead (another hookscript, snippets not enabled, an API token...); 3 container
     missing, node offline, container locked, or the API failed.
 
-    Example: pveclean install --all-gpu --dry-run
+    Examples: pveclean install --all --dry-run | pveclean install 129 --systemd
     """
     from pveclean.commands.install import apply_install, plan_install
     from pveclean.commands.installplan import carry_out
     from pveclean.proxmox.pveapi import connect
     from pveclean.proxmox.pveconf import parse_vmid
 
-    cfg = load(config)
     ids = [parse_vmid(v) for v in vmids or []]
-    if bool(ids) == all_gpu:
-        raise PvecleanError("give container IDs or --all-gpu (one of them)", ExitCode.USAGE)
+    every = all_ or all_gpu
+    if bool(ids) == every:
+        raise PvecleanError("give container IDs or --all (one of them)", ExitCode.USAGE)
+    need_root()
+    cfg = load(config)
     api = connect(cfg)
-    plan = plan_install(api, cfg, ids, all_gpu, storage, chain, enable_snippets, systemd)
+    plan = plan_install(api, cfg, ids, every, storage, chain, enable_snippets, systemd)
     raise typer.Exit(carry_out(plan, dry_run, lambda: apply_install(api, cfg, plan),
-                               lambda line, err: typer.echo(line, err=err)))
+                               _echo, as_json))
 
 
-@app.command()
+def _echo(line: str, err: bool) -> None:
+    typer.echo(line, err=err)
+
+
+@command()
 def uninstall(
-    vmids: Annotated[list[str] | None, typer.Argument(help="Container IDs.")] = None,
+    vmids: VmidsArg = None,
     all_: Annotated[bool, typer.Option("--all", help="Every container with pveclean's hook.")]
     = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")]
-    = False,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
     """Remove the hookscript, restoring what was there before (a script kept by --chain).
@@ -219,22 +252,21 @@ def uninstall(
     from pveclean.proxmox.pveapi import connect
     from pveclean.proxmox.pveconf import parse_vmid
 
-    cfg = load(config)
     ids = [parse_vmid(v) for v in vmids or []]
     if bool(ids) == all_:
         raise PvecleanError("give container IDs or --all (one of them)", ExitCode.USAGE)
+    need_root()
+    cfg = load(config)
     api = connect(cfg)
     plan = plan_uninstall(api, cfg, ids, all_)
     raise typer.Exit(carry_out(plan, dry_run, lambda: apply_uninstall(api, cfg, plan),
-                               lambda line, err: typer.echo(line, err=err)))
+                               _echo, as_json))
 
 
-@app.command()
-def status(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    config: ConfigOpt = None,
-) -> None:
+@command()
+def status(as_json: JsonOpt = False, config: ConfigOpt = None) -> None:
     """Containers, their GPUs, hookscripts and (on this node) current holders and last report.
+    Reads only: no report, no syslog line, no metrics.
 
     Exit codes: 0 shown (warnings included); 2 config error; 3 the API failed.
 
@@ -244,6 +276,7 @@ def status(
     from pveclean.commands.status import collect
     from pveclean.proxmox.pveapi import connect
 
+    need_root()
     cfg = load(config)
     data = collect(connect(cfg), cfg)
     if as_json:
@@ -252,17 +285,19 @@ def status(
         typer.echo(render(data))
 
 
-@app.command()
+@command()
 def gpus(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).")] = False,
+    as_json: JsonOpt = False,
     watch: Annotated[
         float | None, typer.Option("--watch", min=0.5, max=3600, metavar="SECONDS",
-                                   help="Refresh every SECONDS in place until Ctrl-C.")
+                                   callback=finite,
+                                   help="Refresh every SECONDS until Ctrl-C (in place on a "
+                                   "terminal).")
     ] = None,
     count: Annotated[
-        int, typer.Option("--count", min=0, max=1_000_000,
-                          help="With --watch: stop after N refreshes (0: until Ctrl-C).")
-    ] = 0,
+        int | None, typer.Option("--count", min=1, max=1_000_000,
+                                 help="With --watch: stop after N refreshes.")
+    ] = None,
     sysfs_pci: Annotated[
         Path, typer.Option("--sysfs-pci", hidden=True, help="PCI sysfs devices directory.")
     ] = Path("/sys/bus/pci/devices"),
@@ -280,10 +315,13 @@ def gpus(
     """
     from pveclean.commands.gpus import show
 
-    raise typer.Exit(show(load(config), as_json, watch, count, sysfs_pci))
+    if count is not None and watch is None:
+        raise PvecleanError("--count needs --watch (see 'pveclean gpus -h')", ExitCode.USAGE)
+    need_root()
+    raise typer.Exit(show(load(config), as_json, watch, count or 0, sysfs_pci))
 
 
-@app.command()
+@command()
 def metrics(
     textfile_dir: Annotated[
         str, typer.Option("--textfile-dir", metavar="DIR",
@@ -301,21 +339,30 @@ def metrics(
 
     Exit codes: 0 written; 2 usage or config error; 3 the host could not be read within
     deadline_seconds (the file then says pveclean_gpus_up 0); 4 the file could not be written.
+
+    Example: pveclean metrics --textfile-dir /var/lib/prometheus/node-exporter
     """
     from pveclean.commands.metrics import write
 
+    need_root()
     raise typer.Exit(write(load(config), textfile_dir, job_dir=dcgm_job_dir))
 
 
-@app.command()
+VERDICTS = [str(v) for v in Verdict]
+
+
+@command()
 def reports(
     target: Annotated[
         list[str] | None,
-        typer.Argument(help="VMID to list, or: show FILE|latest [VMID]", show_default=False),
+        typer.Argument(help="VMID to list, or: show FILE|latest [VMID]", show_default=False,
+                       autocompletion=complete_vmids),
     ] = None,
-    last: Annotated[int, typer.Option("--last", min=1, help="Show the last N runs.")] = 20,
+    last: Annotated[int, typer.Option("--last", min=1, max=1_000_000,
+                                      help="Show the last N runs.")] = 20,
     verdict: Annotated[
-        str | None, typer.Option("--verdict", help="Only runs with this verdict.")
+        str | None, typer.Option("--verdict", click_type=click.Choice(VERDICTS),
+                                 help="Only runs with this verdict.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table.")] = False,
     config: ConfigOpt = None,
@@ -326,55 +373,13 @@ def reports(
     Examples: pveclean reports 129 --last 5 | pveclean reports --verdict residual |
     pveclean reports show latest | pveclean reports show latest 129
     """
-    from pveclean.commands.render import render_report, reports_table
-    from pveclean.host import reportfiles
-    from pveclean.proxmox.pveconf import parse_vmid
+    from pveclean.commands.reports import list_runs
 
-    cfg = load(config)
-    args = list(target or [])
-    if args and args[0] == "show":
-        which = args[1] if len(args) > 1 else "latest"
-        vid = parse_vmid(args[2]) if len(args) > 2 else None
-        if which == "latest":
-            files = reportfiles.list_reports(cfg.report_dir, vid)
-            if not files:
-                raise PvecleanError(f"no reports in {cfg.report_dir}", ExitCode.USAGE)
-            path = files[-1]
-        else:
-            path = Path(which) if "/" in which else Path(cfg.report_dir) / which
-        try:
-            data = reportfiles.load(path)
-        except (OSError, reportfiles.ReportError) as exc:
-            raise PvecleanError(f"cannot read report {path}: {exc}", ExitCode.USAGE) from None
-        except Exception as exc:  # a corrupt file: one line, not a traceback
-            raise PvecleanError(f"{path} is not a readable report: {exc}", ExitCode.USAGE) from None
-        typer.echo(json.dumps(data, indent=2, default=str) if as_json else render_report(data))
-        typer.echo(f"report: {path}", err=True)
-        return
-    if len(args) > 1:
-        raise PvecleanError("usage: pveclean reports [VMID] | reports show FILE|latest [VMID]",
-                            ExitCode.USAGE)
-    vid = parse_vmid(args[0]) if args else None
-    rows = []
-    for path in reportfiles.list_reports(cfg.report_dir, vid):
-        try:
-            data = reportfiles.load(path)
-        except Exception:
-            continue  # an unreadable file does not hide the others
-        if verdict is None or data.get("verdict") == verdict:
-            rows.append((path.name, data))
-    rows = rows[-last:]
-    if as_json:
-        typer.echo(json.dumps([{"file": n, **{k: d.get(k) for k in (
-            "start", "vmid", "phase", "verdict", "duration_s", "summary")}} for n, d in rows],
-            indent=2, default=str))
-    elif not rows:
-        typer.echo(f"no reports in {cfg.report_dir}" + (f" for CT {vid}" if vid else ""))
-    else:
-        typer.echo("\n".join(reports_table(rows)))
+    need_root()
+    list_runs(load(config), list(target or []), last, verdict, as_json, _echo)
 
 
-@config_app.command("check")
+@config_app.command("check", cls=Command)
 def config_check(
     path: Annotated[Path | None, typer.Argument(help="Config file to check.")] = None,
     config: ConfigOpt = None,
@@ -400,7 +405,7 @@ def run_app(args: list[str], nvml: NvmlWorker | None = None) -> int:
     def go() -> int:
         try:
             rv = app(args=args, prog_name="pveclean", standalone_mode=False, obj=nvml)
-        except _Passed as exc:
+        except Passed as exc:
             raise exc.original from None
         except typer.Exit as exc:
             return int(exc.exit_code)
@@ -413,10 +418,11 @@ def run_app(args: list[str], nvml: NvmlWorker | None = None) -> int:
             if type(exc).__name__ == "Abort":
                 raise PvecleanError("aborted", ExitCode.INTERRUPTED) from None
             if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-                raise PvecleanError(f"{exc.format_message()} (see 'pveclean --help')",
+                where = getattr(getattr(exc, "ctx", None), "command_path", "pveclean")
+                raise PvecleanError(f"{exc.format_message()} (see '{where} -h')",
                                     ExitCode.USAGE) from None
             raise
         # click returns the code of typer.Exit without raising
         return rv if isinstance(rv, int) else ExitCode.OK
 
-    return guarded(go)
+    return guarded(go, wants_json(args))

@@ -18,7 +18,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TextIO
 
 from pveclean.commands.render import render_gpus
 from pveclean.core.config import Config
@@ -54,12 +56,18 @@ if TYPE_CHECKING:
 READERS_SHARE = 0.8  # of the deadline: the host's forked readers are given up on by then
 
 
+def screen_control(stream: TextIO, env: Mapping[str, str]) -> bool:
+    """Whether `stream` takes cursor and clear codes: a terminal, and not TERM=dumb (Emacs'
+    shell, a serial console) or no TERM at all (cron, a unit)."""
+    return stream.isatty() and env.get("TERM", "dumb") not in ("", "dumb")
+
+
 def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: int = 0,
          pci_root: Path = PCI_DEVICES) -> int:
     """`pveclean gpus`: read the host in a worker bounded by deadline_seconds, print, and
     with `watch` do it again every `watch` seconds (`count` times; 0: until Ctrl-C).
     Exit code 0, or PvecleanError (exit 3) when the host could not be read in time."""
-    tty = sys.stdout.isatty()
+    tty = screen_control(sys.stdout, os.environ)
     shown = 0
     limit = cfg.deadline_seconds
     with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:

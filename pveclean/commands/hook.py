@@ -8,6 +8,7 @@ ExitCode.REFUSE (see errors.py); the others always exit 0.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
@@ -59,6 +60,25 @@ def _where(res: RunResult) -> str:
     return f"report NOT written: {safe(res.report_error, 300)}{kept}"
 
 
+_FOUND = re.compile(r"found (\d+) GPU holder")
+
+
+def progress_to_log(vmid: int, phase: str, grace: float) -> Callable[[str], None]:
+    """What a phase says before it waits, so that the task log is not silent for up to the
+    deadline: `stopping 6 GPU holder(s) of CT 129, grace 10 s ...`, then rounds and unit
+    stops as they come. Finding nothing says nothing (the outcome line follows at once)."""
+
+    def tell(msg: str) -> None:
+        m = _FOUND.match(msg)
+        if m is None:
+            say(f"pveclean: CT {vmid} {phase}: {safe(msg, 300)} ...")
+        elif int(m.group(1)):
+            say(f"pveclean: CT {vmid} {phase}: stopping {m.group(1)} GPU holder(s) of CT "
+                f"{vmid}, grace {grace:g} s ...")
+
+    return tell
+
+
 def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     """A stop that kills the container (pct stop, destroy, rollback): its GPU holders get
     their grace now. Any other stop (a shutdown, reboot, backup or migration, or no task
@@ -67,8 +87,16 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     task = tasks.running_task()
     if task is None or not task.kills:
         return _pre_shutdown(vmid, cfg, nvml, task)
-    res = clean(vmid, cfg, phase="pre-stop", worker=nvml.warm(cfg, vmid))
+    deadline = start_deadline(cfg.deadline_seconds)
+    res = clean(vmid, cfg, phase="pre-stop", worker=nvml.warm(cfg, vmid), deadline=deadline,
+                write_report=False,
+                progress=progress_to_log(vmid, "pre-stop", cfg.grace_seconds))
     rep = res.report
+    if rep.verdict == Verdict.NOTHING_TO_DO and not cfg.report_nothing_to_do:
+        say(f"pveclean: CT {vmid} pre-stop: no GPU holders ({rep.duration_s:.2f} s); no "
+            "report (report_nothing_to_do: false)")
+        return 0
+    res = finish(rep, cfg, deadline=deadline)
     if rep.busy:
         return _busy(vmid, "pre-stop", res)
     s = rep.summary
@@ -208,7 +236,8 @@ def _busy(vmid: int, phase: str, res: RunResult) -> int:
 def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) -> int:
     """`nvml` was not forked ahead: a start asks NVML nothing unless something is left (see
     prelude.forks_early). `via`: as post_stop's."""
-    res = clean(vmid, cfg, phase="pre-start", write_report=False, worker=nvml.warm(cfg, vmid))
+    res = clean(vmid, cfg, phase="pre-start", write_report=False, worker=nvml.warm(cfg, vmid),
+                progress=progress_to_log(vmid, "pre-start", cfg.grace_seconds))
     if res.ctconf is not None:
         startrecord.write(cfg, vmid, res.ctconf.gpu_lines(), by_hook=via is None)
     rep = res.report.ran_by(via)
@@ -279,13 +308,13 @@ def _chained(vmid: int, phase: str, cfg: Config) -> int:
 
 
 def _main(argv: list[str], nvml: NvmlWorker) -> int:
-    if len(argv) != 2:
-        say("usage: pveclean hook VMID PHASE")
+    if len(argv) != 2:  # a usage error on stderr, as every command's (the task log has both)
+        sys.stderr.write("pveclean: usage: pveclean hook VMID PHASE (see 'pveclean hook -h')\n")
         return ExitCode.USAGE
     try:
         vmid = pveconf.parse_vmid(argv[0])
     except PvecleanError as exc:
-        say(f"pveclean: {exc}")
+        sys.stderr.write(f"pveclean: {exc}\n")
         return ExitCode.USAGE
     phase = argv[1]
     if phase not in PHASES:

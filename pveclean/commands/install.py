@@ -118,7 +118,7 @@ def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage
                 continue
             if not st.shared and c.node != here:
                 plan.notes.append(f"CT {c.vmid} on node {c.node} skipped: storage '{storage}' is "
-                                  f"not shared; run pveclean install --all-gpu on {c.node}")
+                                  f"not shared; run pveclean install --all on {c.node}")
                 continue
             targets.append((c, conf))
         if not targets and not plan.notes:

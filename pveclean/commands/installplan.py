@@ -3,9 +3,11 @@ how it reads, and carrying it out: print it, stop at its problems, apply it unle
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pveclean.errors import ExitCode
 
@@ -100,8 +102,22 @@ def describe(plan: Plan) -> list[str]:
 
 
 def carry_out(plan: Plan, dry_run: bool, apply: Callable[[], Outcome],
-              echo: Callable[[str, bool], None]) -> int:
-    """Print the plan; stop at its problems; apply it unless a dry run. Returns the exit code."""
+              echo: Callable[[str, bool], None], as_json: bool = False) -> int:
+    """Print the plan; stop at its problems; apply it unless a dry run. Returns the exit code.
+    With `as_json` everything is said once, as one JSON object on stdout."""
+    said: dict[str, Any] = {"command": plan.command, "dry_run": dry_run,
+                            "plan": describe(plan), "changes": plan.changes,
+                            "problems": [m for m, _ in plan.problems], "done": [],
+                            "errors": []}
+    code = _carry_out(plan, dry_run, apply, (lambda _line, _err: None) if as_json else echo,
+                      said)
+    if as_json:
+        echo(json.dumps({**said, "exit_code": int(code)}, indent=2), False)
+    return code
+
+
+def _carry_out(plan: Plan, dry_run: bool, apply: Callable[[], Outcome],
+               echo: Callable[[str, bool], None], said: dict[str, Any]) -> int:
     for line in describe(plan):
         echo(line, False)
     for message, _code in plan.problems:
@@ -116,6 +132,7 @@ def carry_out(plan: Plan, dry_run: bool, apply: Callable[[], Outcome],
         echo("nothing to change", False)
         return ExitCode.OK
     outcome = apply()
+    said["done"], said["errors"] = outcome.done, [m for m, _ in outcome.errors]
     for line in outcome.done:
         echo(f"done: {line}", False)
     for message, _code in outcome.errors:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 # ---- the terminal view --------------------------------------------------------------------
 def _n(mib: int | None) -> str:
-    return "-" if mib is None else f"{mib:,}"
+    """A MiB figure as every command prints it: digits only (18000), as in reports."""
+    return "-" if mib is None else str(mib)
 
 
 def _table(rows: Sequence[tuple[str, ...]], indent: str = "",
@@ -241,6 +242,16 @@ def render_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def gpu_count(e: dict[str, Any]) -> str:
+    """A status row's GPU column: how many host GPUs the config grants ("all": a whole /dev
+    or LXC's nvidia hook)."""
+    if "gpu" not in e:
+        return "?"
+    if e.get("gpus") is None:
+        return "all" if e["gpu"] else "0"
+    return str(len(e["gpus"]))
+
+
 def render_status(data: dict[str, Any]) -> str:
     nodes = ", ".join(f"{n} ({'online' if up else 'OFFLINE'})"
                       for n, up in sorted(data["nodes"].items()))
@@ -253,7 +264,7 @@ def render_status(data: dict[str, Any]) -> str:
         held = e.get("holders")
         rows.append((str(e["vmid"]), e["node"], e["status"] + (f" ({e['lock']})" if e["lock"]
                                                                 else ""),
-                     str(len(e.get("gpu") or [])) if "gpu" in e else "?",
+                     gpu_count(e),
                      e.get("hook", "?"),
                      str(len(held)) if held is not None else "-",
                      str(e["gpu_memory_mib"]) if "gpu_memory_mib" in e else "-",

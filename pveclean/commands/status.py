@@ -114,7 +114,11 @@ def collect(api: Api, cfg: Config, with_holders: bool = True) -> dict[str, Any]:
         kind = "none" if hs is None else "other"
         if is_pveclean(hs):
             kind = "chained" if rec else "pveclean"
-        e.update(gpu=conf.gpu_lines(majors), hookscript=hs, hook=kind,
+        grant = conf.gpu(majors)
+        # the GPUs, not the lines that grant them (/dev/nvidiaN, nvidiactl, nvidia-uvm and a
+        # devices rule are 4 lines for one GPU); None: every GPU of the host
+        e.update(gpu=list(grant.lines), hookscript=hs, hook=kind,
+                 gpus=None if grant.minors is None else sorted(grant.minors),
                  chained=rec[0] if rec and kind == "chained" else None)
         if hs:
             warnings += snippets.warnings(c, hs)

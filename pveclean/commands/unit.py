@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 from pathlib import Path
 
 from pveclean.commands import hook
@@ -78,9 +79,6 @@ def from_argv(argv: list[str], nvml: NvmlWorker) -> int:
     unit = UNITS[0]
     if len(args) >= 2 and args[0] == "--unit" and args[1] in UNITS:
         unit, args = args[1], args[2:]
-    if args and args[0] in ("-h", "--help"):  # by hand: a terminal reads this
-        print("usage: pveclean unit [-c FILE] VMID start-pre|stop-post")
-        return 0
     return main(args, nvml, config, unit)
 
 
@@ -95,6 +93,21 @@ def _to_journal(socket_path: str, vmid: int | None, phase: str | None) -> hook.S
     return sink
 
 
+def under_systemd() -> bool:
+    """Whether systemd runs this (it sets INVOCATION_ID for every unit's processes)."""
+    return bool(os.environ.get("INVOCATION_ID"))
+
+
+def _usage(tell: hook.Sink, message: str) -> int:
+    """A bad argument: under systemd said in the journal and exit 0 (a bad drop-in line must
+    not keep a container from starting); by hand on stderr with exit 2, as every command."""
+    if under_systemd():
+        tell(message, "warning")
+        return 0
+    sys.stderr.write(f"{message}\n")
+    return ExitCode.USAGE
+
+
 def main(argv: list[str], nvml: NvmlWorker, config: str | None = None,
          unit: str = UNITS[0]) -> int:
     """`pveclean unit VMID start-pre|stop-post`. Non-zero (ExitCode.REFUSE) only for a refusal.
@@ -102,20 +115,16 @@ def main(argv: list[str], nvml: NvmlWorker, config: str | None = None,
     try:
         cfg = load(config)
     except ConfigError as exc:  # said where a journal normally is
-        _to_journal(journal.JOURNAL_SOCKET, None, None)(
-            f"pveclean unit {' '.join(argv)[:100]}: config error, nothing done: {exc}",
-            "warning")
-        return 0
+        return _usage(_to_journal(journal.JOURNAL_SOCKET, None, None),
+                      f"pveclean unit {' '.join(argv)[:100]}: config error, nothing done: {exc}")
     tell = _to_journal(cfg.journal_socket, None, None)
     if len(argv) != 2 or argv[1] not in PHASES:
-        tell(f"pveclean unit: bad arguments {argv!r}: usage: pveclean unit VMID "
-             "start-pre|stop-post; nothing done", "warning")
-        return 0  # a bad drop-in line must not keep a container from starting
+        return _usage(tell, f"pveclean unit: bad arguments {argv!r}: usage: pveclean unit "
+                      "VMID start-pre|stop-post; nothing done")
     try:
         vmid = pveconf.parse_vmid(argv[0])
     except PvecleanError as exc:
-        tell(f"pveclean: {exc}", "warning")
-        return 0
+        return _usage(tell, f"pveclean: {exc}")
     phase = argv[1]
     tell = _to_journal(cfg.journal_socket, vmid, phase)
     hook.redirect(tell)

@@ -61,6 +61,7 @@ class Config:
     unit_start_timeout_seconds: float = 90.0  # the drop-in's TimeoutStartSec= (systemd's default)
     keep_reports: int = 100
     max_report_age_days: float = 90.0
+    report_nothing_to_do: bool = False  # a pre-stop that found nothing writes no report
     redact: list[str] = field(default_factory=lambda: list(DEFAULT_REDACT))
     metrics_path: str | None = None
     syslog: bool = True
@@ -134,6 +135,7 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
                                    lambda v: _is_number(v) and 5 <= v <= 3600),
     "keep_reports": ("an integer >= 1", lambda v: type(v) is int and v >= 1),
     "max_report_age_days": ("a number > 0", lambda v: _is_number(v) and v > 0),
+    "report_nothing_to_do": ("true or false", lambda v: isinstance(v, bool)),
     "redact": ("a list of regular expressions", _str_list),
     "metrics_path": ("a path or null", lambda v: v is None or isinstance(v, str)),
     "syslog": ("true or false", lambda v: isinstance(v, bool)),

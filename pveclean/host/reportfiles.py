@@ -194,9 +194,11 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def prune(report_dir: str, vmid: int, keep: int, max_age_days: float) -> int:
-    """Retention per container: at most `keep` reports, none older than `max_age_days`.
-    Oldest first, so the age check stops at the first report young enough (every run prunes:
-    a stat of each of a hundred reports was most of a report's cost)."""
+    """Retention: at most `keep` reports per container, none older than `max_age_days`.
+    This container's first, oldest first, so the age check stops at the first report young
+    enough (every run prunes: a stat of each of a hundred reports was most of a report's
+    cost); then every other container's (a destroyed one's too) by the time in their names,
+    without a stat (prune_others). Returns how many of this container's went."""
     files = list_reports(report_dir, vmid)
     excess = len(files) - keep
     now = time.time()
@@ -209,4 +211,37 @@ def prune(report_dir: str, vmid: int, keep: int, max_age_days: float) -> int:
             removed += 1
         except OSError:
             continue
+    prune_others(report_dir, vmid, keep, max_age_days, now)
+    return removed
+
+
+def name_time(name: str) -> float | None:
+    """The start time in a report's name (`129-manual-20261203T065312.253174Z.yaml`)."""
+    try:
+        stamp = name.rsplit("-", 1)[1].removesuffix(".yaml")
+        return datetime.strptime(stamp, "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC).timestamp()
+    except (IndexError, ValueError):
+        return None
+
+
+def prune_others(report_dir: str, vmid: int | None, keep: int, max_age_days: float,
+                 now: float) -> int:
+    """Retention over every container but `vmid`: the oldest past `keep` per container, and
+    any whose name says it is older than `max_age_days`. A name that is not a report's is
+    left alone."""
+    per: dict[str, list[tuple[float, Path]]] = {}
+    for p in list_reports(report_dir):
+        ct = p.name.split("-", 1)[0]
+        when = name_time(p.name)
+        if when is None or not ct.isdigit() or (vmid is not None and ct == str(vmid)):
+            continue
+        per.setdefault(ct, []).append((when, p))
+    removed = 0
+    for files in per.values():
+        excess = len(files) - keep
+        for i, (when, p) in enumerate(files):
+            if i < excess or now - when > max_age_days * 86400:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    removed += 1
     return removed

@@ -54,8 +54,10 @@ def bench_report_bloat(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], No
             return files[-1].stat().st_size if files else -1
 
         log(f"report bloat: {len(pids)} holders x {paths} paths in CT {vmid}: dry run")
-        dry = spawn_like_proxmox([*pveclean_exe(), "ct", str(vmid), "--dry-run"], lab.root, env)
-        runs["ct --dry-run"] = (dry, report_size("manual"))
+        kept = lab.root / "dry-run.yaml"  # a dry run writes its report only where asked
+        dry = spawn_like_proxmox([*pveclean_exe(), "ct", str(vmid), "--dry-run",
+                                  "--report-file", str(kept)], lab.root, env)
+        runs["ct --dry-run"] = (dry, kept.stat().st_size if kept.exists() else -1)
         log("report bloat: pre-stop hook")
         attack()
         pre = spawn_like_proxmox(hook, lab.root, env)

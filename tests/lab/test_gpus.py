@@ -148,11 +148,11 @@ def test_seeds_situation_at_a_glance(host_slice: Path, lab: Lab, vmid: int,
     text = lab.pveclean("gpus", "--sysfs-pci", str(pci)).stdout
     lines = text.splitlines()
     assert f"CT {vmid} lab{vmid}" in text and unit in text
-    assert any(ln.split()[:2] == ["host", f"{HOST_MIB:,}"] and "nvidia-persistenced.service"
+    assert any(ln.split()[:2] == ["host", str(HOST_MIB)] and "nvidia-persistenced.service"
                in ln for ln in lines)
-    assert any(ln.startswith("  LEAK: no process") and f"{LEAK_MIB:,}" in ln for ln in lines)
+    assert any(ln.startswith("  LEAK: no process") and str(LEAK_MIB) in ln for ln in lines)
     assert "passed to VM 200 (trainer)" in text and "0000:43:00.0" in text
-    assert f"by owner: CT {vmid} {TP_MIB + VLLM_MIB:,} MiB" in text
+    assert f"by owner: CT {vmid} {TP_MIB + VLLM_MIB} MiB" in text
 
 
 def test_watch_refreshes_and_ctrl_c_exits_0(lab: Lab, vmid: int) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 from pveclean.core.config import Config, parse
 from pveclean.proxmox import chain
 from pveclean.proxmox.hookscript import stamp
+from tests.harness import pct as pct_harness
 from tests.harness.lxclab import REPO, Lab
 from tests.harness.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
 from tests.helpers import hook, reports, wait_for
@@ -33,7 +36,9 @@ def test_pct_stop_cleans_seeds_and_post_stop_reports_clean(lab: Lab, vmid: int) 
     conf_before = (lab.root / "etc/pve/lxc" / f"{vmid}.conf").read_text()
     pids = [p for w in s.targets() for p in w.host_pids(lab)]
     res = lab.pct("stop", str(vmid))
-    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("pveclean:"))
+    said = [ln for ln in res.stdout.splitlines() if ln.startswith("pveclean:")]
+    assert said[0].startswith(f"pveclean: CT {vmid} pre-stop: stopping 6 GPU holder(s)")
+    line = said[-1]
     freed = 4 * TP_MIB + VLLM_MIB + NCCL_MIB
     assert line.startswith(f"pveclean: CT {vmid} pre-stop: stopped 6 GPU holders "
                            f"({freed} MiB freed) in ")
@@ -156,7 +161,7 @@ def test_unknown_phase_and_bad_vmid(lab: Lab, vmid: int) -> None:
     res = hook(lab, vmid, "pre-migrate")
     assert res.returncode == 0 and "unknown hook phase 'pre-migrate'" in res.stdout
     res = hook(lab, "abc", "pre-start")  # a usage error is no refusal: a warning, exit 0
-    assert res.returncode == 0 and "invalid VMID" in res.stdout
+    assert res.returncode == 0 and "invalid VMID" in res.stderr  # the task log has both
     assert "pveclean-hook: WARNING: " in res.stdout
 
 
@@ -264,3 +269,44 @@ def test_failing_chained_script_is_a_refusal(lab: Lab, vmid: int) -> None:
         in res.stdout
     assert lab.pct("status", str(vmid)).stdout == "status: stopped\n"
     os.unlink(script)
+
+
+def test_a_phase_that_waits_says_so_first(lab: Lab, vmid: int) -> None:
+    """The task log is not silent while holders get their grace: the phase says what it
+    stops and for how long before it waits, then the outcome."""
+    lab.write_config(grace_seconds=2)
+    lab.create_ct(vmid, gpus=(0,))
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], ignore_term=True, gpu_mib={0: 1000})
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 500})
+    lab.install_hook(vmid)
+    argv = [pct_harness.task_title(str(vmid), "vzstop"), "-c", pct_harness.WORKER,
+            str(lab.snippets / "pveclean-hook"), str(vmid), "pre-stop"]  # as helpers.hook
+    proc = subprocess.Popen(argv, executable=sys.executable, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"})
+    assert proc.stdout is not None
+    t0 = time.monotonic()
+    said = [(time.monotonic() - t0, line.rstrip("\n")) for line in proc.stdout]
+    assert proc.wait(30) == 0
+    ends = time.monotonic() - t0
+    lines = [ln for _t, ln in said if ln.startswith("pveclean:")]
+    assert lines[0] == (f"pveclean: CT {vmid} pre-stop: stopping 2 GPU holder(s) of CT "
+                        f"{vmid}, grace 2 s ..."), said
+    assert ends - said[0][0] >= 1.5, said  # said before the grace, not at the end
+    assert lines[-1].startswith(f"pveclean: CT {vmid} pre-stop: stopped 2 GPU holders"), said
+
+
+def test_a_pre_stop_with_nothing_to_do_writes_no_report_unless_asked(lab: Lab,
+                                                                     vmid: int) -> None:
+    """A no-op stop wrote two reports (keep_reports: 100 was about 50 stops): the post-stop's
+    is the stop's record; `report_nothing_to_do: true` brings the pre-stop's back."""
+    lab.create_ct(vmid, gpus=(0,))
+    lab.install_hook(vmid)
+    res = hook(lab, vmid, "pre-stop")
+    assert res.returncode == 0 and f"CT {vmid} pre-stop: no GPU holders (" in res.stdout
+    assert "no report (report_nothing_to_do: false)" in res.stdout
+    assert reports(lab, vmid, "pre-stop") == []
+    lab.write_config(report_nothing_to_do=True)
+    res = hook(lab, vmid, "pre-stop")
+    (pre,) = reports(lab, vmid, "pre-stop")
+    assert pre["verdict"] == "nothing-to-do" and "; report " in res.stdout

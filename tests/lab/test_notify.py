@@ -61,7 +61,8 @@ def test_reports_table_filter_json_and_show(lab: Lab, vmid: int, vmid2: int) -> 
     lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 4321})
     assert lab.pveclean("ct", str(vmid)).returncode == 0
     assert lab.pveclean("ct", str(vmid2)).returncode == 0
-    assert lab.pveclean("ct", str(vmid), "--dry-run").returncode == 0
+    assert lab.pveclean("ct", str(vmid), "--dry-run").returncode == 0  # writes no report
+    assert lab.pveclean("ct", str(vmid)).returncode == 0  # nothing left: nothing-to-do
     r = lab.pveclean("reports")
     lines = r.stdout.splitlines()
     assert lines[0].split()[:4] == ["TIME", "(UTC)", "VMID", "PHASE"]
@@ -70,15 +71,16 @@ def test_reports_table_filter_json_and_show(lab: Lab, vmid: int, vmid2: int) -> 
     assert " manual " in row and " 1/1 " in row and " 4321 " in row
     r = lab.pveclean("reports", str(vmid2))
     assert len(r.stdout.splitlines()) == 2 and "nothing-to-do" in r.stdout
-    r = lab.pveclean("reports", "--verdict", "dry-run", "--json")
+    r = lab.pveclean("reports", "--verdict", "clean", "--json")
     (only,) = json.loads(r.stdout)
-    assert only["vmid"] == vmid and only["verdict"] == "dry-run"
+    assert only["vmid"] == vmid and only["verdict"] == "clean"
+    assert json.loads(lab.pveclean("reports", "--verdict", "dry-run", "--json").stdout) == []
     r = lab.pveclean("reports", "--last", "1")
-    assert len(r.stdout.splitlines()) == 2 and "dry-run" in r.stdout
+    assert len(r.stdout.splitlines()) == 2 and f" {vmid} " in r.stdout
     r = lab.pveclean("reports", "show", "latest", str(vmid2))
     assert r.returncode == 0 and f"CT {vmid2} manual: no GPU holders" in r.stdout
     r = lab.pveclean("reports", "show", "latest", str(vmid), "--json")
-    assert json.loads(r.stdout)["verdict"] == "dry-run"
+    assert json.loads(r.stdout)["verdict"] == "nothing-to-do"
     name = sorted(lab.report_dir.glob(f"{vmid}-*.yaml"))[0].name  # the run that stopped it
     r = lab.pveclean("reports", "show", name)
     assert r.returncode == 0 and "python3" in r.stdout and "cmdline" not in r.stdout

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 
+from pveclean.host import reportfiles
 from tests.harness.lxclab import Lab
 from tests.harness.scenarios import NCCL_MIB, TP_MIB, VLLM_MIB, seeds
 from tests.helpers import HOOK, pveclean
@@ -14,7 +16,11 @@ def test_status_on_the_lab_shows_gpus_holders_hook_and_last_report(host: Lab, vm
     s = seeds(host, vmid, host=True)
     host.create_ct(vmid2, gpus=(), start=False)
     assert pveclean(host, "install", str(vmid), "--enable-snippets").returncode == 0
-    assert pveclean(host, "ct", str(vmid), "--dry-run").returncode == 0  # writes a report
+    # the last report: a residual run (a dry run writes none, nor does status)
+    reportfiles.write({"vmid": vmid, "phase": "manual", "verdict": "residual",
+                       "start": "2026-01-02T03:04:05Z", "_started": time.time() - 60},
+                      str(host.report_dir))
+    assert pveclean(host, "ct", str(vmid), "--dry-run").returncode == 0
     res = pveclean(host, "status", "--json")
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
@@ -28,7 +34,7 @@ def test_status_on_the_lab_shows_gpus_holders_hook_and_last_report(host: Lab, vm
     pids = sorted(p for w in s.targets() for p in w.host_pids(host))
     assert sorted(h["host_pid"] for h in seed["holders"]) == pids
     assert seed["gpu_memory_mib"] == 4 * TP_MIB + VLLM_MIB + NCCL_MIB
-    assert seed["last_report"]["verdict"] == "dry-run"
+    assert seed["last_report"]["verdict"] == "residual"
     assert seed["last_report"]["phase"] == "manual"
     other = ct[vmid2]
     assert other["hook"] == "none" and other["gpu"] == [] and "holders" not in other
@@ -36,9 +42,10 @@ def test_status_on_the_lab_shows_gpus_holders_hook_and_last_report(host: Lab, vm
 
     text = pveclean(host, "status").stdout
     row = next(ln.split() for ln in text.splitlines() if ln.startswith(f"{vmid} "))
-    assert row[:7] == [str(vmid), "labnode", "running", "6", "pveclean", str(len(pids)),
+    assert row[:7] == [str(vmid), "labnode", "running", "4", "pveclean", str(len(pids)),
                        str(4 * TP_MIB + VLLM_MIB + NCCL_MIB)]
-    assert row[7] == "dry-run"
+    assert row[7] == "residual"
+    assert len(list(host.report_dir.glob("*.yaml"))) == 1  # neither wrote one
     assert f"  hookscript: {HOOK}" in text
     assert any(ln.startswith("  holder: PID ") and "GPU 0: 18000 MiB" in ln
                for ln in text.splitlines())

@@ -32,7 +32,7 @@ def test_stop_units_ends_a_respawn_loop_that_plain_ct_leaves_residual(lab: Lab,
     cmd = f"pct exec {vmid} -- systemctl stop {unit}"
     assert any(cmd in h and "restarted its GPU holders" in h for h in rep["hints"])
     text = lab.pveclean("ct", str(vmid), "--dry-run").stdout
-    assert f"hint: {unit} in CT {vmid}" in text and unit in text.splitlines()[2]
+    assert f"hint: {unit} in CT {vmid}" in text and unit in text.splitlines()[3]
     # --stop-units: the unit is stopped first, nothing comes back, the run is clean
     survivor = [p for p in w.host_pids(lab) if lab.alive(p)]
     assert len(survivor) == 1

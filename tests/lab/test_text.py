@@ -23,9 +23,16 @@ def test_escape_sequences_never_reach_the_terminal_and_reports_keep_them(
         assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
     assert "\\x1b]0;pwned\\x07" in r.stdout  # the name, shown escaped
     head, row = [ln for ln in r.stdout.splitlines() if ln.startswith("  ")][:2]
-    # alignment counts what is displayed: the columns after the name line up
+    # alignment counts what is displayed: the column after the name lines up
+    assert head.index("GPU:MiB") == row.index("\\x07") + len("\\x07") + 2
+    assert lab.alive(pid)
+    r = lab.pveclean("ct", str(vmid))  # the cleanup's table too, and its report
+    assert r.returncode == 0, r.stderr
+    for out in (r.stdout, r.stderr):
+        assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    head, row = [ln for ln in r.stdout.splitlines() if ln.startswith("  ")][:2]
     assert head.index("DEVICES") == row.index("/opt/a\\x1b[2J")
-    assert head.index("OUTCOME") == row.index("would-stop")
+    assert head.index("OUTCOME") == row.index("terminated")
     shown = lab.pveclean("reports", "show", "latest", str(vmid))
     assert shown.returncode == 0, shown.stderr
     assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout
@@ -38,4 +45,3 @@ def test_escape_sequences_never_reach_the_terminal_and_reports_keep_them(
     (h,) = rep["holders"]
     assert h["name"] == EVIL_NAME[:15]
     assert h["devices"][0].startswith(EVIL_PATH + " (")
-    assert lab.alive(pid)

@@ -60,8 +60,7 @@ def test_report_bloat_dry_run_stays_within_its_deadline_and_1_mb(lab: Lab, vmid:
     assert len(r.stdout) <= REPORT_MAX
     rep = json.loads(r.stdout)
     check_bounded(rep)
-    (path,) = lab.report_dir.glob(f"{vmid}-manual-*.yaml")
-    assert path.stat().st_size <= REPORT_MAX
+    assert not list(lab.report_dir.glob(f"{vmid}-manual-*.yaml"))  # a dry run writes none
 
 
 def test_report_bloat_pre_stop_keeps_its_report_and_the_task_log_small(lab: Lab,

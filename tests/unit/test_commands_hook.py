@@ -81,7 +81,7 @@ def test_an_exported_config_does_not_reach_an_unstamped_hook(tmp_path: Path) -> 
 @pytest.mark.parametrize("vmid", ["1²9", "١٢٩", "１２９", "12 9", ""])
 def test_hook_vmid_is_ascii_digits_only(vmid: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert hook_main([vmid, "pre-start"], NvmlWorker()) == ExitCode.USAGE
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert out.startswith("pveclean: invalid VMID") and out.count("\n") == 1
 
 

@@ -14,9 +14,11 @@ from pveclean.proxmox import dropin
 
 def test_unit_phases_never_fail_the_unit_but_by_a_refusal(tmp_path: Path,
                                                          capfd: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch,
                                                          ) -> None:
     """...and say it all in the journal: the unit's stdout is null, its stderr lxc-start's
     error log (/run/pve/ct-<vmid>.stderr)."""
+    monkeypatch.setenv("INVOCATION_ID", "0123abcd")  # as systemd runs it
     import socket
 
     (tmp_path / "lxc").mkdir()

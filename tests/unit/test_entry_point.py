@@ -42,14 +42,13 @@ def test_output_closed_early_exits_141_and_says_nothing(tmp_path: Path,
     (["ct", "129", "--grace", "1", "--bogus"], "--bogus"),
     (["ct", "129", "130"], "unexpected extra argument"),
     (["ct", "--dry-run"], "Missing argument 'VMID'"),
-    (["ct", "129", "-h"], "No such option '-h'"),
 ])
 def test_a_usage_error_is_one_line_and_exit_2(argv: list[str], needle: str) -> None:
     r = subprocess.run([sys.executable, "-m", "pveclean", *argv], capture_output=True,
                        text=True, timeout=60, check=False)
     assert r.returncode == 2, r
     assert r.stdout == "" and r.stderr.startswith("pveclean: ") and r.stderr.count("\n") == 1, r
-    assert needle in r.stderr and r.stderr.endswith("(see 'pveclean --help')\n"), r
+    assert needle in r.stderr and r.stderr.endswith(" -h')\n"), r
 
 
 def test_help_goes_to_stdout() -> None:
@@ -127,7 +126,7 @@ def test_the_command_exits_with_main_s_code_and_its_output_flushed(
 @pytest.mark.parametrize(("raised", "code", "said"), [
     (KeyboardInterrupt(), 130, "pveclean: interrupted\n"),
     (BrokenPipeError(32, "Broken pipe"), 141, ""),
-    (RuntimeError("boom"), 3, "pveclean: internal error: RuntimeError: boom\n"),
+    (RuntimeError("boom"), 70, "pveclean: internal error: RuntimeError: boom\n"),
 ])
 def test_the_typer_app_maps_errors_through_guarded(
         monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],

@@ -188,7 +188,7 @@ def test_prune_by_count_and_age(tmp_path: Path) -> None:
     assert reportfiles.list_reports(str(tmp_path), 129) == paths[2:]
     assert reportfiles.prune(str(tmp_path), 129, keep=1, max_age_days=100) == 2
     assert reportfiles.list_reports(str(tmp_path), 129) == paths[4:]
-    assert other.exists()
+    assert not other.exists()  # CT 130's, 30 days old: retention covers every container
     assert reportfiles.prune(str(tmp_path / "missing"), 129, keep=1, max_age_days=1) == 0
 
 
@@ -204,4 +204,22 @@ def test_prune_keeps_the_newest_reports_and_no_old_one(tmp_path: Path) -> None:
     assert [p.name for p in reportfiles.list_reports(str(tmp_path), 129)] == names[3:]
     assert reportfiles.prune(str(tmp_path), 129, keep=2, max_age_days=30) == 5
     assert [p.name for p in reportfiles.list_reports(str(tmp_path), 129)] == names[8:]
-    assert len(reportfiles.list_reports(str(tmp_path))) == 3  # CT 130's is not 129's to prune
+    assert len(reportfiles.list_reports(str(tmp_path))) == 2  # CT 130's aged out too
+
+
+def test_retention_covers_every_container_a_destroyed_ones_too(tmp_path: Path) -> None:
+    """A run of CT 129 ages out the reports of CT 130 (destroyed long ago) and keeps at most
+    `keep` of each container; names that are not reports are left alone."""
+    now = time.time()
+    old = [reportfiles.report_name(130, "post-stop", now - 86400 * d) for d in (40, 35)]
+    many = [reportfiles.report_name(131, "manual", now - 3600 * (6 - h)) for h in range(6)]
+    for name in (*old, *many):
+        (tmp_path / name).write_text("vmid: 1\n")
+    (tmp_path / "notes.yaml").write_text("mine\n")
+    (tmp_path / "130-manual-garbled.yaml").write_text("x\n")
+    reportfiles.write(_report(started=now), str(tmp_path))
+    assert reportfiles.prune(str(tmp_path), 129, keep=4, max_age_days=30) == 0
+    left = {p.name for p in tmp_path.iterdir()}
+    assert not left & set(old)  # aged out although CT 130 never ran again
+    assert sorted(left & set(many)) == sorted(many[2:])  # the newest 4 of CT 131
+    assert {"notes.yaml", "130-manual-garbled.yaml"} <= left

@@ -1,0 +1,100 @@
+"""The dry run an admin decides on: per holder the command line (escaped, quoted, cut to the
+width), its GPUs and MiB, what would be sent, "would free N MiB on GPUs ...", the GPU users
+left alone and why; 80 columns unless the terminal is wider; one number format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pveclean.commands.dryview import render_dry_run
+from pveclean.commands.render import render_gpus
+from pveclean.core.text import width
+
+MODEL = "/models/" + "meta-llama/Llama-3.1-70B-Instruct-with-a-very-long-name" * 2
+DEVICES = [f"/dev/nvidia{i} (195:{i})" for i in range(4)] + ["/dev/nvidiactl (195:255)",
+                                                              "/dev/nvidia-uvm (508:0)"]
+
+
+def _holder(pid: int, argv: list[str], mib: dict[int, int | None], **kw: Any) -> dict[str, Any]:
+    return {"host_pid": pid, "ct_pid": pid - 4000, "name": "python3", "cmdline": argv,
+            "unit": "vllm.service", "devices": DEVICES, "gpu_memory_mib": mib,
+            "outcome": "would-stop", "signals": [], **kw}
+
+
+def seeds_report() -> dict[str, Any]:
+    """CT 129 as the seeds have it: four tensor-parallel ranks, a vLLM server, NCCL's helper,
+    its init; CT 130's worker and the host's nvidia-persistenced use the GPUs too."""
+    ranks = [_holder(4100 + r, ["python3", "-m", "torch.distributed.run", f"--rank={r}",
+                                "--model", MODEL], {r: 6000}) for r in range(4)]
+    return {
+        "vmid": 129, "phase": "manual", "verdict": "dry-run", "duration_s": 0.1,
+        "summary": {"holders": 7, "stopped": 0},
+        "holders": [*ranks,
+                    _holder(4200, ["vllm", "serve", "it's \x1b[31mred\x1b[0m"], {0: 2048}),
+                    _holder(4201, ["nccl-helper"], {1: None, 2: 300}, unit=None),
+                    _holder(4001, ["/sbin/init"], {}, protected="the container's init "
+                                                                "(PID 1)", outcome="protected")],
+        "other_gpu_users": [
+            {"host_pid": 5100, "name": "python3", "cgroup": "/lxc/130/ns/user.slice",
+             "gpu_memory_mib": {3: 1500}},
+            {"host_pid": 900, "name": "nvidia-persiste",
+             "cgroup": "/system.slice/nvidia-persistenced.service", "gpu_memory_mib": {0: 0}}],
+        "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "used_before_mib": 7000,
+                  "used_after_mib": 7000, "total_mib": 81559} for i in range(4)],
+        "settings": {"grace_seconds": 10}, "warnings": [], "errors": [],
+    }
+
+
+def test_the_dry_run_shows_what_an_admin_decides_on() -> None:
+    text = render_dry_run(seeds_report(), 80, grace=10)
+    lines = text.splitlines()
+    assert max(width(ln) for ln in lines) <= 80, [ln for ln in lines if width(ln) > 80]
+    for r in range(4):  # the ranks are told apart by their command lines
+        at = next(n for n, ln in enumerate(lines) if ln.startswith(f"  {4100 + r} "))
+        assert f" {r}:6000 " in lines[at] and lines[at].endswith(" vllm.service")
+        assert lines[at + 1].startswith("      python3 -m torch.distributed.run --rank=")
+        assert f"--rank={r} --model /models/" in lines[at + 1]
+    assert "would stop 6 GPU holder(s): SIGTERM, then SIGKILL to any left after 10 s" in text
+    assert ("would free 26348 MiB (and memory NVML gives no figure for) on GPU(s) 0, 1, 2, 3"
+            in text)
+    assert " 1:? 2:300 " in text  # GPUs and MiB per holder, unknown said as ?
+    assert "'it'\"'\"'s \\x1b[31mred\\x1b[0m'" in text and "\x1b" not in text
+    assert "will not touch 3 other GPU user(s):" in text
+    assert "PID 5100 python3, GPU:MiB 3:1500: another container (CT 130)" in text
+    assert "PID 900 nvidia-persiste, GPU:MiB 0:0: a host process (nvidia-persistenced." in text
+    assert "PID 4001 python3, GPU:MiB -: protected: the container's init (PID 1)" in text
+    assert "->" not in text  # no before -> after memory: nothing is stopped
+    assert "GPU 0 NVIDIA H100 80GB HBM3: 7000 of 81559 MiB used now" in text
+    assert "no report written" in lines[0]
+
+
+def test_wider_only_when_the_terminal_is_wider() -> None:
+    narrow = render_dry_run(seeds_report(), 40).splitlines()
+    assert narrow == render_dry_run(seeds_report(), 80).splitlines()
+    wide = render_dry_run(seeds_report(), 200).splitlines()
+    assert max(width(ln) for ln in wide) > 80 and MODEL in "\n".join(wide)
+    assert max(width(ln) for ln in wide) <= 200
+
+
+def test_nothing_to_stop() -> None:
+    rep = {**seeds_report(), "holders": [], "other_gpu_users": []}
+    text = render_dry_run(rep)
+    assert "would stop nothing" in text and "would free" not in text
+
+
+@pytest.mark.parametrize("mib", [18000, 123456])
+def test_one_number_format(mib: int) -> None:
+    """`gpus` prints MiB as `ct` and `status` do: digits only."""
+    data = {"host": "pve", "time": "2026-01-01T00:00:00", "containers": {}, "vfio": [],
+            "other_holders": [], "warnings": [], "sources": {"nvml": "ok"},
+            "scan": {"containers_scanned": [], "containers_skipped_no_gpu": [], "seconds": 0.1},
+            "gpus": [{"index": 0, "name": "H100", "pci_bus_id": "0000:01:00.0", "uuid": "GPU-1",
+                      "used_mib": mib, "total_mib": mib * 2, "reserved_mib": 0,
+                      "leak_mib": 0, "unaccounted_mib": 0, "by_owner_mib": {"CT 129": mib},
+                      "processes": [{"owner": "ct", "vmid": 129, "memory_mib": mib,
+                                     "host_pid": 1, "ct_pid": 1, "name": "x", "unit": None}]}]}
+    text = render_gpus(data)
+    assert f"{mib:,}" not in text and f"memory: {mib} of {mib * 2} MiB used" in text
+    assert f"CT 129 {mib} MiB" in text
