@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     with NvmlWorker(early=forks_early(args)) as nvml:
-        if args[:1] in (["hook"], ["unit"]) and ("-h" in args or "--help" in args):
+        if args[:1] in (["hook"], ["unit"], ["vmhook"]) and ("-h" in args or "--help" in args):
             pass  # by hand at a terminal: typer's help, with its examples (below)
         elif args[:1] == ["hook"]:
             from pveclean.commands.hook import main as hook_main
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
             from pveclean.commands.unit import from_argv
 
             return from_argv(args[1:], nvml)
-        if args[:1] == ["vmhook"]:
+        elif args[:1] == ["vmhook"]:
             from pveclean.commands.vmhook import main as vmhook_main
 
             return vmhook_main(args[1:], nvml)

@@ -24,6 +24,16 @@ from pveclean.commands.conventions import (
     need_root,
     wants_json,
 )
+from pveclean.commands.options import (
+    ConfigOpt,
+    DryRunOpt,
+    GraceOpt,
+    JsonOpt,
+    StopUnitsOpt,
+    VmidArg,
+    VmidsArg,
+    VmOpt,
+)
 from pveclean.core.config import dump
 from pveclean.core.verdicts import Verdict
 from pveclean.errors import ExitCode, PvecleanError, guarded
@@ -47,13 +57,6 @@ config_app = typer.Typer(cls=Group, help="Show and check the configuration.\n\n"
                          context_settings=HELP_OPTIONS)
 app.add_typer(config_app, name="config")
 command = partial(app.command, cls=Command)
-
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="Config file (else $PVECLEAN_CONFIG, else "
-                 "/etc/pveclean/pveclean.yaml, else built-in defaults)."),
-]
-
 
 def _version(value: bool) -> None:
     if value:
@@ -84,20 +87,6 @@ def main(
 def config_main(ctx: typer.Context) -> None:
     """Show and check the configuration."""
     _help_alone(ctx)
-
-
-VmidArg = Annotated[str, typer.Argument(help="Container ID, e.g. 129.",
-                                        autocompletion=complete_vmids)]
-GraceOpt = Annotated[
-    float | None, typer.Option("--grace", min=0, max=3600, callback=finite,
-                               help="Seconds from SIGTERM to SIGKILL.")
-]
-StopUnitsOpt = Annotated[
-    bool, typer.Option("--stop-units", help="First stop the holders' systemd units in the "
-                       "container (pct exec VMID -- systemctl stop UNIT...), so that "
-                       "Restart= does not bring them back.")
-]
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")]
 
 
 @command()
@@ -173,9 +162,26 @@ def unit(
     raise typer.Exit(unit_main([vmid, phase], ctx.obj, str(config) if config else None))
 
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).")]
-VmidsArg = Annotated[list[str] | None, typer.Argument(help="Container IDs.",
-                                                      autocompletion=complete_vmids)]
+@command()
+def vmhook(
+    ctx: typer.Context,
+    vmid: VmidArg,
+    phase: Annotated[str, typer.Argument(
+        help="pre-start, post-start, pre-stop or post-stop.",
+        autocompletion=complete_from(("pre-start", "post-start", "pre-stop", "post-stop")))],
+) -> None:
+    """Run a phase of a VM's hookscript (pveclean-vm-hook, see 'install --vm').
+
+    pre-start names every holder of the VM's passed-through GPUs and refuses the start
+    (exit 75) or stops the containers' holders, by vm_gpu_policy; post-stop gives a GPU that
+    vm_gpu_rebind handed to vfio-pci back. Every other outcome is exit 0.
+
+    Example: pveclean vmhook 200 pre-start
+    """
+    from pveclean.commands.vmhook import main as vmhook_main
+
+    need_root()
+    raise typer.Exit(vmhook_main([vmid, phase], ctx.obj))
 
 
 @command()
@@ -183,6 +189,10 @@ def install(
     vmids: VmidsArg = None,
     all_: Annotated[bool, typer.Option("--all", help="Every container with GPUs.")] = False,
     all_gpu: Annotated[bool, typer.Option("--all-gpu", hidden=True)] = False,  # the old name
+    vm: VmOpt = False,
+    all_gpu_vms: Annotated[bool, typer.Option(
+        "--all-gpu-vms", help="Every VM of this node whose hostpci lines pass an NVIDIA GPU.")
+    ] = False,
     storage: Annotated[str, typer.Option(help="Storage for the snippet.")] = "local",
     chain: Annotated[bool, typer.Option(help="Keep and call an existing hookscript.")] = False,
     enable_snippets: Annotated[
@@ -208,7 +218,12 @@ def install(
     cannot go ahead (another hookscript, snippets not enabled, an API token...); 3 container
     missing, node offline, container locked, or the API failed.
 
-    Examples: pveclean install --all --dry-run | pveclean install 129 --systemd
+    With --vm or --all-gpu-vms the hookscript (as pveclean-vm-hook) goes on VMs: at a VM's
+    start it finds every holder of the VM's GPUs and refuses the start or stops the
+    containers' holders, by vm_gpu_policy in the config.
+
+    Examples: pveclean install --all --dry-run | pveclean install 129 --systemd |
+    pveclean install --vm 200
     """
     from pveclean.commands.install import apply_install, plan_install
     from pveclean.commands.installplan import carry_out
@@ -216,13 +231,15 @@ def install(
     from pveclean.proxmox.pveconf import parse_vmid
 
     ids = [parse_vmid(v) for v in vmids or []]
-    every = all_ or all_gpu
-    if bool(ids) == every:
-        raise PvecleanError("give container IDs or --all (one of them)", ExitCode.USAGE)
+    every = all_ or all_gpu or all_gpu_vms
+    if bool(ids) == every or (all_gpu_vms and (all_ or all_gpu)):
+        raise PvecleanError("give guest IDs, --all or --all-gpu-vms (one of them)",
+                            ExitCode.USAGE)
     need_root()
     cfg = load(config)
     api = connect(cfg)
-    plan = plan_install(api, cfg, ids, every, storage, chain, enable_snippets, systemd)
+    kind = "qemu" if vm or all_gpu_vms else "lxc"
+    plan = plan_install(api, cfg, ids, every, storage, chain, enable_snippets, systemd, kind)
     raise typer.Exit(carry_out(plan, dry_run, lambda: apply_install(api, cfg, plan),
                                _echo, as_json))
 
@@ -234,18 +251,20 @@ def _echo(line: str, err: bool) -> None:
 @command()
 def uninstall(
     vmids: VmidsArg = None,
-    all_: Annotated[bool, typer.Option("--all", help="Every container with pveclean's hook.")]
-    = False,
+    all_: Annotated[bool, typer.Option("--all", help="Every container and VM with pveclean's "
+                                       "hook.")] = False,
+    vm: VmOpt = False,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
     config: ConfigOpt = None,
 ) -> None:
     """Remove the hookscript, restoring what was there before (a script kept by --chain).
 
-    With --all the snippet file goes too once no container uses it.
+    With --all the snippet file goes too once no guest uses it.
     Exit codes as for install.
 
-    Examples: pveclean uninstall 129 | pveclean uninstall --all --dry-run
+    Examples: pveclean uninstall 129 | pveclean uninstall --vm 200 |
+    pveclean uninstall --all --dry-run
     """
     from pveclean.commands.install import apply_uninstall, plan_uninstall
     from pveclean.commands.installplan import carry_out
@@ -254,11 +273,11 @@ def uninstall(
 
     ids = [parse_vmid(v) for v in vmids or []]
     if bool(ids) == all_:
-        raise PvecleanError("give container IDs or --all (one of them)", ExitCode.USAGE)
+        raise PvecleanError("give guest IDs or --all (one of them)", ExitCode.USAGE)
     need_root()
     cfg = load(config)
     api = connect(cfg)
-    plan = plan_uninstall(api, cfg, ids, all_)
+    plan = plan_uninstall(api, cfg, ids, all_, "qemu" if vm else "lxc")
     raise typer.Exit(carry_out(plan, dry_run, lambda: apply_uninstall(api, cfg, plan),
                                _echo, as_json))
 

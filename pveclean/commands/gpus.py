@@ -36,6 +36,7 @@ from pveclean.core.gpumap import (
 )
 from pveclean.core.records import GpuDevices, GpuMemory, Scope
 from pveclean.core.report import iso
+from pveclean.core.vmguard import conflicts
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, devnodes, worker
 from pveclean.host.hostscan import HostScan
@@ -44,7 +45,12 @@ from pveclean.host.procscan import attribute_pid, w_scan
 from pveclean.host.reads import Reader, Unread
 from pveclean.host.worker import RemoteError, Worker, WorkerError
 from pveclean.proxmox import pveconf
-from pveclean.proxmox.passthrough import PCI_DEVICES, vfio_gpus
+from pveclean.proxmox.passthrough import (
+    PCI_DEVICES,
+    read_pci_mappings,
+    vfio_gpus,
+    vm_passthrough,
+)
 from pveclean.proxmox.pveconf import may_use_gpus
 
 TYPE_CHECKING = False
@@ -231,6 +237,8 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
         p.minors = minors_held(p, devices)
     qemu_dir = pve / "qemu-server"
     vfio = vfio_gpus(pci_root, qemu_dir, pve / "mapping" / "pci.cfg")
+    vm_refs = vm_passthrough(qemu_dir, read_pci_mappings(pve / "mapping" / "pci.cfg",
+                                                         os.uname().nodename))
     for p in procs.values():
         if p.vmid is not None and p.vmid not in hostnames:
             hostnames[p.vmid] = ""
@@ -242,6 +250,7 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
         "other_holders": [p.as_dict() for p in sorted(procs.values(), key=owner_order)
                           if not gpu_indices(p, gpus)],
         "vfio": vfio,
+        "vm_conflicts": [],
         "containers": {str(v): {"hostname": hostnames.get(v, "")} for v in sorted(hostnames)},
         "scan": {"containers_scanned": scanned, "containers_skipped_no_gpu": skipped,
                  "host_processes": n_host, "host_holders": len(host),
@@ -249,4 +258,5 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
         "sources": {"host": "ok", "nvml": nvml_state},
         "warnings": warnings,
     }
+    data["vm_conflicts"] = conflicts(data, vm_refs, cfg.vm_gpu_policy, cfg.vm_gpu_allow_host)
     return data

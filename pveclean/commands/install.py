@@ -16,50 +16,67 @@ from pveclean.commands.installplan import Outcome, Plan, Step
 from pveclean.core.config import Config
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import devnodes
-from pveclean.proxmox import chain, dropin, pveconf
+from pveclean.proxmox import chain, dropin, passthrough, pveconf
 from pveclean.proxmox.hookscript import (
     HOOK_NAME,
     MARKER,
+    VM_HOOK_NAME,
     config_file,
     hook_text,
     is_pveclean,
     pveclean_bin,
 )
-from pveclean.proxmox.pveapi import Api, Container
+from pveclean.proxmox.pveapi import Api, Container, guest_label
 from pveclean.proxmox.snippets import parse_volid
 
 
 # ---- install ----------------------------------------------------------------------------
 def _targets(api: Api, plan: Plan, vmids: list[int], online: dict[str, bool],
-             gone: list[int] | None = None) -> list[tuple[Container, pveconf.CtConfig]]:
-    """The containers `vmids` names; one that does not exist is a problem, or, when `gone`
-    is given, goes there (uninstall removes what pveclean left for it)."""
-    cts = {c.vmid: c for c in api.containers()}
+             gone: list[int] | None = None, kind: str = "lxc"
+             ) -> list[tuple[Container, pveconf.CtConfig]]:
+    """The guests of `kind` that `vmids` names; one that does not exist is a problem, or,
+    when `gone` is given, goes there (uninstall removes what pveclean left for it)."""
+    cts = {c.vmid: c for c in api.containers(kind)}
     out = []
     for vmid in vmids:
         c = cts.get(vmid)
         if c is None and gone is not None:
             gone.append(vmid)
         elif c is None:
-            plan.problem(f"CT {vmid} does not exist in this cluster", ExitCode.ACCESS)
+            plan.problem(f"{guest_label(kind, vmid)} does not exist in this cluster",
+                         ExitCode.ACCESS)
         elif not online.get(c.node, False):
-            plan.problem(f"CT {vmid}: its node {c.node} is offline", ExitCode.ACCESS)
+            plan.problem(f"{c.label}: its node {c.node} is offline", ExitCode.ACCESS)
         else:
-            out.append((c, api.ct_config(c.node, vmid)))
+            out.append((c, api.ct_config(c.node, vmid, kind)))
     return out
 
 
-def _all(api: Api, plan: Plan, online: dict[str, bool],
+def _all(api: Api, plan: Plan, online: dict[str, bool], kinds: tuple[str, ...] = ("lxc",)
          ) -> list[tuple[Container, pveconf.CtConfig]]:
     out = []
-    for c in api.containers():
+    for c in (c for kind in kinds for c in api.containers(kind)):
         if c.template:
             continue
         if not online.get(c.node, False):
-            plan.notes.append(f"CT {c.vmid}: its node {c.node} is offline; not looked at")
+            plan.notes.append(f"{c.label}: its node {c.node} is offline; not looked at")
             continue
-        out.append((c, api.ct_config(c.node, c.vmid)))
+        out.append((c, api.ct_config(c.node, c.vmid, c.kind)))
     return out
+
+
+def _passes_gpu(cfg: Config, c: Container, conf: pveconf.CtConfig, here: str,
+                majors: frozenset[int]) -> bool | None:
+    """Does the guest's config give it an NVIDIA GPU? A VM's hostpci lines are looked up in
+    this node's sysfs: None for a VM on another node (cannot tell from here)."""
+    if c.kind != "qemu":
+        return bool(conf.gpu_lines(majors))
+    if c.node != here:
+        return None
+    pve = Path(cfg.pve_config_dir).parent
+    mappings = passthrough.read_pci_mappings(pve / "mapping" / "pci.cfg", here)
+    return bool(passthrough.nvidia_functions(conf.lines, mappings,
+                                             Path(cfg.pci_sysfs) / "devices"))
 
 
 def _file_action(plan: Plan, path: Path, text: str) -> str:
@@ -89,16 +106,23 @@ def _snippet_path(api: Api, volid: str) -> Path | None:
 
 
 def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage: str,
-                 chain_existing: bool, enable_snippets: bool, systemd: bool = False) -> Plan:
+                 chain_existing: bool, enable_snippets: bool, systemd: bool = False,
+                 kind: str = "lxc") -> Plan:
+    """For containers, or with `kind` qemu for VMs (the same script as pveclean-vm-hook)."""
     plan = Plan("install", storage=storage)
+    if systemd and kind == "qemu":
+        plan.problem("--systemd is for containers (pve-container@.service); a VM's guard is "
+                     "its hookscript", ExitCode.USAGE)
+        return plan
     here, online = api.local_node(), api.nodes()
     st = api.storage(storage)
     if st.snippets_dir is None:
         plan.problem(f"storage '{storage}' (type {st.type}) has no directory for snippets; "
                      "choose a directory storage (dir, nfs, cifs, cephfs) with --storage")
         return plan
-    volid = f"{storage}:snippets/{HOOK_NAME}"
-    plan.file = st.snippets_dir / HOOK_NAME
+    name = VM_HOOK_NAME if kind == "qemu" else HOOK_NAME
+    volid = f"{storage}:snippets/{name}"
+    plan.file = st.snippets_dir / name
     plan.text = hook_text(cfg)
     plan.file_action = _file_action(plan, plan.file, plan.text)
     if "snippets" not in st.content:
@@ -113,26 +137,30 @@ def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage
     majors = devnodes.nvidia_majors()
     if all_gpu:
         targets = []
-        for c, conf in _all(api, plan, online):
-            if not conf.gpu_lines(majors):
-                continue
-            if not st.shared and c.node != here:
-                plan.notes.append(f"CT {c.vmid} on node {c.node} skipped: storage '{storage}' is "
-                                  f"not shared; run pveclean install --all on {c.node}")
-                continue
-            targets.append((c, conf))
+        for c, conf in _all(api, plan, online, (kind,)):
+            gpu = _passes_gpu(cfg, c, conf, here, majors)
+            again = f"pveclean install {'--all-gpu-vms' if kind == 'qemu' else '--all'}"
+            if gpu is None:
+                plan.notes.append(f"{c.label} on node {c.node} skipped: its GPUs are known "
+                                  f"on its node; run {again} on {c.node}")
+            elif gpu and not st.shared and c.node != here:
+                plan.notes.append(f"{c.label} on node {c.node} skipped: storage '{storage}' is "
+                                  f"not shared; run {again} on {c.node}")
+            elif gpu:
+                targets.append((c, conf))
         if not targets and not plan.notes:
-            plan.notes.append("no container has GPU passthrough in its config")
+            plan.notes.append(f"no {'VM' if kind == 'qemu' else 'container'} has NVIDIA GPU "
+                              "passthrough in its config")
     else:
         targets = []
-        for c, conf in _targets(api, plan, vmids, online):
+        for c, conf in _targets(api, plan, vmids, online, kind=kind):
             if not st.shared and c.node != here:
-                plan.problem(f"CT {c.vmid} is on node {c.node} and storage '{storage}' is not "
+                plan.problem(f"{c.label} is on node {c.node} and storage '{storage}' is not "
                              f"shared: run pveclean install there, or use --storage with a "
                              "shared storage")
                 continue
-            if not conf.gpu_lines(majors):
-                plan.notes.append(f"CT {c.vmid} has no GPU passthrough in its config; "
+            if _passes_gpu(cfg, c, conf, here, majors) is False:
+                plan.notes.append(f"{c.label} has no NVIDIA GPU passthrough in its config; "
                                   "registering anyway")
             targets.append((c, conf))
     for c, conf in targets:
@@ -169,7 +197,8 @@ def _dropin_step(cfg: Config, plan: Plan, c: Container, here: str) -> None:
 def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf.CtConfig,
                   volid: str, chain_existing: bool, here: str) -> None:
     cur = conf.hookscript
-    step = Step(c.vmid, c.node, "set", before=cur, after=volid, digest=conf.digest)
+    step = Step(c.vmid, c.node, "set", before=cur, after=volid, digest=conf.digest,
+                kind=c.kind)
     rec = chain.read_record(cfg, c.vmid) if c.node == here else None
     if cur == volid:
         step.action = "unchanged"
@@ -177,22 +206,23 @@ def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf
         plan.steps.append(step)
         return
     if c.lock:
-        plan.problem(f"CT {c.vmid} is locked ({c.lock}); try again when that is over",
+        plan.problem(f"{c.label} is locked ({c.lock}); try again when that is over",
                      ExitCode.ACCESS)
         return
     if cur is not None and not is_pveclean(cur):
         if not chain_existing:
-            plan.problem(f"CT {c.vmid} already has hookscript {cur}; not replacing it: rerun "
+            tool = "qm" if c.kind == "qemu" else "pct"
+            plan.problem(f"{c.label} already has hookscript {cur}; not replacing it: rerun "
                          "with --chain to keep it (pveclean then runs it in every phase), or "
-                         f"remove it first (pct set {c.vmid} --delete hookscript)")
+                         f"remove it first ({tool} set {c.vmid} --delete hookscript)")
             return
         if c.node != here:
-            plan.problem(f"CT {c.vmid} is on node {c.node}: --chain records its hookscript "
+            plan.problem(f"{c.label} is on node {c.node}: --chain records its hookscript "
                          f"{cur} on the node it runs on; run pveclean install --chain there")
             return
         path = _snippet_path(api, cur)
         if path is None or not path.is_file():
-            plan.problem(f"CT {c.vmid}: its hookscript {cur} is not a file on this node "
+            plan.problem(f"{c.label}: its hookscript {cur} is not a file on this node "
                          f"({path or 'not a snippets volume'}); cannot chain it", ExitCode.ACCESS)
             return
         step.action, step.chained, step.chained_path = "chain", cur, str(path)
@@ -201,10 +231,10 @@ def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf
     plan.steps.append(step)
 
 
-def _hookscript_is(api: Api, node: str, vmid: int, volid: str) -> bool:
+def _hookscript_is(api: Api, s: Step, volid: str | None) -> bool:
     """Re-read the config in force: is the hookscript now `volid`? (False if unreadable.)"""
     try:
-        return api.ct_config(node, vmid).hookscript == volid
+        return api.ct_config(s.node, s.vmid, s.kind).hookscript == volid
     except PvecleanError:
         return False
 
@@ -230,22 +260,22 @@ def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
             elif s.before is None:
                 chain.remove_record(cfg, s.vmid)  # a stale record must not run
             try:
-                api.set_hookscript(s.node, s.vmid, s.after, s.digest)
+                api.set_hookscript(s.node, s.vmid, s.after, s.digest, s.kind)
             except PvecleanError:
-                if not _hookscript_is(api, s.node, s.vmid, s.after):
+                if not _hookscript_is(api, s, s.after):
                     if s.action == "chain":
                         chain.remove_record(cfg, s.vmid)
                     raise
                 # The change went through though the call looked failed (e.g. pvesh's
                 # stderr while it waited for the config lock): keep the chain record.
         except PvecleanError as exc:
-            out.errors.append((f"CT {s.vmid}: {exc}", exc.exit_code))
+            out.errors.append((f"{guest_label(s.kind, s.vmid)}: {exc}", exc.exit_code))
             continue
         except OSError as exc:
-            out.errors.append((f"CT {s.vmid}: cannot write the chain record: {exc.strerror}",
-                               ExitCode.ACCESS))
+            out.errors.append((f"{guest_label(s.kind, s.vmid)}: cannot write the chain "
+                               f"record: {exc.strerror}", ExitCode.ACCESS))
             continue
-        out.done.append(f"CT {s.vmid}: hookscript {s.after}"
+        out.done.append(f"{guest_label(s.kind, s.vmid)}: hookscript {s.after}"
                         + (f" (runs {s.chained} too)" if s.chained else ""))
     _apply_dropins(cfg, plan, out)
     return out
@@ -271,11 +301,14 @@ def _apply_dropins(cfg: Config, plan: Plan, out: Outcome) -> None:
 
 
 # ---- uninstall --------------------------------------------------------------------------
-def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
+def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool, kind: str = "lxc"
+                   ) -> Plan:
+    """`vmids` of `kind`; with `all_` every container and VM with pveclean's hookscript."""
     plan = Plan("uninstall")
     here, online = api.local_node(), api.nodes()
     gone: list[int] = []
-    seen = _all(api, plan, online) if all_ else _targets(api, plan, vmids, online, gone)
+    seen = (_all(api, plan, online, ("lxc", "qemu")) if all_
+            else _targets(api, plan, vmids, online, None if kind == "qemu" else gone, kind))
     removed: set[str] = set()
     still_used: set[str] = set()
     dropin_vmids = set(dropin.installed(cfg)) if all_ else set()
@@ -292,7 +325,7 @@ def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
         if left[1]:
             plan.forget_chains.append(vmid)
     for c, _conf in seen:
-        if c.node == here and dropin.is_ours(dropin.dropin_path(cfg, c.vmid)):
+        if c.kind == "lxc" and c.node == here and dropin.is_ours(dropin.dropin_path(cfg, c.vmid)):
             dropin_vmids.add(c.vmid)
     for vmid in sorted(dropin_vmids):
         for unit in dropin.UNITS:
@@ -303,28 +336,29 @@ def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool) -> Plan:
         cur = conf.hookscript
         if not is_pveclean(cur):
             if not all_:
-                plan.steps.append(Step(c.vmid, c.node, "skip", before=cur,
+                plan.steps.append(Step(c.vmid, c.node, "skip", before=cur, kind=c.kind,
                                        note=f"hookscript is {cur or 'not set'}, not pveclean's"))
             continue
         if c.node != here:
             if all_:
-                plan.notes.append(f"CT {c.vmid} on node {c.node} skipped: run pveclean "
+                plan.notes.append(f"{c.label} on node {c.node} skipped: run pveclean "
                                   "uninstall --all there")
                 still_used.add(str(cur))
             else:
-                plan.problem(f"CT {c.vmid} is on node {c.node}: its chained hookscript (if any) "
+                plan.problem(f"{c.label} is on node {c.node}: its chained hookscript (if any) "
                              "is recorded there; run pveclean uninstall there")
             continue
         if c.lock:
-            plan.problem(f"CT {c.vmid} is locked ({c.lock}); try again when that is over",
+            plan.problem(f"{c.label} is locked ({c.lock}); try again when that is over",
                          ExitCode.ACCESS)
             continue
         rec = chain.read_record(cfg, c.vmid)
         if rec:
             plan.steps.append(Step(c.vmid, c.node, "restore", before=cur, after=rec[0],
-                                   digest=conf.digest))
+                                   digest=conf.digest, kind=c.kind))
         else:
-            plan.steps.append(Step(c.vmid, c.node, "delete", before=cur, digest=conf.digest))
+            plan.steps.append(Step(c.vmid, c.node, "delete", before=cur, digest=conf.digest,
+                                   kind=c.kind))
         removed.add(str(cur))
     if all_ and not any(not up for up in online.values()):
         for volid in sorted(removed - still_used):
@@ -339,27 +373,24 @@ def apply_uninstall(api: Api, cfg: Config, plan: Plan) -> Outcome:
     if plan.problems:
         raise PvecleanError("refusing to apply a plan with problems", ExitCode.USAGE)
     for s in plan.steps:
+        who = guest_label(s.kind, s.vmid)
         try:
             if s.action == "restore":
                 assert s.after is not None
-                api.set_hookscript(s.node, s.vmid, s.after, s.digest)
-                out.done.append(f"CT {s.vmid}: hookscript {s.after} restored")
+                api.set_hookscript(s.node, s.vmid, s.after, s.digest, s.kind)
+                out.done.append(f"{who}: hookscript {s.after} restored")
             elif s.action == "delete":
-                api.delete_hookscript(s.node, s.vmid, s.digest)
-                out.done.append(f"CT {s.vmid}: hookscript {s.before} removed")
+                api.delete_hookscript(s.node, s.vmid, s.digest, s.kind)
+                out.done.append(f"{who}: hookscript {s.before} removed")
             else:
                 continue
             chain.remove_record(cfg, s.vmid)
         except PvecleanError as exc:
             want = s.after if s.action == "restore" else None
-            try:  # did it go through anyway? the config in force says
-                done = api.ct_config(s.node, s.vmid).hookscript == want
-            except PvecleanError:
-                done = False
-            if not done:
-                out.errors.append((f"CT {s.vmid}: {exc}", exc.exit_code))
+            if not _hookscript_is(api, s, want):  # did it go through anyway?
+                out.errors.append((f"{who}: {exc}", exc.exit_code))
                 continue
-            out.done.append(f"CT {s.vmid}: hookscript {want or 'removed'}")
+            out.done.append(f"{who}: hookscript {want or 'removed'}")
             chain.remove_record(cfg, s.vmid)
     for vmid in plan.forget_chains:
         chain.remove_record(cfg, vmid)

@@ -23,6 +23,7 @@ class Step:
     chained_path: str | None = None
     note: str = ""
     digest: str | None = None  # the config's digest when planned: a change since is refused
+    kind: str = "lxc"  # qemu: a VM
 
 
 @dataclass
@@ -76,7 +77,7 @@ def describe(plan: Plan) -> list[str]:
     if plan.file is not None and plan.file_action != "none":
         lines.append(f"{plan.file}: {plan.file_action}")
     for s in plan.steps:
-        who = f"CT {s.vmid} ({s.node})"
+        who = f"{'VM' if s.kind == 'qemu' else 'CT'} {s.vmid} ({s.node})"
         if s.action == "set":
             extra = f", replacing {s.before}" if s.before else ""
             extra += f"; keeps running {s.chained}" if s.chained else ""

@@ -92,12 +92,29 @@ def render_gpus(data: dict[str, Any]) -> str:
             else:
                 who = f"driver {safe(v['driver'], 20)}" if v["driver"] else "no driver bound"
             lines.append(f"  {v['pci_bus_id']}  NVIDIA {v['device']}  {who}")
+    lines += vm_conflict_lines(data.get("vm_conflicts") or [])
     s = data["scan"]
     lines += ["", f"scanned {len(s['containers_scanned'])} container(s) with GPU access "
                   f"(skipped {len(s['containers_skipped_no_gpu'])} without) and the host's "
                   f"processes in {s['seconds'] * 1000:.0f} ms; NVML: {data['sources']['nvml']}"]
     lines += [f"warning: {safe(w, 300)}" for w in data["warnings"]]
     return "\n".join(lines)
+
+
+def vm_conflict_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """GPUs a VM's config passes through while a container or the host holds them."""
+    if not rows:
+        return []
+    out = ["", "GPUs a VM passes through, held here now:"]
+    for c in rows:
+        vms = ", ".join(f"VM {m['vmid']}" + (f" ({safe(m['name'], 30)})" if m["name"] else "")
+                        for m in c["vms"])
+        held = [f"CT {v}" for v in c["containers"]]
+        held += [f"{c['host_holders']} host process(es)"] if c["host_holders"] else []
+        out.append(f"  GPU {c['gpu']} ({c['pci_bus_id']}): passed to {vms}, held by "
+                   f"{', '.join(held)}; at the VM's start pveclean's VM hook would "
+                   f"{safe(c['next_vm_start'], 80)}")
+    return out
 
 
 LONG = 300  # cut for free-text values (cmdline, warnings) on their own line
@@ -289,5 +306,6 @@ def render_status(data: dict[str, Any]) -> str:
                 detail.append(f"  {key.replace('_', ' ')}: {safe(e[key], 300)}")
         if detail:
             lines += ["", f"CT {e['vmid']} {e['name']}".rstrip(), *detail]
+    lines += vm_conflict_lines(data.get("vm_conflicts") or [])
     lines += [f"warning: {safe(w, 300)}" for w in data["warnings"]]
     return "\n".join(lines)

@@ -3,6 +3,8 @@ and hookscript; this node's also with their current GPU holders and their last r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pveclean.cleanup import clean
 from pveclean.core.config import Config
 from pveclean.errors import PvecleanError
@@ -138,4 +140,30 @@ def collect(api: Api, cfg: Config, with_holders: bool = True) -> dict[str, Any]:
         warnings.append(f"node {node}: pvestatd has not reported for 5 minutes (the GUI shows "
                         "its status as unknown); container states from /cluster/resources "
                         "may be old: check 'systemctl status pvestatd' there")
-    return {"node": here, "nodes": online, "containers": cts, "warnings": warnings}
+    conflicts: list[dict[str, Any]] = []
+    if with_holders and any(v.node == here for v in api.containers("qemu")):
+        conflicts = vm_conflicts(cfg, warnings)
+    return {"node": here, "nodes": online, "containers": cts, "vm_conflicts": conflicts,
+            "warnings": warnings}
+
+
+def vm_conflicts(cfg: Config, warnings: list[str]) -> list[dict[str, Any]]:
+    """This node has VMs: the GPUs a VM passes through while a container or the host holds
+    them, from `pveclean gpus`' map (read in a worker, within deadline_seconds)."""
+    import time
+
+    from pveclean.commands.gpus import READERS_SHARE, w_collect
+    from pveclean.host.nvml import Nvml
+    from pveclean.host.worker import RemoteError, Worker, WorkerError
+
+    limit = cfg.deadline_seconds
+    with Worker(**Nvml.settings(cfg.nvml_library, limit)) as wk:
+        try:
+            data = wk.call(w_collect, cfg, Path(cfg.pci_sysfs) / "devices",
+                           time.monotonic() + limit * READERS_SHARE, timeout=limit,
+                           what="the GPU map")
+        except (WorkerError, RemoteError) as exc:
+            warnings.append(f"VMs' GPUs not checked: {exc}")
+            return []
+    rows: list[dict[str, Any]] = data.get("vm_conflicts") or []
+    return rows

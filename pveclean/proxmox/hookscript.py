@@ -16,6 +16,7 @@ TYPE_CHECKING = False
 
 
 HOOK_NAME = "pveclean-hook"
+VM_HOOK_NAME = "pveclean-vm-hook"  # the same script: by this name it runs `pveclean vmhook`
 TEMPLATES = (  # a checkout or editable install; a wheel's data files; the .deb's copy
     Path(__file__).resolve().parents[2] / "hookscripts" / HOOK_NAME,
     Path(sys.prefix) / "share/pveclean/hookscripts" / HOOK_NAME,
@@ -94,4 +95,4 @@ def hook_text(cfg: Config) -> str:
 
 
 def is_pveclean(volid: str | None) -> bool:
-    return bool(volid) and str(volid).rsplit("/", 1)[-1] == HOOK_NAME
+    return bool(volid) and str(volid).rsplit("/", 1)[-1] in (HOOK_NAME, VM_HOOK_NAME)

@@ -55,6 +55,25 @@ def read_pci_mappings(path: Path, node: str) -> dict[str, list[str]]:
     return out
 
 
+def hostpci_ids(lines: list[tuple[str, str]], mappings: dict[str, list[str]]
+                ) -> list[tuple[str, bool]]:
+    """(address prefix, whole device) of each id a VM config's hostpciN lines name, by
+    address or through a resource mapping."""
+    out = []
+    for k, v in lines:
+        if not re.fullmatch(r"hostpci\d+", k):
+            continue
+        opts = v.split(",")
+        host = next((o for o in opts if "=" not in o), None)
+        kv = dict(o.split("=", 1) for o in opts if "=" in o)
+        hosts = [host or kv.get("host", "")]
+        if "mapping" in kv:
+            hosts += mappings.get(kv["mapping"], [])
+        for h in hosts:
+            out += _pci_ids(h)
+    return out
+
+
 def vm_passthrough(qemu_dir: Path, mappings: dict[str, list[str]]
                    ) -> list[tuple[int, str, str, bool]]:
     """(vmid, VM name, address prefix, whole device) for every hostpci line of every VM."""
@@ -70,18 +89,8 @@ def vm_passthrough(qemu_dir: Path, mappings: dict[str, list[str]]
         except OSError:
             continue
         name = conf.get("name") or ""
-        for k, v in conf.lines:
-            if not re.fullmatch(r"hostpci\d+", k):
-                continue
-            opts = v.split(",")
-            host = next((o for o in opts if "=" not in o), None)
-            kv = dict(o.split("=", 1) for o in opts if "=" in o)
-            hosts = [host or kv.get("host", "")]
-            if "mapping" in kv:
-                hosts += mappings.get(kv["mapping"], [])
-            for h in hosts:
-                for prefix, whole in _pci_ids(h):
-                    out.append((conf.vmid, name, prefix, whole))
+        out += [(conf.vmid, name, prefix, whole)
+                for prefix, whole in hostpci_ids(conf.lines, mappings)]
     return out
 
 
@@ -127,8 +136,18 @@ def vm_gpu_functions(qemu_dir: Path, vmid: int, mapping_file: Path, pci_root: Pa
     lines name, by address or through a resource mapping, as sysfs names them; a line
     naming a whole device (`01:00`) counts each of its functions."""
     mappings = read_pci_mappings(mapping_file, node or os.uname().nodename)
-    refs = [(prefix, whole) for v, _, prefix, whole in vm_passthrough(qemu_dir, mappings)
-            if v == vmid]
+    path = qemu_dir / f"{vmid}.conf"
+    try:
+        conf = pveconf.parse_vm_config(path.read_text(encoding="utf-8", errors="replace"), vmid)
+    except OSError:
+        return []
+    return nvidia_functions(conf.lines, mappings, pci_root)
+
+
+def nvidia_functions(lines: list[tuple[str, str]], mappings: dict[str, list[str]],
+                     pci_root: Path) -> list[str]:
+    """The NVIDIA display functions on this node that a VM config's hostpci lines name."""
+    refs = hostpci_ids(lines, mappings)
     if not refs:
         return []
     try:

@@ -51,6 +51,16 @@ class Container:
     status: str  # running, stopped; unknown when its node is offline or pvestatd lags
     lock: str | None = None
     template: bool = False
+    kind: str = "lxc"  # or "qemu": a VM (the API's path segment and resource type)
+
+    @property
+    def label(self) -> str:
+        return guest_label(self.kind, self.vmid)
+
+
+def guest_label(kind: str, vmid: int) -> str:
+    """`CT 129` or `VM 200`, as Proxmox's GUI names guests."""
+    return f"{'VM' if kind == 'qemu' else 'CT'} {vmid}"
 
 
 @dataclass(frozen=True)
@@ -154,20 +164,21 @@ class Api:
                 return str(item["name"])
         raise PvecleanError(f"the API at {self.where} names no local node", ExitCode.ACCESS)
 
-    def containers(self) -> list[Container]:
+    def containers(self, kind: str = "lxc") -> list[Container]:
+        """The cluster's guests of `kind` (lxc: containers; qemu: VMs)."""
         out = []
         for r in self._call("get", "/cluster/resources", type="vm"):
-            if r.get("type") != "lxc":
+            if r.get("type") != kind:
                 continue
             out.append(Container(int(r["vmid"]), str(r["node"]), str(r.get("name") or ""),
                                  str(r.get("status") or "unknown"), r.get("lock") or None,
-                                 bool(int(r.get("template") or 0))))
+                                 bool(int(r.get("template") or 0)), kind))
         return sorted(out, key=lambda c: c.vmid)
 
-    def ct_config(self, node: str, vmid: int) -> pveconf.CtConfig:
+    def ct_config(self, node: str, vmid: int, kind: str = "lxc") -> pveconf.CtConfig:
         """The config in force (current=1): without it the API merges pending changes
-        (PVE::AbstractConfig::load_current_config)."""
-        return config_from_api(vmid, self._call("get", f"/nodes/{node}/lxc/{vmid}/config",
+        (PVE::AbstractConfig::load_current_config). A VM's (`kind` qemu) the same way."""
+        return config_from_api(vmid, self._call("get", f"/nodes/{node}/{kind}/{vmid}/config",
                                                 current=1))
 
     def ct_status(self, node: str, vmid: int) -> str:
@@ -189,16 +200,17 @@ class Api:
         return {str(i["volid"]) for i in items if i.get("volid")}
 
     # ---- changing -----------------------------------------------------------------------
-    def set_hookscript(self, node: str, vmid: int, volid: str, digest: str | None = None
-                       ) -> None:
+    def set_hookscript(self, node: str, vmid: int, volid: str, digest: str | None = None,
+                       kind: str = "lxc") -> None:
         """With the `digest` of the config it was planned on, Proxmox refuses the change if
         the config changed since (PVE::AbstractConfig's assert_if_modified): a hookscript set
         in between is never overwritten unchained."""
-        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", hookscript=volid,
+        self._call("put", f"/nodes/{node}/{kind}/{vmid}/config", hookscript=volid,
                    **({"digest": digest} if digest else {}))
 
-    def delete_hookscript(self, node: str, vmid: int, digest: str | None = None) -> None:
-        self._call("put", f"/nodes/{node}/lxc/{vmid}/config", delete="hookscript",
+    def delete_hookscript(self, node: str, vmid: int, digest: str | None = None,
+                          kind: str = "lxc") -> None:
+        self._call("put", f"/nodes/{node}/{kind}/{vmid}/config", delete="hookscript",
                    **({"digest": digest} if digest else {}))
 
     def set_storage_content(self, storage: str, content: list[str]) -> None:

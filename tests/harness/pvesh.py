@@ -15,6 +15,8 @@ the Proxmox handler it mirrors:
   while pvestatd's last round is under 5 minutes old (pmxcfs rrd_entry_is_old), else
   `unknown`; GET /cluster/status: PVE::API2::Cluster get_status, membership (a standalone
   node lists itself, online). `<lab>/run/pvestatd.hung` stops pvestatd's rounds;
+- GET|PUT /nodes/{n}/qemu/{id}/config: PVE::API2::Qemu's vm_config and update_vm, as the
+  container's (the qm stand-in's VmLab); VMs are in /cluster/resources as type qemu;
 - GET /nodes/{n}/lxc/{id}/status/current: PVE::API2::LXC::Status vm_status ->
   PVE::LXC::vmstatus, live;
 - GET /nodes/{n}/storage/{s}/content: PVE::API2::Storage::Content index ->
@@ -35,6 +37,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import pct  # noqa: E402  (the pct stand-in, next to this file)
+import qm  # noqa: E402  (the qm stand-in: VMs' configs and state)
 
 NODE = pct.NODE
 
@@ -139,7 +142,27 @@ def handle(lab: pct.Lab, method: str, path: str, opts: dict[str, str]) -> Any:
             if c.get("lock"):
                 item["lock"] = c["lock"]
             out.append(item)
+        vms = qm.VmLab(lab.root)
+        for conf in sorted(vms.confdir.glob("*.conf"), key=lambda p: int(p.stem)):
+            c = dict(vms.read_conf(conf.stem))  # a VM's status: live here (qm's pidfile)
+            out.append({"id": f"qemu/{conf.stem}", "type": "qemu", "vmid": int(conf.stem),
+                        "node": NODE, "name": c.get("name", ""), "template": 0,
+                        "status": "running" if vms.qemu_pid(conf.stem) else "stopped"})
         return out
+    m = re.fullmatch(r"nodes/[^/]+/qemu/(\d+)/config", "/".join(parts))
+    if m:  # PVE::API2::Qemu vm_config / update_vm: as the container's, on qemu-server/
+        vms, vmid = qm.VmLab(lab.root), m.group(1)
+        if not vms.conf_path(vmid).exists():
+            raise pct.PctError(f"Configuration file 'nodes/{NODE}/qemu-server/{vmid}.conf' "
+                               "does not exist")
+        if method == "get":
+            return ct_config(vms, vmid, current=opts.get("current") in ("1", "true"))
+        args = [vmid]
+        for key in ("hookscript", "delete"):
+            if key in opts:
+                args += [f"--{key}", opts[key]]
+        pct.cmd_set(vms, args, opts.get("digest"))
+        return None
     m = re.fullmatch(r"nodes/[^/]+/lxc/(\d+)/status/current", "/".join(parts))
     if m and method == "get":
         vmid = m.group(1)

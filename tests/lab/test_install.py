@@ -106,7 +106,7 @@ def test_locked_container_and_bad_input(host: Lab, vmid: int) -> None:
     res = pveclean(host, "install", str(vmid), "--enable-snippets")
     assert res.returncode == 3 and f"CT {vmid} is locked (backup)" in res.stderr
     assert "hookscript" not in conf(host, vmid)
-    for args, needle in ((["install"], "give container IDs or --all"),
+    for args, needle in ((["install"], "give guest IDs, --all or --all-gpu-vms"),
                          (["install", "12"], "invalid VMID 12"),
                          (["install", "999999998"], "CT 999999998 does not exist"),
                          (["install", str(vmid), "--storage", "nope"], "'nope' does not exist")):

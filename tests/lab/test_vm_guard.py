@@ -13,7 +13,7 @@ import yaml
 from pveclean.proxmox.hookscript import stamp
 from tests.harness import qm
 from tests.harness.lxclab import Lab
-from tests.helpers import reports
+from tests.helpers import pveclean, reports
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -129,3 +129,68 @@ def test_a_gpu_another_running_vm_has_refuses_the_start(vm_host: Lab, vmid: int,
     res = lab.pveclean("vmhook", str(vmid2), "pre-start")
     assert res.returncode == 75
     assert f"in use by VM {vmid} (vfio-pci): `qm stop {vmid}`" in res.stdout, res.stdout
+
+
+def test_install_vm_registers_the_vm_hook_and_a_start_runs_it(vm_host: Lab, vmid: int,
+                                                                vmid2: int) -> None:
+    """install --all-gpu-vms takes the VMs whose hostpci names an NVIDIA GPU of this node
+    (through pvesh, as on a host); the registered script guards the start; uninstall --all
+    takes it off again, containers' and VMs' alike."""
+    lab = vm_host
+    qm.create_vm(lab.root, vmid, (0,), None)
+    other = lab.root / "etc/pve/qemu-server" / f"{vmid2}.conf"
+    other.write_text("name: plain\nmemory: 512\n")  # no GPU: left alone
+    r = pveclean(lab, "install", "--all-gpu-vms", "--enable-snippets")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"VM {vmid}: hookscript local:snippets/pveclean-vm-hook" in r.stdout, r.stdout
+    assert "hookscript" not in other.read_text()
+    script = lab.snippets / "pveclean-vm-hook"
+    assert script.is_file() and str(lab.config_path) in script.read_text()
+    lab.create_ct(vmid2 + 1, gpus=(0,))
+    lab.run_in_ct(vmid2 + 1, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 500})
+    res = qm.run(lab.root, "start", str(vmid))
+    assert res.returncode != 0 and f"held by CT {vmid2 + 1}" in res.stdout, res.stdout
+    r = pveclean(lab, "uninstall", "--all")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"VM {vmid}: hookscript local:snippets/pveclean-vm-hook removed" in r.stdout
+    assert "hookscript" not in (lab.root / "etc/pve/qemu-server" / f"{vmid}.conf").read_text()
+    assert not script.exists()
+
+
+def test_install_vm_by_id_and_its_usage_errors(vm_host: Lab, vmid: int) -> None:
+    lab = vm_host
+    qm.create_vm(lab.root, vmid, (1,), None)
+    r = pveclean(lab, "install", "--vm", str(vmid), "--systemd", "--enable-snippets")
+    assert r.returncode == 2 and "--systemd is for containers" in r.stdout + r.stderr
+    r = pveclean(lab, "install", "--vm", str(vmid + 1), "--enable-snippets")
+    assert r.returncode == 3 and f"VM {vmid + 1} does not exist" in r.stdout + r.stderr
+    r = pveclean(lab, "install", "--vm", str(vmid), "--enable-snippets", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    conf = (lab.root / "etc/pve/qemu-server" / f"{vmid}.conf").read_text()
+    assert "hookscript: local:snippets/pveclean-vm-hook" in conf
+    r = pveclean(lab, "uninstall", "--vm", str(vmid))
+    assert r.returncode == 0 and "hookscript" not in \
+        (lab.root / "etc/pve/qemu-server" / f"{vmid}.conf").read_text()
+
+
+def test_gpus_and_status_show_a_gpu_a_vm_passes_and_a_container_holds(
+        vm_host: Lab, vmid: int, vmid2: int) -> None:
+    lab = vm_host
+    lab.create_ct(vmid, gpus=(0, 1))
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia1"], gpu_mib={1: 700})
+    qm.create_vm(lab.root, vmid2, (1,), None)
+    (lab.root / "etc/pve/qemu-server" / f"{vmid2}.conf").write_text(
+        f"name: trainer\nhostpci0: {qm.gpu_address(1)[:-2]},pcie=1\n")  # the whole device
+    r = lab.pveclean("gpus", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    (c,) = json.loads(r.stdout)["vm_conflicts"]
+    assert (c["gpu"], c["vms"], c["containers"], c["next_vm_start"]) == (
+        1, [{"vmid": vmid2, "name": "trainer"}], [vmid], "refuse")
+    shown = lab.pveclean("gpus").stdout
+    assert (f"GPU 1 ({qm.gpu_address(1)}): passed to VM {vmid2} (trainer), held by CT {vmid}; "
+            "at the VM's start pveclean's VM hook would refuse") in shown, shown
+    st = pveclean(lab, "status")
+    assert st.returncode == 0, st.stderr
+    assert f"passed to VM {vmid2} (trainer), held by CT {vmid}" in st.stdout, st.stdout

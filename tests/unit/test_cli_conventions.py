@@ -18,8 +18,8 @@ from pveclean.commands import conventions, gpus
 from pveclean.commands.cli import app, run_app
 from pveclean.errors import ExitCode
 
-COMMANDS = [[], ["ct"], ["hook"], ["unit"], ["install"], ["uninstall"], ["status"], ["gpus"],
-            ["metrics"], ["reports"], ["config"], ["config", "check"]]
+COMMANDS = [[], ["ct"], ["hook"], ["unit"], ["vmhook"], ["install"], ["uninstall"], ["status"],
+            ["gpus"], ["metrics"], ["reports"], ["config"], ["config", "check"]]
 
 
 @pytest.fixture(autouse=True)
@@ -112,9 +112,11 @@ def test_install_and_uninstall_have_json_and_the_old_all_gpu_name() -> None:
     for cmd in (["install"], ["uninstall"]):
         assert "--json" in pveclean(*cmd, "-h").stdout
     r = pveclean("install", "-h")
-    assert "--all " in r.stdout and "--all-gpu" not in r.stdout  # the old name is hidden
+    assert "--all " in r.stdout and "--all-gpu " not in r.stdout  # the old name is hidden
     r = pveclean("install", "129", "--all-gpu")  # but still accepted (as --all)
-    assert r.returncode == 2 and "--all (one of them)" in r.stderr, r
+    assert r.returncode == 2 and "--all or --all-gpu-vms (one of them)" in r.stderr, r
+    r = pveclean("install", "--all", "--all-gpu-vms")  # one kind of guest at a time
+    assert r.returncode == 2 and "(one of them)" in r.stderr, r
 
 
 def test_internal_error_has_its_own_documented_code(
