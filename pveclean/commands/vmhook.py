@@ -100,10 +100,11 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     deadline = start_deadline(cfg.deadline_seconds)
     pve = str(Path(cfg.pve_config_dir).parent)
     with Worker() as scan:
-        addrs = _call(scan, passthrough.w_vm_gpus, pve, vmid, cfg.pci_sysfs,
-                      deadline=deadline, what="reading the VM's config")
-        if not addrs:
+        drivers = _call(scan, passthrough.w_vm_gpus, pve, vmid, cfg.pci_sysfs,
+                        deadline=deadline, what="reading the VM's config")
+        if not drivers:
             return 0  # no NVIDIA GPU passed through (or no VM of that id here): not ours
+        addrs = sorted(drivers)
         say(f"pveclean: VM {vmid} pre-start: checking who holds GPU {', '.join(addrs)}")
         gmap = _look(cfg, deadline)
         minors = {g["minor"]: g["pci_bus_id"] for g in gmap.get("gpus", [])
@@ -112,7 +113,7 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
                         deadline=deadline, what="reading the containers' configs")
     reservations = passthrough.pci_reservations(Path(cfg.qemu_run_dir))
     plan = vmguard.plan(vmid, addrs, gmap, reservations, cfg.vm_gpu_policy,
-                        cfg.vm_gpu_allow_host, keeping)
+                        cfg.vm_gpu_allow_host, keeping, drivers)
     for line in plan.notes:
         say(f"pveclean: VM {vmid} pre-start: {line}")
     record: dict[str, Any] = {"plan": plan.as_dict(), "containers": {}}

@@ -62,11 +62,13 @@ def _holder(row: dict[str, Any]) -> str:
 
 def plan(vmid: int, addresses: list[str], gpus_map: dict[str, Any],
          reservations: dict[str, int], policy: str, allow_host: list[str],
-         keeping: dict[int, list[str]] | None = None) -> Plan:
+         keeping: dict[int, list[str]] | None = None,
+         drivers: dict[str, str | None] | None = None) -> Plan:
     """What the start of VM `vmid` may do about the holders of `addresses` (its NVIDIA GPU
     functions). `gpus_map`: `pveclean gpus --json`'s data; `reservations`: PCI id -> VMID of
     qemu-server's live reservations (PCI.pm's pci-id-reservations); `keeping`: container ->
-    the VM's GPU addresses its config still passes (its next start would take them back)."""
+    the VM's GPU addresses its config still passes (its next start would take them back);
+    `drivers`: each address's driver now (sysfs), where known."""
     wanted = {a.lower() for a in addresses}
     rows = {str(g.get("pci_bus_id") or "").lower(): g for g in gpus_map.get("gpus", [])}
     targets: list[Target] = []
@@ -78,8 +80,13 @@ def plan(vmid: int, addresses: list[str], gpus_map: dict[str, Any],
         if other is not None and other != vmid:
             blockers.append(f"GPU {addr} is in use by VM {other} (vfio-pci): `qm stop {other}`")
         g = rows.get(addr)
-        if g is None:  # not on the nvidia driver (vfio-pci already), or not an NVML GPU
+        if g is None:  # not on the nvidia driver (vfio-pci already), or NVML does not see it
             targets.append(Target(addr))
+            if (drivers or {}).get(addr) == "nvidia":
+                nvml = (gpus_map.get("sources") or {}).get("nvml", "?")
+                blockers.append(f"GPU {addr} is on the nvidia driver but NVML does not list "
+                                f"it (NVML: {safe(nvml, 120)}): who holds it cannot be told; "
+                                "look with `pveclean gpus`")
             continue
         index, minor = g.get("index"), g.get("minor")
         targets.append(Target(addr, index, minor))

@@ -183,14 +183,22 @@ def pci_reservations(run_dir: Path) -> dict[str, int]:
     return out
 
 
-def w_vm_gpus(pve_dir: str, vmid: int, pci_sysfs: str) -> list[str] | None:
-    """In a worker (/etc/pve is pmxcfs): VM `vmid`'s NVIDIA GPU functions; None when it has
-    no config on this node."""
+def w_vm_gpus(pve_dir: str, vmid: int, pci_sysfs: str) -> dict[str, str | None] | None:
+    """In a worker (/etc/pve is pmxcfs): VM `vmid`'s NVIDIA GPU functions and the driver
+    each is on now (None: none); None when the VM has no config on this node."""
     qemu_dir = Path(pve_dir) / "qemu-server"
     if not (qemu_dir / f"{vmid}.conf").is_file():
         return None
-    return vm_gpu_functions(qemu_dir, vmid, Path(pve_dir) / "mapping" / "pci.cfg",
-                            Path(pci_sysfs) / "devices")
+    devices = Path(pci_sysfs) / "devices"
+    return {a: driver_of(devices, a) for a in vm_gpu_functions(
+        qemu_dir, vmid, Path(pve_dir) / "mapping" / "pci.cfg", devices)}
+
+
+def driver_of(pci_root: Path, addr: str) -> str | None:
+    try:
+        return os.path.basename(os.readlink(pci_root / addr / "driver"))
+    except OSError:
+        return None
 
 
 def w_keeping(ct_dir: str, minors: dict[int, str]) -> dict[int, list[str]]:

@@ -97,3 +97,13 @@ def test_conflicts_show_what_the_vms_next_start_would_do() -> None:
     assert conflicts(host, refs, "stop-containers")[0]["next_vm_start"] == "refuse"
     assert conflicts(gmap((A0, 0, [])), refs, "refuse") == []  # nothing holds it
     assert conflicts(m, [], "refuse") == []  # no VM passes it
+
+
+def test_a_gpu_on_the_nvidia_driver_that_nvml_does_not_list_refuses() -> None:
+    down = {"gpus": [], "sources": {"nvml": "unavailable: DriverNotLoaded"}}
+    p = plan(200, [A0], down, {}, "stop-containers", [], drivers={A0: "nvidia"})
+    assert p.decision is Decision.REFUSE
+    assert "NVML does not list it (NVML: unavailable: DriverNotLoaded)" in p.blockers[0]
+    # on vfio-pci already: NVML cannot see it, and nothing of the host can hold it
+    assert plan(200, [A0], down, {}, "refuse", [],
+                drivers={A0: "vfio-pci"}).decision is Decision.CLEAR
