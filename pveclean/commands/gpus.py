@@ -147,10 +147,13 @@ def w_collect(cfg: Config, pci_root: Path, end: float | None = None) -> dict[str
 
 
 def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES,
-            exclude: set[int] | None = None, end: float | None = None) -> dict[str, Any]:
+            exclude: set[int] | None = None, end: float | None = None,
+            settled: frozenset[int] = frozenset(), seen: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
     """Every GPU, every holder, every owner, as one plain dict (what --json prints).
     `exclude`: pveclean's own processes (default: this one), left out of the host's; `end`
-    (monotonic): when the host's forked readers are given up on."""
+    (monotonic): when the host's forked readers are given up on; `settled`: host PIDs not
+    read this time; `seen` gets HostScan's `clean` and `alive` PIDs."""
     t0 = time.monotonic()
     root = Path(cfg.cgroup_root or cgroupfs.cgroup2_root())
     devices = devnodes.gpu_devices(cfg.devices)
@@ -158,15 +161,21 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES,
     host_scan: HostScan | None = None
     try:
         # the host's readers go first: they read while the containers and NVML are asked
-        host_scan = HostScan(root, devices, exclude or {os.getpid()}, stall_for(cfg), end)
+        host_scan = HostScan(root, devices, exclude or {os.getpid()}, stall_for(cfg), end,
+                             settled=settled)
     except Exception as exc:
         warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); host "
                         "holders are shown only as NVML lists them")
     # the containers', one after another
     ct_reader = Reader(Worker(marks=True), stall_for(cfg), warnings, "not looked at")
     try:
-        return _collect(cfg, nvml, pci_root, root, devices, host_scan, ct_reader, warnings, t0,
+        data = _collect(cfg, nvml, pci_root, root, devices, host_scan, ct_reader, warnings, t0,
                         end)
+        if host_scan is not None:
+            data["scan"]["host_processes_settled"] = host_scan.settled
+            if seen is not None:
+                seen.update(clean=host_scan.clean, alive=host_scan.alive)
+        return data
     finally:
         ct_reader.close()
         if host_scan is not None:

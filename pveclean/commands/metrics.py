@@ -5,20 +5,29 @@ pveclean-metrics.timer (shipped off; `systemctl enable --now pveclean-metrics.ti
 One look at the host, bounded as `pveclean gpus` is by deadline_seconds (everything that can
 hang, pmxcfs and NVML included, is read in a forked worker). A look that does not finish
 replaces the map with `pveclean_gpus_up 0` (an old map would be shown as current) and keeps
-when the map was last read whole, for the staleness alert."""
+when the map was last read whole, for the staleness alert.
+
+Every 30 s on a host with thousands of processes, reading each one's fds and mappings would
+cost more than the 1 % of a core a monitor may take. So a host process that held no GPU node
+is read again only every ROLL-th run, at a phase of its own (`(run + pid) % ROLL`: a tenth of
+them each run), and at once when it is new; every GPU memory holder is seen each run through
+NVML, and the containers' processes are read each run. A host process that opens a GPU node
+without allocating memory shows within ROLL runs (5 min at 30 s). The runs' record is
+<state_dir>/metrics-host.json; without it every process is read. `make bench` measures it."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from pathlib import Path
 
-from pveclean.commands.gpus import READERS_SHARE, w_collect
+from pveclean.commands.gpus import READERS_SHARE, collect
 from pveclean.core import metrics, metrics_gpus
 from pveclean.core.config import Config
 from pveclean.errors import ExitCode, PvecleanError
-from pveclean.host import cgroupfs, notify
+from pveclean.host import cgroupfs, notify, worker
 from pveclean.host.nvml import Nvml
 from pveclean.host.reportfiles import exclusive_temp
 from pveclean.host.worker import RemoteError, Worker, WorkerError
@@ -30,18 +39,48 @@ if TYPE_CHECKING:
 
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # Debian's prometheus-node-exporter
 FILE_NAME = "pveclean_gpus.prom"
+ROLL = 10  # runs between two reads of a host process that held no GPU node
+SETTLED_FILE = "metrics-host.json"
 
 
-def w_look(cfg: Config, pci_root: Path, end: float) -> dict[str, Any]:
+def load_settled(cfg: Config) -> tuple[int, dict[int, int]]:
+    """(this run's number, host PID -> the run it is due again) from the state dir; a missing
+    or unreadable record starts afresh (every process read)."""
+    try:
+        raw = json.loads((Path(cfg.state_dir) / SETTLED_FILE).read_text(encoding="utf-8"))
+        due = {int(p): int(r) for p, r in raw["due"].items()}
+        return int(raw["run"]) + 1, due
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return 0, {}
+
+
+def save_settled(cfg: Config, run: int, due: dict[int, int], clean: list[int],
+                 alive: set[int]) -> None:
+    """The PIDs read clean this run get their next due run; PIDs gone are dropped."""
+    kept = {p: r for p, r in due.items() if p in alive and r > run}
+    kept.update({p: run + ROLL - (run + p) % ROLL for p in clean})
+    d = Path(cfg.state_dir)
+    with contextlib.suppress(OSError):  # a record not kept: the next run reads everything
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = exclusive_temp(d, ".metrics-host-", ".tmp", 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"run": run, "due": {str(p): r for p, r in sorted(kept.items())}}, fh)
+        os.replace(tmp, d / SETTLED_FILE)
+
+
+def w_look(cfg: Config, pci_root: Path, end: float, settled: frozenset[int] = frozenset()
+           ) -> dict[str, Any]:
     """In the worker: the map, whether each container runs, and every VM's hostpci lines
-    (pmxcfs: can hang, so here and not in the command)."""
-    data = w_collect(cfg, pci_root, end)
+    (pmxcfs: can hang, so here and not in the command); `settled`: host PIDs not read now."""
+    seen: dict[str, Any] = {"clean": [], "alive": set()}
+    data = collect(cfg, Nvml.in_worker(worker.state()), pci_root,
+                   exclude={os.getpid(), os.getppid()}, end=end, settled=settled, seen=seen)
     root = cfg.cgroup_root or str(cgroupfs.cgroup2_root())
     running = {int(v): cgroupfs.monitor_running(root, int(v)) for v in data["containers"]}
     pve = Path(cfg.pve_config_dir).parent
     refs = vm_passthrough(pve / "qemu-server",
                           read_pci_mappings(pve / "mapping" / "pci.cfg", os.uname().nodename))
-    return {"data": data, "running": running,
+    return {"data": data, "running": running, "clean": seen["clean"], "alive": seen["alive"],
             "refs": [(vmid, prefix, whole) for vmid, _name, prefix, whole in refs]}
 
 
@@ -77,16 +116,20 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     t0 = time.monotonic()
     look: dict[str, Any] | None = None
     why = ""
+    run, due = load_settled(cfg)
+    settled = frozenset(p for p, r in due.items() if r > run)
     with Worker(**Nvml.settings(cfg.nvml_library, limit)) as wk:
         try:
             look = wk.call(w_look, cfg, pci_root, time.monotonic() + limit * READERS_SHARE,
-                           timeout=limit, what="gpus")
+                           settled, timeout=limit, what="gpus")
         except WorkerError as exc:
             why = f"reading the host did not finish within {limit:.0f} s ({exc})"
         except RemoteError as exc:
             why = str(exc)
     seconds = time.monotonic() - t0
     now = time.time()
+    if look is not None:
+        save_settled(cfg, run, due, look["clean"], look["alive"])
 
     def text(old: str) -> str:
         if look is None:

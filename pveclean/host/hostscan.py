@@ -40,14 +40,15 @@ def host_pids(root: Path) -> dict[int, str]:
 
 def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
                  skip: frozenset[int], stall: float | None
-                 ) -> tuple[list[Proc], list[str]]:
+                 ) -> tuple[list[Proc], list[str], list[int]]:
     """In a reader: the GPU holders among `pids` (host PID, cgroup), judged as a container's
-    processes are (devnodes.judge), and one line per process that could not be judged
-    whole. Each PID is marked before its /proc files are read, so a read that hangs is
-    pinned to its PID (a mark, not a note: there are thousands; the reader's receive()
-    bounds each by `stall`)."""
+    processes are (devnodes.judge), one line per process that could not be judged whole,
+    and the PIDs judged whole to hold nothing. Each PID is marked before its /proc files are
+    read, so a read that hangs is pinned to its PID (a mark, not a note: there are
+    thousands; the reader's receive() bounds each by `stall`)."""
     out = []
     unjudged: list[str] = []
+    clean: list[int] = []
     cache = devnodes.ScanCache()
     for pid, cgroup in pids:
         if pid in skip:
@@ -59,13 +60,15 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
         if got.unjudged:
             unjudged.append(f"host PID {pid}: {'; '.join(got.unjudged[:3])}")
         if not got.held:
+            if not got.unjudged:
+                clean.append(pid)
             continue
         st = procfs.read_status(pid)
         if st is None or st.state == "Z":
             continue
         out.append(Proc(pid, full_name(st.name, procfs.argv(pid)), "host", cgroup=cgroup,
                         unit=unit_of(cgroup), devices=got.held))
-    return out, unjudged
+    return out, unjudged, clean
 
 
 READER_PROCESSES = 500  # host processes per forked reader beyond the first
@@ -82,12 +85,21 @@ class HostScan:
     on 2 cores), where two processes took half. The readers start at once and read while the
     caller does the rest (the containers, NVML); result() takes their answers. A PID whose
     reads hang is skipped and named; a reader that does not finish by `end` (monotonic) is
-    given up on and its share named."""
+    given up on and its share named.
+
+    `settled`: host PIDs not read this time (`pveclean metrics` reads a host process that held
+    nothing again only every few runs, see commands/metrics.py); `clean` after result(): the
+    PIDs read whole this time that hold nothing; `alive`: every host PID listed."""
 
     def __init__(self, root: Path, devices: GpuDevices, exclude: set[int], stall: float,
-                 end: float | None = None, readers: int | None = None) -> None:
-        pids = [(p, cg) for p, cg in host_pids(root).items() if p not in exclude]
-        self.count = len(pids)
+                 end: float | None = None, readers: int | None = None,
+                 settled: frozenset[int] = frozenset()) -> None:
+        every = [(p, cg) for p, cg in host_pids(root).items() if p not in exclude]
+        self.count = len(every)
+        self.alive = {p for p, _cg in every}
+        pids = [(p, cg) for p, cg in every if p not in settled]
+        self.settled = self.count - len(pids)
+        self.clean: list[int] = []
         n = readers or min(os.cpu_count() or 1, MAX_READERS,
                            max(1, len(pids) // READER_PROCESSES))
         self.shares = [pids[i::n] for i in range(n)]
@@ -107,8 +119,9 @@ class HostScan:
         found: list[Proc] = []
         for reader, share in zip(self.readers, self.shares, strict=True):
             try:
-                procs, unjudged = reader.receive()
+                procs, unjudged, clean = reader.receive()
                 found += procs
+                self.clean += clean
                 self.problems += unjudged[:20]
             except Unread as unread:
                 self.problems.append(str(unread))

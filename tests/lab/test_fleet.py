@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -201,3 +202,49 @@ def test_a_runs_journal_entry_has_fields_naming_the_report_it_wrote(lab: Lab, vm
     assert fields["PVECLEAN_VERDICT"] == "clean" and fields["SYSLOG_IDENTIFIER"] == "pveclean"
     assert fields["PVECLEAN_REPORT"] == str(report)  # named before it was written: the same
     assert "notify_errors" not in yaml.load(report.read_text(), Loader=yaml.CSafeLoader)
+
+
+def test_metrics_reads_a_host_process_that_held_nothing_again_within_roll_runs(
+        lab: Lab, tmp_path: Path) -> None:
+    """The timer's budget: a host process that held no GPU node is not read on every run,
+    but again within ROLL runs (at its own phase), so one that opens a node later shows by
+    then; a new process is read at once."""
+    from pveclean.commands.metrics import ROLL
+
+    lab.write_config(state_dir=str(lab.root / "state"))
+    textfile = tmp_path / "textfile"
+    node = str(lab.nodes["nvidia0"])
+    late = subprocess.Popen([sys.executable, "-c", "import os, sys, time; "
+                             "sys.stdin.readline(); fd = os.open(sys.argv[1], os.O_RDWR); "
+                             "time.sleep(300)", node], stdin=subprocess.PIPE, text=True)
+    try:
+        def holders() -> float:
+            r = lab.pveclean("metrics", "--textfile-dir", str(textfile))
+            assert r.returncode == 0, r.stderr
+            from prometheus_client.parser import text_string_to_metric_families
+
+            return sum(s.value for f in text_string_to_metric_families(
+                (textfile / "pveclean_gpus.prom").read_text())
+                if f.name == "pveclean_gpu_holders" for s in f.samples
+                if s.labels["owner_type"] == "node")
+
+        assert holders() == 0  # run 0: everything read, `late` holds nothing yet
+        from dataclasses import replace
+
+        from pveclean.commands.metrics import load_settled
+        from pveclean.core.config import Config
+
+        run, due = load_settled(replace(Config(), state_dir=str(lab.root / "state")))
+        assert run == 1 and 1 <= due[late.pid] <= ROLL  # read again at its phase, not each run
+        assert late.stdin is not None
+        late.stdin.write("open\n")
+        late.stdin.flush()
+        time.sleep(0.3)
+        seen = [holders() for _ in range(ROLL)]
+        assert seen[-1] == 1 and 1 in seen, seen  # within ROLL runs
+        early = lab.run_on_host("nvtop", hold=[node])  # new since: read at once
+        assert holders() == 2
+        assert early.popen is not None
+    finally:
+        late.kill()
+        late.wait()

@@ -68,15 +68,17 @@ def test_a_share_names_its_holders_and_passes_over_the_rest(proc: Path) -> None:
     (proc / "33" / "map_files").mkdir()
     os.symlink("/dev/null", proc / "33" / "map_files" / "7f0-7f1")
     os.symlink("/gone/file", proc / "31" / "fd" / "7")  # its stat fails: not judged
-    found, unjudged = hostscan.w_host_share(
+    process(proc, 35, node=False)
+    found, unjudged, clean = hostscan.w_host_share(
         [(30, "/system.slice/nvidia-persistenced.service"), (31, "/"), (32, "/"),
-         (33, "/user.slice"), (34, "/")], DEVICES, frozenset(), None)
+         (33, "/user.slice"), (34, "/"), (35, "/")], DEVICES, frozenset(), None)
     assert unjudged == ["host PID 31: fd 7 (/gone/file): statx failed (No such file or "
                         "directory); not judged"]
     assert [(p.host_pid, p.name, p.unit, p.devices) for p in found] == [
         (30, "nvidia-persistenced", "nvidia-persistenced.service", [NODE]),
         (33, "python3", None, [f"/dev/nvidia0 (mmap {NODE.split(' (')[1]}"])]
     assert all(p.owner == "host" for p in found)
+    assert clean == [35]  # 31 not judged whole, 32 a zombie, 34 gone: not known clean
 
 
 def test_forked_readers_share_the_host_and_skip_a_wedged_process(proc: Path, tmp_path: Path

@@ -157,3 +157,36 @@ def test_dcgm_job_mapping_files_name_the_guests_per_gpu_index(tmp_path: Path) ->
     assert (jobs / "0").read_text() == "lxc/129\nlxc/130\n"
     assert (jobs / "1").read_text() == "lxc/129\n"
     assert oct((jobs / "0").stat().st_mode & 0o777) == oct(0o644)
+
+
+def test_a_clean_host_process_is_read_again_every_roll_runs_at_its_own_phase(
+        tmp_path: Path) -> None:
+    """commands/metrics: the record of host processes that held nothing. Each is due again
+    exactly ROLL runs after it was read, at a phase of its own (a fifth of them each run),
+    a process gone is dropped, and an unreadable record means every process is read."""
+    from dataclasses import replace
+
+    from pveclean.commands import metrics as cmd
+    from pveclean.core.config import Config
+
+    cfg = replace(Config(), state_dir=str(tmp_path / "state"))
+    assert cmd.load_settled(cfg) == (0, {})
+    pids = list(range(1000, 1100))
+    cmd.save_settled(cfg, 0, {}, pids, set(pids))
+    run, due = cmd.load_settled(cfg)
+    assert run == 1 and set(due) == set(pids)
+    reads = {p: 0 for p in pids}
+    for r in range(1, 1 + 3 * cmd.ROLL):
+        run, due = cmd.load_settled(cfg)
+        assert run == r
+        now = [p for p in pids if due.get(p, 0) <= r]  # what this run reads
+        assert len(now) == len(pids) // cmd.ROLL  # spread evenly, never all at once
+        for p in now:
+            reads[p] += 1
+        cmd.save_settled(cfg, r, due, now, set(pids))
+    assert set(reads.values()) == {3}  # each once every ROLL runs
+    run, due = cmd.load_settled(cfg)
+    cmd.save_settled(cfg, run, due, [], set(pids) - {1000})
+    assert 1000 not in cmd.load_settled(cfg)[1]  # gone: dropped (a new 1000 is read at once)
+    (tmp_path / "state" / cmd.SETTLED_FILE).write_text("{not json")
+    assert cmd.load_settled(cfg) == (0, {})
