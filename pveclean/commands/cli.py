@@ -29,6 +29,7 @@ from pveclean.commands.options import (
     DryRunOpt,
     GraceOpt,
     JsonOpt,
+    PhaseArg,
     StopUnitsOpt,
     VmidArg,
     VmidsArg,
@@ -124,9 +125,7 @@ def ct(
 def hook(
     ctx: typer.Context,
     vmid: VmidArg,
-    phase: Annotated[str, typer.Argument(
-        help="pre-start, post-start, pre-stop or post-stop.",
-        autocompletion=complete_from(("pre-start", "post-start", "pre-stop", "post-stop")))],
+    phase: PhaseArg,
 ) -> None:
     """Run a hook phase, as Proxmox calls the hookscript (normally via pveclean-hook).
 
@@ -166,9 +165,7 @@ def unit(
 def vmhook(
     ctx: typer.Context,
     vmid: VmidArg,
-    phase: Annotated[str, typer.Argument(
-        help="pre-start, post-start, pre-stop or post-stop.",
-        autocompletion=complete_from(("pre-start", "post-start", "pre-stop", "post-stop")))],
+    phase: PhaseArg,
 ) -> None:
     """Run a phase of a VM's hookscript (pveclean-vm-hook, see 'install --vm').
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pveclean.commands.conventions import complete_vmids, finite
+from pveclean.commands.conventions import complete_from, complete_vmids, finite
 
 ConfigOpt = Annotated[
     Path | None,
@@ -33,3 +33,6 @@ VmidsArg = Annotated[list[str] | None, typer.Argument(help="Container IDs (VM ID
                                                       autocompletion=complete_vmids)]
 VmOpt = Annotated[bool, typer.Option("--vm", help="The IDs are VMs passing an NVIDIA GPU "
                                      "through: their hookscript frees it before they start.")]
+PhaseArg = Annotated[str, typer.Argument(
+    help="pre-start, post-start, pre-stop or post-stop.",
+    autocompletion=complete_from(("pre-start", "post-start", "pre-stop", "post-stop")))]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pveclean.proxmox import pveconf
@@ -78,20 +79,25 @@ def vm_passthrough(qemu_dir: Path, mappings: dict[str, list[str]]
                    ) -> list[tuple[int, str, str, bool]]:
     """(vmid, VM name, address prefix, whole device) for every hostpci line of every VM."""
     out: list[tuple[int, str, str, bool]] = []
-    try:
-        files = sorted(p for p in qemu_dir.glob("*.conf") if p.stem.isdigit())
-    except OSError:
-        return out
-    for path in files:
-        try:
-            conf = pveconf.parse_vm_config(path.read_text(encoding="utf-8", errors="replace"),
-                                        int(path.stem))
-        except OSError:
-            continue
+    for conf in _configs(qemu_dir, pveconf.parse_vm_config):
         name = conf.get("name") or ""
         out += [(conf.vmid, name, prefix, whole)
                 for prefix, whole in hostpci_ids(conf.lines, mappings)]
     return out
+
+
+def _configs(directory: Path, parse: Callable[[str, int], pveconf.CtConfig]
+             ) -> Iterator[pveconf.CtConfig]:
+    """Each `<vmid>.conf` of a guest directory, parsed; one that cannot be read is passed."""
+    try:
+        files = sorted(p for p in directory.glob("*.conf") if p.stem.isdigit())
+    except OSError:
+        return
+    for path in files:
+        try:
+            yield parse(path.read_text(encoding="utf-8", errors="replace"), int(path.stem))
+        except (OSError, ValueError):
+            continue
 
 
 def _read(path: Path) -> str:
@@ -205,16 +211,7 @@ def w_keeping(ct_dir: str, minors: dict[int, str]) -> dict[int, list[str]]:
     """In a worker: container -> the addresses among `minors` (GPU minor -> PCI address) that
     its config grants (a grant of every GPU counts for each); its next start takes them."""
     out: dict[int, list[str]] = {}
-    try:
-        files = sorted(p for p in Path(ct_dir).glob("*.conf") if p.stem.isdigit())
-    except OSError:
-        return out
-    for path in files:
-        try:
-            conf = pveconf.parse_config(path.read_text(encoding="utf-8", errors="replace"),
-                                        int(path.stem))
-        except (OSError, ValueError):
-            continue
+    for conf in _configs(Path(ct_dir), pveconf.parse_config):
         g = conf.gpu()
         hit = [a for m, a in sorted(minors.items())
                if g.any and (g.minors is None or g.allow_all or m in g.minors)]

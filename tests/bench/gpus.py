@@ -11,6 +11,8 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
+from tests.harness.lxclab import Lab
+
 from .discovery import Tool, add_holders, host_process_count, pveclean_exe, time_interleaved
 from .load import HostLoad
 from .measure import Timed, VmidPool, median, new_lab, shielded, timed
@@ -33,6 +35,18 @@ def _fuser_pids(t: Timed) -> int:
     return len({w for w in t.stdout.split() if w.isdigit()})
 
 
+def seed_lab(lab: Lab, pool: VmidPool, cfg: BenchConfig) -> tuple[int, int]:
+    """A GPU container with the configured holders, the host's daemon on GPU 0, and a
+    container without GPUs (where the load goes in the second half): (GPU CT, quiet CT)."""
+    gpu_ct, quiet_ct = pool.take(), pool.take()
+    lab.create_ct(gpu_ct, gpus=(0,))
+    add_holders(lab, gpu_ct, cfg.ct_holders)
+    lab.run_on_host("nvidia-persistenced", hold=[str(lab.nodes["nvidia0"])],
+                    gpu_mib={0: HOST_MIB})
+    lab.create_ct(quiet_ct, gpus=())
+    return gpu_ct, quiet_ct
+
+
 def bench_gpus(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
                ) -> tuple[list[Row], list[Table], dict[str, Any]]:
     n = max(cfg.host_loads)
@@ -40,12 +54,7 @@ def bench_gpus(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
     load = HostLoad(cfg.fds)
     levels: list[dict[str, Any]] = []
     try:
-        gpu_ct, quiet_ct = pool.take(), pool.take()
-        lab.create_ct(gpu_ct, gpus=(0,))
-        add_holders(lab, gpu_ct, cfg.ct_holders)
-        lab.run_on_host("nvidia-persistenced", hold=[str(lab.nodes["nvidia0"])],
-                        gpu_mib={0: HOST_MIB})
-        lab.create_ct(quiet_ct, gpus=())
+        _gpu_ct, quiet_ct = seed_lab(lab, pool, cfg)
         tl = [Tool("pveclean gpus", [*pveclean_exe(), "gpus", "--json"], lab.env(),
                    _gpus_pids)]
         fuser = shutil.which("fuser")

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .discovery import add_holders, host_process_count, pveclean_exe
+from .discovery import host_process_count, pveclean_exe
+from .gpus import seed_lab
 from .load import HostLoad
 from .measure import VmidPool, median, new_lab, shielded, timed
 from .settings import BenchConfig
@@ -50,12 +51,7 @@ def bench_metrics(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
     load = HostLoad(cfg.fds)
     levels: list[dict[str, Any]] = []
     try:
-        ct, quiet = pool.take(), pool.take()
-        lab.create_ct(ct, gpus=(0,))
-        add_holders(lab, ct, cfg.ct_holders)
-        lab.run_on_host("nvidia-persistenced", hold=[str(lab.nodes["nvidia0"])],
-                        gpu_mib={0: 300})
-        lab.create_ct(quiet, gpus=())
+        _ct, quiet = seed_lab(lab, pool, cfg)
         load.grow_to(n)
         with tempfile.TemporaryDirectory(prefix="pveclean-bench-textfile-") as d:
             argv = [*pveclean_exe(), "metrics", "--textfile-dir", d]
