@@ -212,6 +212,8 @@ def render_run(rep: dict[str, Any]) -> str:
         lines.append(f"warning: {safe(w, LONG)}")
     for e in rep.get("errors", []):
         lines.append(f"error: {safe(e, LONG)}")
+    for n in rep.get("notify_errors") or []:  # the run's syslog/journal line or metrics
+        lines.append(f"not said: {safe(n, LONG)}")
     return "\n".join(lines)
 
 

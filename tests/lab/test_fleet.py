@@ -179,6 +179,8 @@ def test_a_run_that_nobody_logged_says_so_in_its_report(lab: Lab, vmid: int,
     assert rep["notify_errors"] == [
         f"the run was not logged: neither the journal ({tmp_path}/no-journal) nor syslog "
         f"({tmp_path}/no-log) took it"]
+    shown = lab.pveclean("reports", "show", str(path))
+    assert "not said: the run was not logged: neither the journal" in shown.stdout, shown
 
 
 def test_a_runs_journal_entry_has_fields_naming_the_report_it_wrote(lab: Lab, vmid: int,
