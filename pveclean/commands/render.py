@@ -133,11 +133,21 @@ def _mib(h: dict[str, Any]) -> str:
     return str(sum(vals)) if vals else "-"
 
 
+def short_node(path: str) -> str:
+    """A held node as the table shows it: NVIDIA's by what follows /dev/nvidia (`0`, `ctl`,
+    `uvm`, `caps/nvidia-cap1`), any other path whole (the report has every path)."""
+    rest = path.removeprefix("/dev/nvidia")
+    if rest == path or not rest:
+        return path
+    return rest.lstrip("-")
+
+
 def holders_table(rep: dict[str, Any]) -> list[str]:
     rows = [("HOST PID", "CT PID", "NAME", "UNIT", "GPU MiB", "DEVICES", "OUTCOME", "SIGNALS")]
     for h in rep.get("holders", []):
-        devs = ",".join(d.split(" ")[0] for d in h.get("devices", [])) or "-"
-        sigs = ",".join(s.split(" ")[0] for s in h.get("signals", []) if s.startswith("SIG"))
+        devs = ",".join(short_node(d.split(" ")[0]) for d in h.get("devices", [])) or "-"
+        sigs = ",".join(s.split(" ")[0].removeprefix("SIG") for s in h.get("signals", [])
+                        if s.startswith("SIG"))
         outcome = str(h.get("outcome"))
         if h.get("protected"):
             outcome += f" ({h['protected']})"

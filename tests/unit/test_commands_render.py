@@ -18,8 +18,19 @@ def test_table_alignment_counts_displayed_width() -> None:
          "outcome": "killed", "signals": []},
     ]}
     lines = holders_table(rep)
-    cols = [width(ln[: ln.index("/dev/nvidia")]) for ln in lines[1:]]
+    # each row's DEVICES value is one character ("0", "1"): where it starts
+    cols = [width(ln[: ln.index(" killed")].rstrip()[:-1]) for ln in lines[1:]]
     assert cols[0] == cols[1] == width(lines[0][: lines[0].index("DEVICES")])
+
+
+def test_the_table_names_nvidia_nodes_short_and_other_paths_whole() -> None:
+    h = {"host_pid": 7, "ct_pid": 8, "name": "python3", "outcome": "killed",
+         "devices": ["/dev/nvidia0 (195:0)", "/dev/nvidiactl (195:255)",
+                     "/dev/nvidia-uvm (511:0)", "/opt/g (mmap 195:1)"],
+         "signals": ["SIGTERM at 0.00 s", "SIGKILL at 2.00 s", "null signal"]}
+    _head, row = holders_table({"holders": [h]})
+    assert row.split()[-3:] == ["0,ctl,uvm,/opt/g", "killed", "TERM,KILL"], row
+    assert len(row) <= 80
 
 
 def test_render_escapes_what_containers_control() -> None:
