@@ -5,6 +5,7 @@ process never."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import yaml
 
 from pveclean.proxmox.hookscript import stamp
 from tests.harness import qm
+from tests.harness.hangfs import HangFs
 from tests.harness.lxclab import Lab
 from tests.helpers import pveclean, reports
 
@@ -194,3 +196,44 @@ def test_gpus_and_status_show_a_gpu_a_vm_passes_and_a_container_holds(
     st = pveclean(lab, "status")
     assert st.returncode == 0, st.stderr
     assert f"passed to VM {vmid2} (trainer), held by CT {vmid}" in st.stdout, st.stdout
+
+
+def test_a_hung_pmxcfs_never_holds_a_vm_start(vm_host: Lab, vmid: int, hangfs: HangFs
+                                              ) -> None:
+    """The VM's config is read in a worker: a pmxcfs that stopped answering ends the
+    pre-start within the deadline with one line and exit 0 (nothing decided, nothing
+    signalled: the start is not pveclean's to fail)."""
+    lab = vm_host
+    deadline = 2
+    lab.write_config(state_dir=str(lab.root / "state"), deadline_seconds=deadline,
+                     pve_config_dir=str(hangfs.mountpoint / "lxc"),
+                     pci_sysfs=str(lab.root / "sys/bus/pci"))
+    hangfs.hang()
+    t0 = time.monotonic()
+    r = lab.pveclean("vmhook", str(vmid), "pre-start")
+    took = time.monotonic() - t0
+    assert r.returncode == 0 and took < deadline + 2, (took, r)
+    assert "reading the VM's config" in r.stdout and "nothing done" in r.stdout, r.stdout
+    assert len(r.stdout.splitlines()) == 1, r.stdout
+
+
+def test_a_hung_nvml_refuses_a_vm_start_in_time_and_says_why(vm_host: Lab, vmid: int
+                                                            ) -> None:
+    """NVML that does not answer cannot say who holds the GPU (a wedged GPU): the start is
+    refused, within the deadline, naming NVML."""
+    lab = vm_host
+    assert lab.nvml is not None
+    deadline = 3
+    lab.write_config(state_dir=str(lab.root / "state"), deadline_seconds=deadline,
+                     pci_sysfs=str(lab.root / "sys/bus/pci"),
+                     qemu_run_dir=str(lab.root / "run/qemu-server"))
+    make_vm(lab, vmid, (0,))
+    lab.nvml.hang(60)
+    try:
+        t0 = time.monotonic()
+        r = lab.pveclean("vmhook", str(vmid), "pre-start")
+        took = time.monotonic() - t0
+    finally:
+        lab.nvml.hang(None)
+    assert r.returncode == 75 and took < deadline + 2, (took, r.stdout)
+    assert "NVML does not list it" in r.stdout, r.stdout
