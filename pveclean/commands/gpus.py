@@ -138,6 +138,20 @@ def _ask_nvml(nvml: Nvml, warnings: list[str]
 
 
 
+def look_once(cfg: Config, pci_root: Path, limit: float, what: str) -> dict[str, Any]:
+    """collect() once in a worker of its own, bounded by `limit` seconds (its forked readers
+    by READERS_SHARE of it); PvecleanError (exit 3) when it did not finish: for the commands
+    that need the map but do not print it (status, the VM hook)."""
+    with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
+        try:
+            data: dict[str, Any] = wk.call(w_collect, cfg, pci_root,
+                                           time.monotonic() + limit * READERS_SHARE,
+                                           timeout=limit, what=what)
+        except (WorkerError, RemoteError) as exc:
+            raise PvecleanError(str(exc), ExitCode.ACCESS) from None
+    return data
+
+
 def w_collect(cfg: Config, pci_root: Path, end: float | None = None) -> dict[str, Any]:
     """collect() in a worker (`pveclean gpus`): what can hang there (a pmxcfs that stopped
     answering, /proc/PID/maps of a process wedged in the GPU driver, NVML) hangs the worker,

@@ -66,17 +66,31 @@ def _all(api: Api, plan: Plan, online: dict[str, bool], kinds: tuple[str, ...] =
 
 
 def _passes_gpu(cfg: Config, c: Container, conf: pveconf.CtConfig, here: str,
-                majors: frozenset[int]) -> bool | None:
-    """Does the guest's config give it an NVIDIA GPU? A VM's hostpci lines are looked up in
-    this node's sysfs: None for a VM on another node (cannot tell from here)."""
+                majors: frozenset[int], mappings: dict[str, list[str]]) -> bool | None:
+    """Does the guest's config give it an NVIDIA GPU? A VM's hostpci lines (`mappings`: this
+    node's PCI resource mappings) are looked up in this node's sysfs: None for a VM on
+    another node (cannot tell from here)."""
     if c.kind != "qemu":
         return bool(conf.gpu_lines(majors))
     if c.node != here:
         return None
-    pve = Path(cfg.pve_config_dir).parent
-    mappings = passthrough.read_pci_mappings(pve / "mapping" / "pci.cfg", here)
     return bool(passthrough.nvidia_functions(conf.lines, mappings,
                                              Path(cfg.pci_sysfs) / "devices"))
+
+
+def _pci_mappings(cfg: Config, here: str) -> dict[str, list[str]]:
+    """/etc/pve/mapping/pci.cfg, read in a worker: pmxcfs can stop answering."""
+    from pveclean.host.worker import RemoteError, Worker, WorkerError
+
+    path = Path(cfg.pve_config_dir).parent / "mapping" / "pci.cfg"
+    with Worker() as wk:
+        try:
+            got: dict[str, list[str]] = wk.call(
+                passthrough.read_pci_mappings, path, here, timeout=cfg.deadline_seconds,
+                what=f"reading {path}")
+        except (RemoteError, WorkerError) as exc:
+            raise PvecleanError(f"{exc} (pmxcfs not answering?)", ExitCode.ACCESS) from None
+    return got
 
 
 def _file_action(plan: Plan, path: Path, text: str) -> str:
@@ -135,10 +149,11 @@ def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage
                               f"show it: pvesm set {storage} --content {','.join(content)} "
                               "(or rerun with --enable-snippets)")
     majors = devnodes.nvidia_majors()
+    mappings = _pci_mappings(cfg, here) if kind == "qemu" else {}
     if all_gpu:
         targets = []
         for c, conf in _all(api, plan, online, (kind,)):
-            gpu = _passes_gpu(cfg, c, conf, here, majors)
+            gpu = _passes_gpu(cfg, c, conf, here, majors, mappings)
             again = f"pveclean install {'--all-gpu-vms' if kind == 'qemu' else '--all'}"
             if gpu is None:
                 plan.notes.append(f"{c.label} on node {c.node} skipped: its GPUs are known "
@@ -159,7 +174,7 @@ def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage
                              f"shared: run pveclean install there, or use --storage with a "
                              "shared storage")
                 continue
-            if _passes_gpu(cfg, c, conf, here, majors) is False:
+            if _passes_gpu(cfg, c, conf, here, majors, mappings) is False:
                 plan.notes.append(f"{c.label} has no NVIDIA GPU passthrough in its config; "
                                   "registering anyway")
             targets.append((c, conf))

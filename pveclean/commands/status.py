@@ -150,20 +150,13 @@ def collect(api: Api, cfg: Config, with_holders: bool = True) -> dict[str, Any]:
 def vm_conflicts(cfg: Config, warnings: list[str]) -> list[dict[str, Any]]:
     """This node has VMs: the GPUs a VM passes through while a container or the host holds
     them, from `pveclean gpus`' map (read in a worker, within deadline_seconds)."""
-    import time
+    from pveclean.commands.gpus import look_once
 
-    from pveclean.commands.gpus import READERS_SHARE, w_collect
-    from pveclean.host.nvml import Nvml
-    from pveclean.host.worker import RemoteError, Worker, WorkerError
-
-    limit = cfg.deadline_seconds
-    with Worker(**Nvml.settings(cfg.nvml_library, limit)) as wk:
-        try:
-            data = wk.call(w_collect, cfg, Path(cfg.pci_sysfs) / "devices",
-                           time.monotonic() + limit * READERS_SHARE, timeout=limit,
-                           what="the GPU map")
-        except (WorkerError, RemoteError) as exc:
-            warnings.append(f"VMs' GPUs not checked: {exc}")
-            return []
+    try:
+        data = look_once(cfg, Path(cfg.pci_sysfs) / "devices", cfg.deadline_seconds,
+                         "the GPU map")
+    except PvecleanError as exc:
+        warnings.append(f"VMs' GPUs not checked: {exc}")
+        return []
     rows: list[dict[str, Any]] = data.get("vm_conflicts") or []
     return rows

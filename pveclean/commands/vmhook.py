@@ -69,19 +69,10 @@ def main(argv: list[str], nvml: NvmlWorker) -> int:
 
 def _look(cfg: Config, deadline: Deadline) -> dict[str, Any]:
     """`pveclean gpus`' map of the host, in a worker bounded by the deadline."""
-    from pveclean.commands.gpus import READERS_SHARE, w_collect
-    from pveclean.host.nvml import Nvml
-    from pveclean.host.worker import RemoteError, Worker, WorkerError
+    from pveclean.commands.gpus import look_once
 
-    left = max(deadline.remaining() - 0.5, 0.5)
-    with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
-        try:
-            data: dict[str, Any] = wk.call(w_collect, cfg, Path(cfg.pci_sysfs) / "devices",
-                                           time.monotonic() + left * READERS_SHARE,
-                                           timeout=left, what="reading the host's GPUs")
-        except (WorkerError, RemoteError) as exc:
-            raise PvecleanError(f"{exc}") from None
-    return data
+    return look_once(cfg, Path(cfg.pci_sysfs) / "devices",
+                     max(deadline.remaining() - 0.5, 0.5), "reading the host's GPUs")
 
 
 def _call(wk: Worker, fn: Any, *args: Any, deadline: Deadline, what: str) -> Any:
@@ -120,18 +111,19 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     if plan.decision is vmguard.Decision.REFUSE:
         for line in plan.blockers:
             say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
-        return _finish(vmid, cfg, record, "refused", ExitCode.REFUSE)
+        return _finish(vmid, cfg, record, "refused", ExitCode.REFUSE, deadline=deadline)
     if plan.decision is vmguard.Decision.STOP:
         left = _stop_holders(vmid, cfg, nvml, plan, deadline, record)
         if left:
             for line in left:
                 say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
-            return _finish(vmid, cfg, record, "residual", ExitCode.REFUSE)
+            return _finish(vmid, cfg, record, "residual", ExitCode.REFUSE,
+                           deadline=deadline)
         say(f"pveclean: VM {vmid} pre-start: GPU {', '.join(addrs)} verified free")
     if cfg.vm_gpu_rebind:
         record["rebind"] = _rebind(vmid, cfg, addrs, deadline)
     return _finish(vmid, cfg, record, "clear" if plan.decision is vmguard.Decision.CLEAR
-                   else "stopped", ExitCode.OK)
+                   else "stopped", ExitCode.OK, deadline=deadline)
 
 
 def _stop_holders(vmid: int, cfg: Config, nvml: NvmlWorker, plan: vmguard.Plan,
@@ -199,9 +191,12 @@ def _save_handoffs(cfg: Config, vmid: int, done: list[Any]) -> None:
     import yaml
 
     path = _handoff_file(cfg, vmid)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.dump([h.as_dict() for h in done], Dumper=yaml.CSafeDumper))
+    from pveclean.host.reportfiles import exclusive_temp
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = exclusive_temp(path.parent, f".vfio-{vmid}-", ".tmp", 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(yaml.dump([h.as_dict() for h in done], Dumper=yaml.CSafeDumper))
     os.replace(tmp, path)
 
 
@@ -235,23 +230,30 @@ def post_stop(vmid: int, cfg: Config, fs: pcibind.Sysfs | None = None) -> None:
                 + ("back on " + ", ".join(f"{f}: {d}" for f, d in h.before.items())
                    if not failed else f"NOT given back: {'; '.join(failed)}"))
     path.unlink()
-    _finish(vmid, cfg, record, "given-back", ExitCode.OK, phase="post-stop")
+    _finish(vmid, cfg, record, "given-back", ExitCode.OK, phase="post-stop", deadline=deadline)
 
 
 def _finish(vmid: int, cfg: Config, record: dict[str, Any], outcome: str, code: int,
-            phase: str = "pre-start") -> int:
-    """The VM's report (kind: vm), written as the containers' are; a report that cannot be
-    written is said, never a failed start by itself."""
+            phase: str = "pre-start", deadline: Deadline | None = None) -> int:
+    """The VM's report (kind: vm), written as the containers' are: in a worker, within
+    REPORT_WAIT at least (a report dir on a hung NFS mount blocks there, not the start); a
+    report that cannot be written is said, never a failed start by itself."""
+    from pveclean.cleanup import REPORT_WAIT
     from pveclean.core.report import iso
     from pveclean.host import reportfiles
+    from pveclean.host.worker import RemoteError, Worker, WorkerError
 
     now = time.time()
     rep = {"pveclean_report": 1, "kind": "vm", "vmid": vmid, "phase": phase,
            "verdict": outcome, "host": os.uname().nodename, "time": iso(now),
            "policy": cfg.vm_gpu_policy, **record, "_started": now}
-    try:
-        path = reportfiles.write(rep, cfg.report_dir)
-        say(f"pveclean: VM {vmid} {phase}: {outcome}; report {path}")
-    except reportfiles.ReportError as exc:
-        say(f"pveclean: VM {vmid} {phase}: {outcome}; WARNING: {exc}")
+    wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
+    with Worker() as wk:
+        try:
+            path = wk.call(reportfiles.write, rep, cfg.report_dir, timeout=wait,
+                           what="writing the report")
+            say(f"pveclean: VM {vmid} {phase}: {outcome}; report {path}")
+        except (RemoteError, WorkerError) as exc:
+            say(f"pveclean: VM {vmid} {phase}: {outcome}; WARNING: report not written: "
+                f"{str(exc).removeprefix('ReportError: ')}")
     return code

@@ -177,7 +177,7 @@ def pci_reservations(run_dir: Path) -> dict[str, int]:
         text = (run_dir / "pci-id-reservations").read_text(encoding="ascii", errors="replace")
     except OSError:
         return out
-    for line in text.splitlines():
+    for line in text.split("\n"):  # qemu-server writes "\n"-ended lines
         m = re.fullmatch(r"(\S+) (\d+) (time|pid):(\d+)", line.strip())
         if not m:
             continue

@@ -237,3 +237,24 @@ def test_a_hung_nvml_refuses_a_vm_start_in_time_and_says_why(vm_host: Lab, vmid:
         lab.nvml.hang(None)
     assert r.returncode == 75 and took < deadline + 2, (took, r.stdout)
     assert "NVML does not list it" in r.stdout, r.stdout
+
+
+def test_a_report_dir_on_a_hung_mount_cannot_hold_a_vm_start(vm_host: Lab, vmid: int,
+                                                            vmid2: int, hangfs: HangFs) -> None:
+    """The VM's report is written in a worker: a hung report dir costs at most what is left
+    of the deadline, and the decision (here a refusal) stands, said in the task log."""
+    lab = vm_host
+    deadline = 2
+    lab.write_config(state_dir=str(lab.root / "state"), deadline_seconds=deadline,
+                     report_dir=str(hangfs.mountpoint / "reports"),
+                     pci_sysfs=str(lab.root / "sys/bus/pci"),
+                     qemu_run_dir=str(lab.root / "run/qemu-server"))
+    lab.create_ct(vmid, gpus=(0,))
+    lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 100})
+    make_vm(lab, vmid2, (0,))
+    hangfs.hang()
+    t0 = time.monotonic()
+    r = lab.pveclean("vmhook", str(vmid2), "pre-start")
+    took = time.monotonic() - t0
+    assert r.returncode == 75 and took < deadline + 2, (took, r.stdout)
+    assert "refused; WARNING: report not written" in r.stdout, r.stdout
