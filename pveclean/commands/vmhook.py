@@ -43,10 +43,18 @@ def say(text: str) -> None:
 
 def main(argv: list[str], nvml: NvmlWorker) -> int:
     """Never raises: every failure is one line in the task log, and only a decision refuses."""
-    if len(argv) != 2 or not argv[0].isdigit():
-        say("usage: pveclean vmhook VMID PHASE")
+    from pveclean.proxmox.pveconf import parse_vmid
+
+    if len(argv) != 2:  # usage errors on stderr, as `pveclean hook`'s (the task log has both)
+        sys.stderr.write("pveclean: usage: pveclean vmhook VMID PHASE (see 'pveclean vmhook "
+                         "-h')\n")
         return ExitCode.USAGE
-    vmid, phase = int(argv[0]), argv[1]
+    try:
+        vmid = parse_vmid(argv[0])
+    except PvecleanError as exc:
+        sys.stderr.write(f"pveclean: {exc}\n")
+        return ExitCode.USAGE
+    phase = argv[1]
     try:
         from pveclean.host.configfile import load
 

@@ -67,3 +67,5 @@ def test_vmhook_usage_and_config_errors_never_refuse(
     assert vmhook.main(["200", "pre-start"], None) == 0  # type: ignore[arg-type]
     assert "config error, nothing done" in capsys.readouterr().out
     assert vmhook.main(["x", "pre-start"], None) == 2  # type: ignore[arg-type]
+    assert vmhook.main(["12", "pre-start"], None) == 2  # type: ignore[arg-type]  # < 100
+    assert "invalid VMID 12" in capsys.readouterr().err
