@@ -215,12 +215,19 @@ def prune(report_dir: str, vmid: int, keep: int, max_age_days: float) -> int:
     return removed
 
 
+_NAME_STAMP = re.compile(r"-(\d{8}T\d{6}\.\d{6}Z)(?:-\d+)?\.yaml")
+
+
 def name_time(name: str) -> float | None:
-    """The start time in a report's name (`129-manual-20261203T065312.253174Z.yaml`)."""
+    """The start time in a report's name (`129-manual-20261203T065312.253174Z.yaml`, or with
+    write()'s `-1` when that name was taken)."""
+    m = _NAME_STAMP.search(name)
+    if m is None or not name.endswith(m.group(0)):
+        return None
     try:
-        stamp = name.rsplit("-", 1)[1].removesuffix(".yaml")
-        return datetime.strptime(stamp, "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC).timestamp()
-    except (IndexError, ValueError):
+        return datetime.strptime(m.group(1), "%Y%m%dT%H%M%S.%fZ").replace(
+            tzinfo=UTC).timestamp()
+    except ValueError:
         return None
 
 

@@ -223,3 +223,13 @@ def test_retention_covers_every_container_a_destroyed_ones_too(tmp_path: Path) -
     assert not left & set(old)  # aged out although CT 130 never ran again
     assert sorted(left & set(many)) == sorted(many[2:])  # the newest 4 of CT 131
     assert {"notes.yaml", "130-manual-garbled.yaml"} <= left
+
+
+def test_a_report_named_with_writes_suffix_ages_out_too() -> None:
+    """write() names a second report of the same microsecond `...Z-1.yaml`: its time is still
+    read from its name, so retention over other containers removes it when it is old."""
+    plain = reportfiles.name_time("130-post-stop-20200101T000000.000001Z.yaml")
+    assert plain is not None
+    assert reportfiles.name_time("130-post-stop-20200101T000000.000001Z-1.yaml") == plain
+    assert reportfiles.name_time("130-post-stop-20200101T000000.000001Z.yaml.tmp") is None
+    assert reportfiles.name_time("notes.yaml") is None
