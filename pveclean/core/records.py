@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from pveclean.core.verdicts import Outcome
 
@@ -155,6 +156,63 @@ class Holder:
         if self.round:
             d["round"] = self.round
         return d
+
+
+class GpuStatus(StrEnum):
+    OK = "ok"
+    LOST = "lost"  # fallen off the bus: GPU_IS_LOST, Xid 79
+    UNAVAILABLE = "unavailable"  # another NVML error
+
+
+class SourceState(StrEnum):
+    """How far one source of a run (host view, NVML, probe, freezer) got."""
+
+    OK = "ok"
+    PENDING = "pending"  # started, its answer not merged yet (the probe)
+    PARTIAL = "partial"  # some of its answers came
+    FAILED = "failed"
+    UNAVAILABLE = "unavailable"
+    DISABLED = "disabled"
+    NOT_RUN = "not run"  # not asked, on purpose (a dry run, a stopped container)
+    LATE = "late"  # asked, its answer not used
+    DID_NOT_FINISH = "did not finish"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source's state, and the line the report shows for it when it says more."""
+
+    state: SourceState
+    text: str | None = None
+
+    def __str__(self) -> str:
+        return self.text if self.text is not None else str(self.state)
+
+    @property
+    def ok(self) -> bool:
+        return self.state is SourceState.OK
+
+
+class Sig(StrEnum):
+    TERM = "SIGTERM"
+    KILL = "SIGKILL"
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One entry of a holder's signal record: a signal sent `at` s after its stop began (and
+    the error that failed it), or a note saying why none was sent."""
+
+    signal: Sig | None = None
+    at: float | None = None
+    error: str | None = None
+    note: str | None = None
+
+    def __str__(self) -> str:
+        if self.signal is None:
+            return self.note or ""
+        text = f"{self.signal} +{self.at or 0.0:.3f}s"
+        return f"{text} failed: {self.error}" if self.error is not None else text
 
 
 @dataclass
