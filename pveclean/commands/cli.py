@@ -288,7 +288,7 @@ def status(as_json: JsonOpt = False, config: ConfigOpt = None) -> None:
 
     Examples: pveclean status | pveclean status --json
     """
-    from pveclean.commands.render import render_status as render
+    from pveclean.commands.gpuview import render_status as render
     from pveclean.commands.status import collect
     from pveclean.proxmox.pveapi import connect
 

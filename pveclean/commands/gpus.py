@@ -72,7 +72,7 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
     """`pveclean gpus`: read the host in a worker bounded by deadline_seconds, print, and
     with `watch` do it again every `watch` seconds (`count` times; 0: until Ctrl-C).
     Exit code 0, or PvecleanError (exit 3) when the host could not be read in time."""
-    from pveclean.commands.render import render_gpus  # here: `metrics` and `status` need none
+    from pveclean.commands.gpuview import render_gpus  # here: `metrics` and `status` need none
 
     tty = screen_control(sys.stdout, os.environ)
     shown = 0

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pveclean.commands.dryview import render_dry_run
-from pveclean.commands.render import render_gpus
+from pveclean.commands.gpuview import render_gpus
 from pveclean.core.text import width
 
 MODEL = "/models/" + "meta-llama/Llama-3.1-70B-Instruct-with-a-very-long-name" * 2

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pveclean.commands.cli import run_app
-from pveclean.commands.render import render_status
+from pveclean.commands.gpuview import render_status
 from pveclean.commands.status import collect
 from pveclean.host import configfile
 from pveclean.proxmox import pveapi

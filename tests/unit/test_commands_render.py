@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pveclean.commands import render
+from pveclean.commands import gpuview
 from pveclean.commands.render import holders_table
+from pveclean.commands.table import table
 from pveclean.core.text import width
 
 
@@ -47,19 +48,19 @@ def test_render_escapes_what_containers_control() -> None:
         "scan": {"containers_scanned": [129], "containers_skipped_no_gpu": [],
                  "host_processes": 1, "seconds": 0.01}, "sources": {"nvml": "ok"},
         "warnings": []}
-    text = render.render_gpus(data)
+    text = gpuview.render_gpus(data)
     assert not any(c in text for c in "\x1b\x07\r")
     assert "evil\\x1b[2J" in text and "h\\x1b[31m" in text
 
 
 def test_columns_are_two_spaces_apart_and_lines_have_no_trailing_spaces() -> None:
     rows = [("OWNER", "MiB", "NAME"), ("CT 129", "18,000", "python3"), ("host", "512", "")]
-    assert render._table(rows, "  ", right={1}) == [
+    assert table(rows, "  ", right={1}) == [
         "  OWNER      MiB  NAME",
         "  CT 129  18,000  python3",
         "  host       512",
     ]
-    assert render._table(rows) == [
+    assert table(rows) == [
         "OWNER   MiB     NAME",
         "CT 129  18,000  python3",
         "host    512",
@@ -68,7 +69,7 @@ def test_columns_are_two_spaces_apart_and_lines_have_no_trailing_spaces() -> Non
 
 def test_a_wide_character_takes_two_columns_left_or_right() -> None:
     rows = [("NAME", "MiB", "X"), ("\u8a13\u7df4", "1", "a"), ("ab", "\u5168", "b")]
-    assert render._table(rows, right={1}) == [
+    assert table(rows, right={1}) == [
         "NAME  MiB  X",
         "\u8a13\u7df4    1  a",
         "ab     \u5168  b",
