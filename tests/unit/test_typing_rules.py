@@ -1,0 +1,513 @@
+"""Typed all the way (issue 36), checked from pveclean's AST by `make lint`, beside the layers.
+
+1. `dict[str, Any]` (also `Dict`, `Mapping`, `MutableMapping` of `[str, Any]`) only at the
+   serialisation edge and in config loading, at most DICT_ANY_CAP in all; a renderer never
+   takes one as a parameter.
+2. No `.startswith(` `.removeprefix(` `.removesuffix(` `.split(` `.partition(` (nor their `r`
+   twins) on text pveclean made itself: only the parsers of outside text (kernel, argv, config
+   files, Proxmox's files and API, NVML) named in TEXT_PARSERS take text apart.
+3. No function over MAX_FUNCTION_LINES lines, none with more than MAX_PARAMETERS parameters
+   (self/cls aside; typer's commands in commands/cli.py aside: each option is a parameter).
+4. `Any` in pveclean/ at most ANY_CAP times.
+
+Every limit is in the tables below. The DEBT_* tables are today's breaches, each by its place
+("module:function"), while the refactor lands: delete an entry when its place is fixed (a test
+below says which entries are paid), never add one. The scan is tests/typing_counts.py, whose
+`python -m tests.typing_counts` prints the counts.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+from collections.abc import Mapping
+
+import pytest
+
+from tests.typing_counts import Scan, scan_pveclean, scan_source
+
+# ====== THE LIMITS ================================================================================
+
+# --- rule 1: where `dict[str, Any]` may be written, and how often -------------------------------
+# Any def of these names is the serialisation edge, wherever it is.
+DICT_ANY_EDGE_FUNCTIONS = frozenset({"as_dict", "from_dict", "to_yaml", "to_json"})
+# and these places: "module" (all of it) or "module:Class" / "module:function" (and what is
+# inside it)
+DICT_ANY_EDGE: dict[str, str] = {
+    "core.config": "config loading: the YAML file's mapping, validated key by key",
+    "host.configfile": "config loading: finding and reading the file",
+    "host.reportfiles": "the report files: YAML written, read back by its one from_dict",
+    "proxmox.pveapi:config_from_api": "the Proxmox API's JSON answer for a guest config",
+}
+DICT_ANY_CAP = 15  # occurrences outside the debt places, in all
+# modules that render (text, metrics, log lines, the VM guard's decision) from typed records
+RENDERERS = ("commands.render", "commands.gpuview", "commands.dryview", "host.notify",
+             "core.metrics", "core.metrics_gpus", "core.vmguard")
+
+# --- rule 2: who may take text apart (module:function, a one-line reason each) -------------------
+TEXT_PARSERS: dict[str, str] = {
+    "commands.conventions:complete_vmids": "shell completion: the partial word, /etc/pve names",
+    "commands.conventions:complete_from": "shell completion: the user's partial word",
+    "commands.status:_Snippets.warnings": "a Proxmox volume id (storage:volname)",
+    "commands.unit:from_argv": "systemd's argv (--config=PATH)",
+    "core.config:<module>": "config file values: a path must be absolute",
+    "core.config:_api_ok": "config file values: a path must be absolute",
+    "core.discovery:protected_name": "the kernel's exe link and its ' (deleted)' suffix",
+    "core.gpumap:full_name": "the kernel's comm (cut at 15 bytes) against argv[0]",
+    "core.metrics:Family.__post_init__": "exposition format: label names with __ are reserved",
+    "core.metrics:parse": "the textfile on disk (node_exporter's), read to carry counters over",
+    "core.owners:in_tree": "cgroup paths from /proc: the one parser of /lxc/<vmid>",
+    "core.units:unit_type": "systemd unit names read from a guest's cgroups",
+    "core.units:unit_of": "a guest's cgroup path (systemd's slices and units)",
+    "core.units:unit_cgroup": "a guest's cgroup path (systemd's slices and units)",
+    "core.units:refusal": "systemd unit names read from a guest's cgroups",
+    "host.cgroupfs:parse_mounts": "/proc's mount table",
+    "host.cgroupfs:parse_cgroups": "/proc/PID/cgroup",
+    "host.cgroupfs:_mount_of": "mount options from /proc's mount table",
+    "host.cgroupfs:frozen": "the controllers of a /proc/PID/cgroup line",
+    "host.devnodes:safe_fs": "file system type names from mountinfo (fuse.*)",
+    "host.devnodes:_FdTable._failed": "a /proc/PID/fd link's text",
+    "host.devnodes:_judge_maps": "/proc/PID/maps lines",
+    "host.devnodes:nvidia_majors": "/proc/devices",
+    "host.fstext:lines": "kernel text read in chunks, cut into lines",
+    "host.fstext:parse_mount": "a /proc/PID/mountinfo line",
+    "host.fstext:parse_mapping": "a /proc/PID/maps line",
+    "host.fstext:parse_fdinfo": "/proc/PID/fdinfo",
+    "host.fstext:uring_files": "io_uring's fdinfo (UserFiles)",
+    "host.nvml:pci_id": "NVML's PCI bus id",
+    "host.nvml:_describe": "nvidia-ml-py's NVMLError_* class names",
+    "host.procfs:parse_stat": "/proc/PID/stat",
+    "host.procfs:parse_status": "/proc/PID/status",
+    "host.procfs:status_identity": "/proc/PID/status fields (Uid, NSpid)",
+    "host.procfs:parse_cmdline": "/proc/PID/cmdline",
+    "host.reportfiles:list_reports": "report file names on disk: the module that names them",
+    "host.reportfiles:prune_others": "report file names on disk: the module that names them",
+    "host.uring:_judge": "a registered file's path from io_uring's fdinfo",
+    "proxmox.chain:read_record": "the chain record file on disk (its one reader)",
+    "proxmox.dropin:installed": "systemd drop-in directory names (pve-container@VMID)",
+    "proxmox.gpugrant:dev_path": "a guest config's devN: value",
+    "proxmox.gpugrant:_is_nvidia_source": "a device path from a guest config",
+    "proxmox.gpugrant:grant": "a guest config's lxc.* values (cgroup rules, mounts, hooks)",
+    "proxmox.gpugrant:node_paths": "a guest config's lxc.mount.entry value",
+    "proxmox.hookscript:trusted": "a hookscript's #! line",
+    "proxmox.hookscript:is_pveclean": "a hookscript volume id from a guest config",
+    "proxmox.passthrough:_pci_ids": "a PCI mapping's id list (mapping/pci.cfg)",
+    "proxmox.passthrough:read_pci_mappings": "mapping/pci.cfg",
+    "proxmox.passthrough:hostpci_ids": "a VM config's hostpciN value",
+    "proxmox.passthrough:vfio_gpus": "sysfs PCI class text; hostpci's function-less address",
+    "proxmox.passthrough:nvidia_functions": "sysfs PCI class text; hostpci's address prefix",
+    "proxmox.passthrough:pci_reservations": "qemu-server's pci-id-reservations file",
+    "proxmox.pct:PctReader._read": "pct exec's output, read in chunks",
+    "proxmox.probe:parse_probe": "the in-container probe's output (the guest's text)",
+    "proxmox.pveapi:nodename": "uname's node name",
+    "proxmox.pveapi:Api._explain": "proxmoxer's error text and the API path it failed on",
+    "proxmox.pveapi:Api.storage": "the API's storage content list",
+    "proxmox.pveconf:_words": "word lists of Proxmox's config schema",
+    "proxmox.pveconf:_known_key": "/etc/pve guest config keys",
+    "proxmox.pveconf:_lxc_key_problem": "/etc/pve guest config lxc.* keys",
+    "proxmox.pveconf:parse_vmid": "a VMID as given (argv, config, API)",
+    "proxmox.pveconf:parse_config": "/etc/pve/lxc/<vmid>.conf",
+    "proxmox.pveconf:parse_vm_config": "/etc/pve/qemu-server/<vmid>.conf",
+    "proxmox.snippets:parse_volid": "a Proxmox volume id",
+    "proxmox.snippets:content_dirs": "storage.cfg's content-dirs",
+    "proxmox.snippets:storage_options": "/etc/pve/storage.cfg",
+    "proxmox.tasks:parse_upid": "a Proxmox task UPID",
+    "proxmox.tasks:running_task": "a task worker's /proc cmdline",
+}
+
+# --- rule 3 -----------------------------------------------------------------------------------
+MAX_FUNCTION_LINES = 60  # from the def line to the last, docstring included
+MAX_PARAMETERS = 7  # self/cls aside; *args and **kwargs count one each
+
+# --- rule 4 ------------------------------------------------------------------------------------
+ANY_CAP = 212  # today's count; the lead lowers it as the refactor lands
+
+# ====== DEBT: today's breaches, by place; delete an entry when its place is fixed ================
+
+# rule 1: `dict[str, Any]` outside the edge (place: occurrences there)
+DEBT_DICT_ANY: dict[str, int] = {
+    "cleanup:_write_report": 1,
+    "commands.ct:not_listed_line": 1,
+    "commands.ct:public": 2,
+    "commands.ct:save_to": 1,
+    "commands.dryview:command_text": 1,
+    "commands.dryview:free_line": 1,
+    "commands.dryview:render_dry_run": 1,
+    "commands.gpus:_collect": 1,
+    "commands.gpus:collect": 2,
+    "commands.gpus:look_once": 2,
+    "commands.gpus:w_collect": 1,
+    "commands.gpuview:_owner": 2,
+    "commands.gpuview:gpu_count": 1,
+    "commands.gpuview:render_gpus": 1,
+    "commands.gpuview:render_status": 1,
+    "commands.gpuview:vm_conflict_lines": 1,
+    "commands.hook:_last_report": 1,
+    "commands.hook:_pre_stop_config": 1,
+    "commands.hook:post_stop": 1,
+    "commands.installplan:_carry_out": 1,
+    "commands.installplan:carry_out": 1,
+    "commands.metrics:w_look": 2,
+    "commands.metrics:write": 1,
+    "commands.render:_mib": 1,
+    "commands.render:holders_table": 1,
+    "commands.render:memory_lines": 1,
+    "commands.render:render_report": 1,
+    "commands.render:render_run": 1,
+    "commands.render:reports_table": 1,
+    "commands.render:summary_line": 1,
+    "commands.render:unit_lines": 1,
+    "commands.status:collect": 4,
+    "commands.status:holders": 2,
+    "commands.status:last_report": 1,
+    "commands.status:vm_conflicts": 2,
+    "commands.vmhook:_finish": 1,
+    "commands.vmhook:_look": 1,
+    "commands.vmhook:_rebind": 2,
+    "commands.vmhook:_stop_holders": 1,
+    "commands.vmhook:post_stop": 1,
+    "commands.vmhook:pre_start": 1,
+    "core.bounds:bound_holder": 1,
+    "core.bounds:not_listed": 1,
+    "core.gpumap:_mem_key": 1,
+    "core.gpumap:gpu_entry": 1,
+    "core.gpumap:owner_label": 1,
+    "core.metrics:run_families": 1,
+    "core.metrics:survived": 1,
+    "core.metrics_gpus:families": 1,
+    "core.metrics_gpus:job_map": 1,
+    "core.metrics_gpus:owner": 1,
+    "core.records:Discovery": 1,
+    "core.report:Report": 7,
+    "core.report:Report.with_leaks": 2,
+    "core.report:Report.with_units": 1,
+    "core.report:find_leaks": 1,
+    "core.report:gpus_used": 1,
+    "core.report:memory_table": 2,
+    "core.report:stopped_units": 1,
+    "core.vmguard:_holder": 1,
+    "core.vmguard:conflicts": 2,
+    "core.vmguard:plan": 1,
+    "core.vmguard:still_held": 1,
+    "host.notify:fields": 1,
+    "host.notify:level": 1,
+    "host.notify:log": 1,
+    "host.notify:log_line": 1,
+    "host.notify:publish": 1,
+    "host.notify:survived": 1,
+    "host.notify:syslog": 1,
+    "host.notify:write_metrics": 1,
+    "host.nvml:Nvml.in_worker": 1,
+    "host.nvml:Nvml.settings": 1,
+    "host.nvml:_call_with_timeout": 1,
+    "host.worker:<module>": 1,
+    "host.worker:_serve": 1,
+    "host.worker:state": 1,
+    "proxmox.guestunits:annotate": 1,
+    "proxmox.guestunits:before_stop": 1,
+    "proxmox.guestunits:stop_units": 3,
+    "proxmox.passthrough:vfio_gpus": 2,
+}
+# rule 1: the edge itself over DICT_ANY_CAP today (18: Report.as_dict's 4, Holder.as_dict's 2,
+# core/config.py's 4, reportfiles' 5, ...); lower it to 0 as the edge thins
+DEBT_DICT_ANY_OVER_CAP = 3
+# rule 1: renderers' `dict[str, Any]` parameters (place: how many of its parameters)
+DEBT_RENDERER_PARAMS: dict[str, int] = {
+    "commands.dryview:command_text": 1,
+    "commands.dryview:free_line": 1,
+    "commands.dryview:render_dry_run": 1,
+    "commands.gpuview:_owner": 2,
+    "commands.gpuview:gpu_count": 1,
+    "commands.gpuview:render_gpus": 1,
+    "commands.gpuview:render_status": 1,
+    "commands.gpuview:vm_conflict_lines": 1,
+    "commands.render:_mib": 1,
+    "commands.render:holders_table": 1,
+    "commands.render:memory_lines": 1,
+    "commands.render:render_report": 1,
+    "commands.render:render_run": 1,
+    "commands.render:reports_table": 1,
+    "commands.render:summary_line": 1,
+    "commands.render:unit_lines": 1,
+    "core.metrics:run_families": 1,
+    "core.metrics:survived": 1,
+    "core.metrics_gpus:families": 1,
+    "core.metrics_gpus:job_map": 1,
+    "core.metrics_gpus:owner": 1,
+    "core.vmguard:_holder": 1,
+    "core.vmguard:conflicts": 1,
+    "core.vmguard:plan": 1,
+    "core.vmguard:still_held": 1,
+    "host.notify:fields": 1,
+    "host.notify:level": 1,
+    "host.notify:log": 1,
+    "host.notify:log_line": 1,
+    "host.notify:publish": 1,
+    "host.notify:survived": 1,
+    "host.notify:syslog": 1,
+    "host.notify:write_metrics": 1,
+}
+# rule 2: text pveclean made, taken apart again (place: calls there)
+DEBT_TEXT_CALLS: dict[str, int] = {
+    "cleanup:stop_and_verify": 1,  # why.startswith("exited")
+    "cleanup:finish": 1,  # an exception's text, removeprefix("ReportError: ")
+    "commands.ct:public": 1,  # a private "_" key in the public report dict
+    "commands.gpus:show": 1,  # an exception's text, removeprefix("gpus: ")
+    "commands.gpus:_ask_nvml": 1,  # a worker error's text, split(": ")
+    "commands.gpuview:render_gpus": 1,  # the map's device text, split(" ")
+    "commands.render:short_node": 1,  # a device as text: removeprefix("/dev/nvidia")
+    "commands.render:holders_table": 4,  # device and signal text, split and "SIG" stripped
+    "commands.vmhook:_finish": 1,  # an exception's text, removeprefix("ReportError: ")
+    "core.bounds:cap_devices": 2,  # its own "+N more" label read back
+    "core.metrics_gpus:_matches": 1,  # a PCI address as text (prefix match)
+    "core.records:in_tree": 1,  # a second /lxc/<vmid> parser (core.owners has the one)
+    "core.report:build_report": 1,  # sources["nvml"].startswith("not ")
+    "core.vmguard:plan": 1,  # a PCI address as text, rsplit(".")
+    "core.vmguard:conflicts": 1,  # a PCI address as text (prefix match)
+    "host.configfile:_executable": 1,  # its own constant HOOK_PATH, split(":")
+    "host.pidfds:stop": 1,  # signals as text, startswith("SIGKILL")
+    "host.procscan:attribute_pid": 1,  # a third /lxc/<vmid> parser
+    "host.reads:Reads._nvml_receive": 1,  # an exception's text, removeprefix
+    "host.reportfiles:write": 1,  # a private "_" key in the public report dict
+    "host.reportfiles:unsaved_text": 1,  # a private "_" key in the public report dict
+    "host.uring:judge_ring": 1,  # its own "!" marker on a finding's text
+}
+# rule 3: functions over MAX_FUNCTION_LINES (place: its lines today, the most it may have)
+DEBT_LONG_FUNCTIONS: dict[str, int] = {
+    "cleanup:_clean": 92,
+    "cleanup:stop_and_verify": 88,
+    "commands.gpus:_collect": 87,
+    "commands.install:plan_uninstall": 65,
+    "core.vmguard:plan": 65,
+    "commands.install:plan_install": 64,
+    "proxmox.guestunits:stop_units": 61,
+}
+# rule 3: functions over MAX_PARAMETERS (place: its parameters today)
+DEBT_WIDE_FUNCTIONS: dict[str, int] = {
+    "cleanup:_clean": 14,
+    "cleanup:clean": 11,
+    "commands.gpus:_collect": 10,
+    "commands.install:plan_install": 9,
+    "cleanup:discover": 8,
+    "cleanup:stop_and_verify": 8,
+    "commands.install:_install_step": 8,
+    "core.vmguard:plan": 8,
+}
+
+# ====== THE CHECKS ================================================================================
+
+RULES = "tests/unit/test_typing_rules.py"
+
+
+def _is_edge(module: str, place: str) -> bool:
+    if place.split(".")[-1] in DICT_ANY_EDGE_FUNCTIONS:
+        return True
+    key = f"{module}:{place}"
+    return any(module == e or key == e or key.startswith(e + ".") for e in DICT_ANY_EDGE)
+
+
+def _over(found: Counter[str], allowed: Mapping[str, int]) -> list[str]:
+    return sorted(k for k, n in found.items() if n > allowed.get(k, 0))
+
+
+def dict_any_breaches(scan: Scan, debt: Mapping[str, int] = DEBT_DICT_ANY,
+                      cap: int = DICT_ANY_CAP + DEBT_DICT_ANY_OVER_CAP) -> list[str]:
+    """Rule 1: each `dict[str, Any]` outside the edge and its debt, and the edge over its cap."""
+    outside = [s for s in scan.dict_any if not _is_edge(s.module, s.place)]
+    over = set(_over(Counter(s.key for s in outside), debt))
+    out = [f"{s.where}: dict[str, Any] in {s.key}, outside the serialisation edge; type it (a "
+           f"record, an enum), or if this is the edge, name it in DICT_ANY_EDGE of {RULES}"
+           for s in outside if s.key in over]
+    counted = len(scan.dict_any) - sum(min(n, debt.get(k, 0)) for k, n in
+                                       Counter(s.key for s in outside).items())
+    if counted > cap:
+        out.append(f"{counted} dict[str, Any] outside the debt places: at most {cap} "
+                   f"(DICT_ANY_CAP in {RULES})")
+    return out
+
+
+def renderer_breaches(scan: Scan, debt: Mapping[str, int] = DEBT_RENDERER_PARAMS) -> list[str]:
+    """Rule 1: a renderer's parameter annotated with a `dict[str, Any]`."""
+    params = [s for s in scan.dict_any_params if s.module in RENDERERS]
+    over = set(_over(Counter(s.key for s in params), debt))
+    return [f"{s.where}: renderer {s.key} takes {s.what!r} as a dict[str, Any]; a renderer "
+            "takes the typed record (as_dict() is for files, JSON and log lines)"
+            for s in params if s.key in over]
+
+
+def text_breaches(scan: Scan, debt: Mapping[str, int] = DEBT_TEXT_CALLS) -> list[str]:
+    """Rule 2: a call that takes text apart outside TEXT_PARSERS (and its debt)."""
+    calls = [s for s in scan.text_calls if s.key not in TEXT_PARSERS]
+    over = set(_over(Counter(s.key for s in calls), debt))
+    return [f"{s.where}: .{s.what}( in {s.key}: pveclean does not parse text it made (carry a "
+            f"typed value instead); if this parses outside text (kernel, argv, a config file, "
+            f"Proxmox), add '{s.key}' with a one-line reason to TEXT_PARSERS in {RULES}"
+            for s in calls if s.key in over]
+
+
+def long_breaches(scan: Scan, debt: Mapping[str, int] = DEBT_LONG_FUNCTIONS) -> list[str]:
+    """Rule 3: functions over MAX_FUNCTION_LINES (or over their debt's lines)."""
+    return [f"{f.site.where}: {f.site.key} has {f.lines} lines (at most {MAX_FUNCTION_LINES})"
+            for f in scan.functions
+            if f.lines > max(MAX_FUNCTION_LINES, debt.get(f.site.key, 0))]
+
+
+def wide_breaches(scan: Scan, debt: Mapping[str, int] = DEBT_WIDE_FUNCTIONS) -> list[str]:
+    """Rule 3: functions with more than MAX_PARAMETERS parameters (typer's commands aside)."""
+    return [f"{f.site.where}: {f.site.key} takes {f.params} parameters (at most "
+            f"{MAX_PARAMETERS}: gather them in a record)"
+            for f in scan.functions if not f.is_command
+            and f.params > max(MAX_PARAMETERS, debt.get(f.site.key, 0))]
+
+
+@pytest.fixture(scope="module")
+def scan() -> Scan:
+    return scan_pveclean()
+
+
+def _settle(breaches: list[str]) -> None:
+    assert not breaches, "\n".join(breaches)
+
+
+def test_dict_any_only_at_the_serialisation_edge_and_in_config_loading(scan: Scan) -> None:
+    _settle(dict_any_breaches(scan))
+
+
+def test_renderers_take_no_dict_any(scan: Scan) -> None:
+    _settle(renderer_breaches(scan))
+
+
+def test_only_the_parsers_of_outside_text_take_text_apart(scan: Scan) -> None:
+    _settle(text_breaches(scan))
+
+
+def test_no_function_over_60_lines(scan: Scan) -> None:
+    _settle(long_breaches(scan))
+
+
+def test_no_function_with_more_than_7_parameters(scan: Scan) -> None:
+    _settle(wide_breaches(scan))
+
+
+def test_any_is_counted_and_capped(scan: Scan) -> None:
+    n = len(scan.any_uses)
+    assert n <= ANY_CAP, f"Any is used {n} times in pveclean/: at most {ANY_CAP} (ANY_CAP)"
+
+
+def test_every_debt_entry_is_a_breach_still(scan: Scan) -> None:
+    """As the refactor lands, the paid entries go: the debt only ever shrinks."""
+    outside = Counter(s.key for s in scan.dict_any if not _is_edge(s.module, s.place))
+    renderer = Counter(s.key for s in scan.dict_any_params if s.module in RENDERERS)
+    text = Counter(s.key for s in scan.text_calls if s.key not in TEXT_PARSERS)
+    lines = {f.site.key: f.lines for f in scan.functions if f.lines > MAX_FUNCTION_LINES}
+    wide = {f.site.key: f.params for f in scan.functions
+            if f.params > MAX_PARAMETERS and not f.is_command}
+    edge = len(scan.dict_any) - sum(outside.values())
+    paid = [f"{table}[{key!r}]: {now} now ({'delete it' if not now else f'lower it to {now}'})"
+            for table, found, debt in (("DEBT_DICT_ANY", outside, DEBT_DICT_ANY),
+                                       ("DEBT_RENDERER_PARAMS", renderer, DEBT_RENDERER_PARAMS),
+                                       ("DEBT_TEXT_CALLS", text, DEBT_TEXT_CALLS),
+                                       ("DEBT_WIDE_FUNCTIONS", wide, DEBT_WIDE_FUNCTIONS))
+            for key, was in debt.items() if (now := found.get(key, 0)) < was]
+    paid += [f"DEBT_LONG_FUNCTIONS[{key!r}]: no longer over {MAX_FUNCTION_LINES} (delete it)"
+             for key in DEBT_LONG_FUNCTIONS if key not in lines]
+    if DEBT_DICT_ANY_OVER_CAP and edge < DICT_ANY_CAP + DEBT_DICT_ANY_OVER_CAP:
+        paid.append(f"DEBT_DICT_ANY_OVER_CAP: the edge holds {edge} now (lower it to "
+                    f"{max(0, edge - DICT_ANY_CAP)})")
+    assert not paid, f"debt paid: update {RULES}\n" + "\n".join(paid)
+
+
+def test_every_allowed_place_exists(scan: Scan) -> None:
+    """An allow-list entry for a place that is gone is a hole for whatever takes its name."""
+    modules = {p.partition(":")[0] for p in scan.places}
+    gone = [f"TEXT_PARSERS[{k!r}]" for k in TEXT_PARSERS if k not in scan.places]
+    gone += [f"DICT_ANY_EDGE[{k!r}]" for k in DICT_ANY_EDGE
+             if k not in scan.places and k not in modules]
+    gone += [f"RENDERERS: {m!r}" for m in RENDERERS if m not in modules]
+    assert not gone, f"no such place in pveclean/: update {RULES}\n" + "\n".join(gone)
+
+
+# ====== SELF-TESTS: each check fails on a new breach ============================================
+
+
+def _scan(module: str, source: str) -> Scan:
+    return scan_source(module, textwrap.dedent(source))
+
+
+@pytest.mark.parametrize("annotation", ["dict[str, Any]", "Mapping[str, Any]",
+                                        "typing.Dict[str, typing.Any]", "'dict[str, Any]'",
+                                        "list[dict[str, Any]] | None"])
+def test_the_renderer_check_fails_on_a_dict_any_parameter(annotation: str) -> None:
+    typed = _scan("commands.render", """
+        def render_gpu_line(gpu: Gpu, width: int = 80) -> str:
+            return ""
+    """)
+    assert renderer_breaches(typed) == []
+    untyped = _scan("commands.render", f"""
+        def render_gpu_line(gpu: Gpu, extra: {annotation}) -> str:
+            return ""
+    """)
+    [breach] = renderer_breaches(untyped)
+    assert "pveclean/commands/render.py:2" in breach and "'extra'" in breach
+    # and so does the whole of rule 1: a renderer is no edge
+    assert dict_any_breaches(untyped)
+
+
+def test_a_renderer_in_debt_may_not_take_one_more() -> None:
+    untyped = _scan("commands.render", """
+        def render_run(rep: dict[str, Any], more: dict[str, Any]) -> str:
+            return ""
+    """)
+    assert len(renderer_breaches(untyped)) == 2  # debt allows one, both are named
+    assert renderer_breaches(untyped, {"commands.render:render_run": 2}) == []
+
+
+def test_the_edge_may_hold_dict_any_and_is_capped() -> None:
+    edge = _scan("core.report", """
+        class Report:
+            def as_dict(self) -> dict[str, Any]:
+                d: dict[str, Any] = {}
+                return d
+        def build(rep: dict[str, Any]) -> None:
+            pass
+    """)
+    [breach] = dict_any_breaches(edge)
+    assert "core.report:build" in breach
+    assert dict_any_breaches(edge, {"core.report:build": 1}, cap=2) == []
+    assert "at most 1" in dict_any_breaches(edge, {"core.report:build": 1}, cap=1)[0]
+
+
+def test_the_text_check_fails_outside_the_parsers() -> None:
+    made = _scan("host.pidfds", """
+        import os
+        def outcome(signals: list[str]) -> bool:
+            os.path.split("/a/b")  # a module's function, not a text method
+            return any(s.startswith("SIGKILL") for s in signals)
+    """)
+    [breach] = text_breaches(made, {})
+    assert "pveclean/host/pidfds.py:5: .startswith( in host.pidfds:outcome" in breach
+    assert "TEXT_PARSERS" in breach
+    parser = _scan("host.procfs", """
+        def parse_stat(text: str) -> list[str]:
+            return text.split()
+    """)
+    assert text_breaches(parser, {}) == []
+
+
+def test_the_size_checks_fail_on_a_long_or_wide_function() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    long = _scan("core.policy", f"def step() -> None:\n{body}\n")
+    assert long.functions[0].lines == MAX_FUNCTION_LINES + 1
+    assert "core.policy:step has 61 lines" in long_breaches(long, {})[0]
+    assert long_breaches(long, {"core.policy:step": 61}) == []
+    wide = _scan("commands.cli", """
+        class Run:
+            def go(self, a, b, c, d, e, f, g) -> None: ...
+            def stop(self, a, b, c, d, e, f, g, *, h) -> None: ...
+        @command()
+        def ct(a, b, c, d, e, f, g, h) -> None: ...
+        def helper(a, b, c, d, e, f, g, *rest) -> None: ...
+    """)
+    assert [b.split(": ")[1] for b in wide_breaches(wide, {})] == [
+        "commands.cli:Run.stop takes 8 parameters (at most 7",
+        "commands.cli:helper takes 8 parameters (at most 7"]
