@@ -45,6 +45,7 @@ lab-deps:
 lint: venv
 	$(BIN)/ruff check pveclean tests packaging
 	$(BIN)/mypy
+	$(BIN)/mypy tests/unit/test_layers.py tests/unit/test_typing_rules.py tests/typing_counts.py
 	$(BIN)/pytest -q -p no:cacheprovider tests/unit/test_layers.py tests/unit/test_typing_rules.py
 	$(BIN)/python -m tests.typing_counts --summary
 

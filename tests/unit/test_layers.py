@@ -75,9 +75,9 @@ def _resolve(node: ast.ImportFrom, module: str, known: dict[str, Path]) -> list[
     return out
 
 
-def _runtime_imports(tree: ast.Module) -> list[ast.stmt]:
+def _runtime_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     """Every import statement not inside an `if TYPE_CHECKING:` block."""
-    found: list[ast.stmt] = []
+    found: list[ast.Import | ast.ImportFrom] = []
 
     def walk(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
