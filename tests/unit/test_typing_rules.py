@@ -300,7 +300,7 @@ RULES = "tests/unit/test_typing_rules.py"
 
 
 def _is_edge(module: str, place: str) -> bool:
-    if place.split(".")[-1] in DICT_ANY_EDGE_FUNCTIONS:
+    if DICT_ANY_EDGE_FUNCTIONS.intersection(place.split(".")):  # such a def, or one inside it
         return True
     key = f"{module}:{place}"
     return any(module == e or key == e or key.startswith(e + ".") for e in DICT_ANY_EDGE)
@@ -308,6 +308,12 @@ def _is_edge(module: str, place: str) -> bool:
 
 def _over(found: Counter[str], allowed: Mapping[str, int]) -> list[str]:
     return sorted(k for k, n in found.items() if n > allowed.get(k, 0))
+
+
+def _beyond_debt(scan: Scan, debt: Mapping[str, int]) -> int:
+    """The `dict[str, Any]` occurrences that no debt entry covers (the edge's, and new ones)."""
+    outside = Counter(s.key for s in scan.dict_any if not _is_edge(s.module, s.place))
+    return len(scan.dict_any) - sum(min(n, debt.get(k, 0)) for k, n in outside.items())
 
 
 def dict_any_breaches(scan: Scan, debt: Mapping[str, int] = DEBT_DICT_ANY,
@@ -318,8 +324,7 @@ def dict_any_breaches(scan: Scan, debt: Mapping[str, int] = DEBT_DICT_ANY,
     out = [f"{s.where}: dict[str, Any] in {s.key}, outside the serialisation edge; type it (a "
            f"record, an enum), or if this is the edge, name it in DICT_ANY_EDGE of {RULES}"
            for s in outside if s.key in over]
-    counted = len(scan.dict_any) - sum(min(n, debt.get(k, 0)) for k, n in
-                                       Counter(s.key for s in outside).items())
+    counted = _beyond_debt(scan, debt)
     if counted > cap:
         out.append(f"{counted} dict[str, Any] outside the debt places: at most {cap} "
                    f"(DICT_ANY_CAP in {RULES})")
@@ -402,8 +407,9 @@ def test_every_debt_entry_is_a_breach_still(scan: Scan) -> None:
     lines = {f.site.key: f.lines for f in scan.functions if f.lines > MAX_FUNCTION_LINES}
     wide = {f.site.key: f.params for f in scan.functions
             if f.params > MAX_PARAMETERS and not f.is_command}
-    edge = len(scan.dict_any) - sum(outside.values())
-    paid = [f"{table}[{key!r}]: {now} now ({'delete it' if not now else f'lower it to {now}'})"
+    edge = _beyond_debt(scan, DEBT_DICT_ANY)
+    paid = [f"{table}[{key!r}] is {was}, the code has {now}: "
+            + ("delete it" if not now else f"lower it to {now}")
             for table, found, debt in (("DEBT_DICT_ANY", outside, DEBT_DICT_ANY),
                                        ("DEBT_RENDERER_PARAMS", renderer, DEBT_RENDERER_PARAMS),
                                        ("DEBT_TEXT_CALLS", text, DEBT_TEXT_CALLS),
@@ -412,8 +418,8 @@ def test_every_debt_entry_is_a_breach_still(scan: Scan) -> None:
     paid += [f"DEBT_LONG_FUNCTIONS[{key!r}]: no longer over {MAX_FUNCTION_LINES} (delete it)"
              for key in DEBT_LONG_FUNCTIONS if key not in lines]
     if DEBT_DICT_ANY_OVER_CAP and edge < DICT_ANY_CAP + DEBT_DICT_ANY_OVER_CAP:
-        paid.append(f"DEBT_DICT_ANY_OVER_CAP: the edge holds {edge} now (lower it to "
-                    f"{max(0, edge - DICT_ANY_CAP)})")
+        paid.append(f"DEBT_DICT_ANY_OVER_CAP is {DEBT_DICT_ANY_OVER_CAP}, {edge} dict[str, Any] "
+                    f"outside the debt places now: lower it to {max(0, edge - DICT_ANY_CAP)}")
     assert not paid, f"debt paid: update {RULES}\n" + "\n".join(paid)
 
 
