@@ -30,7 +30,7 @@ from pveclean.proxmox.probe import finish_probe, start_probe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    pass
 
 
 def discover(
@@ -172,8 +172,8 @@ def stop_and_verify(
             proven, rejected = pidfds.prove_all(
                 targets[i:i + batch], lambda hs: reads.identities(hs, scope, end))
             for h, why in rejected:
-                h.outcome = Outcome.EXITED if why.startswith("exited") else Outcome.SKIPPED
-                h.signals.append(why)
+                h.outcome = why.outcome
+                h.signals.append(why.note)
             if proven:
                 exited = pidfds.stop(
                     proven, grace, end, progress,
@@ -208,8 +208,8 @@ def stop_and_verify(
                 parents = _parents(reads, new, end)
                 for h in new:
                     h.outcome, h.respawned_by = Outcome.SURVIVED, parents.get(h.ppid)
-                    h.signals.append(f"appeared after the last of {cfg.chase_rounds} rounds; "
-                                     "not signalled")
+                    h.note(f"appeared after the last of {cfg.chase_rounds} rounds; "
+                           "not signalled")
                     handled.add(h.identity)
                     all_holders.append(h)
             if step.step is not Step.POLL:
@@ -220,7 +220,7 @@ def stop_and_verify(
         round_no += 1
         if not term:
             for h in chase:
-                h.signals.append(policy.NO_GRACE)
+                h.note(policy.NO_GRACE)
         if progress:
             progress(f"round {round_no}: {len(chase)} new holder(s) appeared; stopping them")
         parents = _parents(reads, chase, end)
@@ -410,15 +410,15 @@ def _clean(
 REPORT_WAIT = 0.5  # s: writing the report may take at least this, even at the deadline
 
 
-def _write_report(rep: dict[str, Any], cfg: Config) -> str:
+def _write_report(rep: Report, cfg: Config) -> str:
     """In a worker (a report dir or metrics file on a hung NFS mount blocks here, not in the
     run): publish first, naming the file about to be written, so that what could not be
     logged or written as metrics is recorded in the report itself; then write, prune."""
-    name = reportfiles.report_name(int(rep["vmid"]), str(rep["phase"]), float(rep["_started"]))
+    name = reportfiles.report_name(rep.vmid, rep.phase, rep.started)
     failed = notify.publish(rep, str(Path(cfg.report_dir) / name), cfg.syslog,
                             cfg.syslog_socket, cfg.metrics_path, cfg.journal_socket)
-    path = reportfiles.write({**rep, "notify_errors": failed} if failed else rep, cfg.report_dir)
-    reportfiles.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
+    path = reportfiles.write_report(rep.with_notify_errors(failed), cfg.report_dir)
+    reportfiles.prune(cfg.report_dir, rep.vmid, cfg.keep_reports, cfg.max_report_age_days)
     return str(path)
 
 
@@ -435,7 +435,7 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
     with contextlib.nullcontext(writer) if writer else Worker() as wk:
         try:
-            return RunResult(rep, Path(wk.call(_write_report, rep.as_dict(), cfg, timeout=wait,
+            return RunResult(rep, Path(wk.call(_write_report, rep, cfg, timeout=wait,
                                                what="report")), code)
         except RemoteError as exc:
             why = str(exc).removeprefix("ReportError: ")
@@ -443,8 +443,8 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
             why = (f"writing the report to {cfg.report_dir} did not finish within {wait:.1f} s "
                    "(a hung file system?)")
     rep = rep.with_error(why)
-    spare = reportfiles.write_spare(rep.as_dict(), max(cfg.keep_reports, 1))
+    spare = reportfiles.write_spare(rep, max(cfg.keep_reports, 1))
     notify.publish(  # syslog only: metrics on the same hung file system would block here
-        rep.as_dict(), None if spare is None else str(spare), cfg.syslog, cfg.syslog_socket,
+        rep, None if spare is None else str(spare), cfg.syslog, cfg.syslog_socket,
         None, cfg.journal_socket)
     return RunResult(rep, None, max(code, ExitCode.REPORT), why, spare=spare)

@@ -254,11 +254,12 @@ def _finish(vmid: int, cfg: Config, record: dict[str, Any], outcome: str, code: 
     now = time.time()
     rep = {"pveclean_report": 1, "kind": "vm", "vmid": vmid, "phase": phase,
            "verdict": outcome, "host": os.uname().nodename, "time": iso(now),
-           "policy": cfg.vm_gpu_policy, **record, "_started": now}
+           "policy": cfg.vm_gpu_policy, **record}
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
     with Worker() as wk:
         try:
-            path = wk.call(reportfiles.write, rep, cfg.report_dir, timeout=wait,
+            path = wk.call(reportfiles.write, rep, cfg.report_dir,
+                           reportfiles.report_name(vmid, phase, now), timeout=wait,
                            what="writing the report")
             say(f"pveclean: VM {vmid} {phase}: {outcome}; report {path}")
         except (RemoteError, WorkerError) as exc:

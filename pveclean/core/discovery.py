@@ -110,7 +110,7 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope,
 def merge_nvml(view: HostView, procs: dict[int, dict[int, int | None]],
                read: Callable[[list[tuple[records.ProcStatus, str]], list[int]],
                               tuple[list[Holder], list[tuple[int, str | None, str | None]]]]
-               ) -> list[dict[str, object]]:
+               ) -> list[records.OtherUser]:
     """Attach NVML memory to the container's holders; return GPU users outside it. `read`
     makes holders of the container's other NVML processes, those the walk saw and those it
     did not whose own cgroup is in the container's tree (membership is the process's own
@@ -134,8 +134,7 @@ def merge_nvml(view: HostView, procs: dict[int, dict[int, int | None]],
         h.gpu_memory_mib.update(procs[h.host_pid])
         h.add_source("nvml")
         view.holders[h.host_pid] = h
-    return [{"host_pid": pid, "name": name, "cgroup": cgroup,
-             "gpu_memory_mib": {int(k): v for k, v in procs[pid].items()}}
+    return [records.OtherUser(pid, name, cgroup, {int(k): v for k, v in procs[pid].items()})
             for pid, name, cgroup in named]
 
 

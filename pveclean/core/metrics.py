@@ -5,7 +5,7 @@ names are re-exported here for the callers that use them with the series."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from pveclean.core.exposition import (
     MAX_LABEL,
@@ -22,7 +22,7 @@ from pveclean.core.verdicts import VERDICTS, Outcome
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from pveclean.core.report import Report
 
 __all__ = ["MAX_LABEL", "MIB", "RUN_FAMILIES", "Family", "cut", "escape_help", "escape_label",
            "guest_id", "number", "parse", "render", "run_families", "survived"]
@@ -56,31 +56,26 @@ def guest_id(vmid: object, kind: str = "lxc") -> str:
     return f"{kind}/{vmid}"
 
 
-def survived(rep: Mapping[str, Any]) -> int:
+def survived(rep: Report) -> int:
     """Holders that survived: counted in the summary (a report lists only some, see
     core/bounds.py), else in the holders listed."""
-    counted = (rep.get("summary") or {}).get("outcomes", {}).get(str(Outcome.SURVIVED))
-    if isinstance(counted, int):
+    counted = rep.summary.outcomes.get(str(Outcome.SURVIVED))
+    if counted is not None:
         return counted
-    return sum(1 for h in rep.get("holders", []) if h.get("outcome") == Outcome.SURVIVED)
+    return sum(1 for h in rep.holders if h.outcome == Outcome.SURVIVED)
 
 
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+def _num(value: float) -> float:
+    return float(value) if math.isfinite(value) else 0.0
 
 
-def _num(value: object) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    return float(value) if ok and math.isfinite(float(value)) else 0.0  # type: ignore[arg-type]
-
-
-def run_families(rep: Mapping[str, Any], now: float,
+def run_families(rep: Report, now: float,
                  old: Iterable[tuple[str, dict[str, str], float]] = ()) -> list[Family]:
     """The textfile after a run: `old` (the file's samples) with this run's counters added
     and its container's last-run gauges for its phase replaced. Samples of other families,
     or with other labels than ours (an older layout), are dropped."""
     fams = {n: Family(n, kind, hlp, labels) for n, (kind, hlp, labels) in RUN_FAMILIES.items()}
-    ident, phase = guest_id(rep["vmid"]), cut(rep["phase"])
+    ident, phase = guest_id(rep.vmid), cut(rep.phase)
     for name, labels, value in old:
         fam = fams.get(name)
         if fam is None or set(labels) != set(fam.labels) or not math.isfinite(value):
@@ -89,17 +84,17 @@ def run_families(rep: Mapping[str, Any], now: float,
         if name in _LAST and (labels["id"], labels["phase"]) == (ident, phase):
             continue
         fam.set(value, *key)
-    s = rep.get("summary") or {}
-    stopped = _int(s.get("stopped"))
-    freed = _int(s.get("freed_mib")) * MIB
-    leaked = sum(_int(x.get("unaccounted_mib")) for x in rep.get("leaks") or []) * MIB
-    fams["pveclean_runs_total"].add(1, ident, phase, cut(rep["verdict"]))
+    stopped = rep.summary.stopped
+    freed = rep.summary.freed_mib * MIB
+    leaked = sum(x.unaccounted_mib for x in rep.leaks or []) * MIB
+    verdict = str(rep.verdict)
+    fams["pveclean_runs_total"].add(1, ident, phase, cut(verdict))
     fams["pveclean_holders_stopped_total"].add(stopped, ident)
     fams["pveclean_freed_bytes_total"].add(freed, ident)
-    for v in dict.fromkeys([*VERDICTS, str(rep["verdict"])]):
-        fams["pveclean_last_verdict"].set(1 if rep["verdict"] == v else 0, ident, phase, v)
+    for v in dict.fromkeys([*VERDICTS, verdict]):
+        fams["pveclean_last_verdict"].set(1 if verdict == v else 0, ident, phase, v)
     last = {"pveclean_last_run_timestamp_seconds": float(round(now)),
-            "pveclean_last_run_duration_seconds": _num(rep.get("duration_s")),
+            "pveclean_last_run_duration_seconds": _num(rep.duration_s),
             "pveclean_last_holders_stopped": stopped,
             "pveclean_last_residual_holders": survived(rep),
             "pveclean_last_freed_bytes": freed, "pveclean_last_leaked_bytes": leaked}

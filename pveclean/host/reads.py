@@ -17,6 +17,8 @@ from pveclean.core.records import (
     GpuMemory,
     Holder,
     HostView,
+    NotProven,
+    Rejection,
     Scope,
 )
 from pveclean.host import pidfds, worker
@@ -220,22 +222,23 @@ class Reads:
             return "did not finish"
 
     def identities(self, holders: list[Holder], scope: Scope, end: float
-                   ) -> list[str | None]:
+                   ) -> list[Rejection | None]:
         """pidfds.check_identities of `holders`: why each may not be signalled, or None; a
         PID whose reads hang is not signalled."""
         try:
-            out: list[str | None] = self.scan.call(
+            out: list[Rejection | None] = self.scan.call(
                 pidfds.check_identities, holders, scope.vmid, scope.devices, scope.running,
                 end=end, what="identity check")
             return out
         except Unread as unread:
             if not unread.hung:
                 self.problems.append(str(unread))
-                return [f"identity check failed ({unread.exc}); not signalled"] * len(holders)
+                return [Rejection(NotProven.UNCHECKED, f"identity check failed ({unread.exc}); "
+                                  "not signalled")] * len(holders)
             self.problems.append(f"identity check did not finish before the deadline: "
                                  f"{unread.doing}")
-            return ["identity check did not finish before the deadline; not signalled"
-                    ] * len(holders)
+            return [Rejection(NotProven.UNCHECKED, "identity check did not finish before the "
+                              "deadline; not signalled")] * len(holders)
 
     def _nvml_send(self, fn: Callable[..., Any], end: float, what: str) -> bool:
         """Ask NVML's worker and go on; False when NVML is off or hung before."""
@@ -275,7 +278,7 @@ class Reads:
 
     def host(self, scope: Scope, end: float, scan_end: float | None = None,
              hold: Callable[[], None] | None = None
-             ) -> tuple[HostView | None, list[dict[str, object]], str, list[Holder]]:
+             ) -> tuple[HostView | None, list[records.OtherUser], str, list[Holder]]:
         """(host view with NVML merged, other GPU users, NVML status, holders NVML alone
         names). NVML's memory (kept in `before`) and process lists are read first, then
         `hold()` (the freezer) and the scan: the container is frozen while its tree is read,

@@ -92,8 +92,9 @@ def test_nvml_memory_goes_to_the_holders_and_outsiders_are_named() -> None:
     assert v.holders[1001].sources == ["host", "nvml"]
     assert v.holders[1003].gpu_memory_mib == {1: None} and v.holders[1003].sources == [
         "host", "nvml"]
-    assert others == [{"host_pid": 77, "name": "Xorg", "cgroup": "/system.slice/x.service",
-                       "gpu_memory_mib": {0: 300}}]
+    assert [o.as_dict() for o in others] == [
+        {"host_pid": 77, "name": "Xorg", "cgroup": "/system.slice/x.service",
+         "gpu_memory_mib": {0: 300}}]
 
 
 def test_nvml_asks_no_reads_when_every_process_is_a_known_holder() -> None:

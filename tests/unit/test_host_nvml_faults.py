@@ -115,7 +115,7 @@ def test_a_gpu_lost_between_the_reads_keeps_the_others_after_figures(
     fake.lose(1)  # its handle was given: every getter now answers GPU_IS_LOST
     fake.remove_process(0, alive[0])
     after = gpu_memory(nv.memory_rows())
-    table = {r["index"]: r for r in memory_table(before, after)}
+    table = {r.index: r.as_dict() for r in memory_table(before, after)}
     assert table[0]["freed_mib"] == GIB and "status" not in table[0]
     assert table[2]["used_after_mib"] == 0
     assert table[1]["used_after_mib"] is None and table[1]["status"] == "lost"
