@@ -130,16 +130,20 @@ def reports_table(reps: list[ReportRow]) -> list[str]:
              "REPORT")]
     for r in reps:
         rows.append((
-            safe(str(r.start)[:19].replace("T", " "), 19),
-            safe(r.vmid, 12),
-            safe(r.phase, 12),
-            safe(r.verdict, 16),
+            safe(str(_known(r.start))[:19].replace("T", " "), 19),
+            safe(_known(r.vmid), 12),
+            safe(_known(r.phase), 12),
+            safe(_known(r.verdict), 16),
             safe(f"{r.stopped}/{r.holders}", 16),
             safe(r.freed_mib, 12),
             f"{r.duration_s:.2f}",
             safe(r.name, 80),
         ))
     return table(rows)
+
+
+def _known(value: object) -> object:
+    return "?" if value is None else value
 
 
 def render_report(r: Report) -> str:

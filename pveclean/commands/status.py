@@ -24,11 +24,11 @@ def last_report(cfg: Config, vmid: int) -> dict[str, Any] | None:
     if not paths:
         return None
     try:
-        rep = reportfiles.load(paths[-1])
+        rep = reportfiles.load_row(paths[-1])
     except Exception as exc:  # a broken file (OSError, ReportError, anything) is shown, not fatal
         return {"path": str(paths[-1]), "error": f"unreadable: {type(exc).__name__}"}
-    return {"path": str(paths[-1]), "verdict": rep.get("verdict"), "phase": rep.get("phase"),
-            "start": rep.get("start")}
+    return {"path": str(paths[-1]), "verdict": rep.verdict, "phase": rep.phase,
+            "start": rep.start}
 
 
 def holders(cfg: Config, vmid: int) -> dict[str, Any]:

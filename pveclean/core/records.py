@@ -303,7 +303,7 @@ class Discovery:
     problems: list[str] = field(default_factory=list)
     probe: Any = None  # the in-namespace probe, still running (merged when it arrives)
     scanned: bool = True  # False: the host scan did not finish; the holders are unknown
-    view: Any = None  # the HostView of the first scan (maps probe PIDs to host PIDs)
+    view: HostView | None = None  # the HostView of the first scan (maps probe PIDs to host PIDs)
 
 
 def in_tree(cgroup_path: str | None, vmid: int) -> bool:

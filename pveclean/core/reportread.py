@@ -205,8 +205,8 @@ def from_dict(d: Doc) -> Report:
 
 @dataclass(frozen=True)
 class ReportRow:
-    """One past run as `pveclean reports` lists it: any report file, a VM's too (a value it
-    does not have is shown as `?`, a count as 0)."""
+    """One past run as `pveclean reports` and `status` show it: any report file, a VM's
+    too; a value the file does not have is None (shown as `?`, a count as 0)."""
 
     name: str
     start: object
@@ -221,9 +221,9 @@ class ReportRow:
 
 def row_of(name: str, d: Doc) -> ReportRow:
     s = _doc(d.get("summary"))
-    return ReportRow(name, d.get("start", "?"), d.get("vmid", "?"), d.get("phase", "?"),
-                     d.get("verdict", "?"), s.get("stopped", 0), s.get("holders", 0),
-                     s.get("freed_mib", 0), float(_num(d.get("duration_s"))))
+    return ReportRow(name, d.get("start"), d.get("vmid"), d.get("phase"), d.get("verdict"),
+                     s.get("stopped", 0), s.get("holders", 0), s.get("freed_mib", 0),
+                     float(_num(d.get("duration_s"))))
 
 
 def gpus_used(rep: Report) -> set[int]:
