@@ -58,7 +58,7 @@ def fields(rep: Report, path: str | None) -> dict[str, str]:
     """The journal fields a run is filtered on (journalctl PVECLEAN_VMID=129
     PVECLEAN_VERDICT=residual)."""
     out = {"PVECLEAN_VMID": safe(rep.vmid, 12), "PVECLEAN_PHASE": safe(rep.phase, 20),
-           "PVECLEAN_VERDICT": safe(rep.verdict, 20)}
+           "PVECLEAN_VERDICT": safe(str(rep.verdict), 20)}
     if path:
         out["PVECLEAN_REPORT"] = path
     return out
