@@ -28,10 +28,6 @@ from pveclean.proxmox import guestunits, pveconf
 from pveclean.proxmox.pct import PctReader
 from pveclean.proxmox.probe import finish_probe, start_probe
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    pass
-
 
 def discover(
     scope: Scope,
