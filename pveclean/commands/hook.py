@@ -106,7 +106,7 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     else:
         left = rep.remaining()
         names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} ({h.outcome}, "
-                          f"state {safe(h.state, 4)})" for h in left[:5])
+                          f"state {safe(h.shown_state, 4)})" for h in left[:5])
         why = f": {names}" if left else f" or cannot be ruled out: {_first_error(rep)}"
         say(f"pveclean: WARNING: CT {vmid} pre-stop: {rep.remaining_count()} GPU holder(s) "
             f"REMAIN after "
@@ -260,7 +260,7 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
             f"holder(s) of an earlier run; {_where(res)}")
         return 0
     left = rep.remaining()
-    names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} (state {safe(h.state, 4)})"
+    names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} (state {safe(h.shown_state, 4)})"
                       for h in left[:5])
     if not left:  # nothing seen that stays: not knowing is no reason to refuse
         say(f"pveclean: WARNING: CT {vmid} pre-start: could not check every leftover process: "

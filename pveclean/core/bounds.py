@@ -15,7 +15,7 @@ import dataclasses
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from pveclean.core.records import Holder, Sent
 from pveclean.core.reportparts import NotListed, UnitStop, UnitStops
@@ -27,6 +27,7 @@ class Plain(Protocol):
 
 
 P = TypeVar("P", bound=Plain)
+T = TypeVar("T")
 
 MAX_REPORT_BYTES = 1 << 20  # the report file, at most
 HOLDERS = 100  # holders listed in full
@@ -81,18 +82,23 @@ def cut_middle(s: str, limit: int = DEVICE_CHARS) -> str:
     return s[:half] + MORE + s[len(s) - (limit - 1 - half):]
 
 
-def clip(v: Any, budget: int, text: int = TEXT) -> Any:
-    """`v` with every string cut to `text` characters and every list cut where the estimated
-    YAML passes `budget`; a cut list ends with how many entries were left out."""
+def clip(v: T, budget: int, text: int = TEXT) -> T:
+    """`v` (a list of strings, or any plain value) with every string cut to `text` characters
+    and every list cut where the estimated YAML passes `budget`; a cut list ends with how
+    many entries were left out."""
+    return cast("T", _clip(v, budget, text))
+
+
+def _clip(v: object, budget: int, text: int) -> object:
     if isinstance(v, str):
         return cut(v, text)
     if isinstance(v, dict):
-        return {k: clip(x, budget, text) for k, x in v.items()}
+        return {k: _clip(x, budget, text) for k, x in v.items()}
     if isinstance(v, list | tuple):
-        out: list[Any] = []
+        out: list[object] = []
         used = 0
         for i, x in enumerate(v):
-            x = clip(x, budget, text)
+            x = _clip(x, budget, text)
             used += size(x) + 8
             if used > budget:
                 out.append(f"{MORE} {len(v) - i} more not listed")
