@@ -295,7 +295,7 @@ class Discovery:
     running: bool
     init_pid: int | None
     tree_pids: int
-    sources: dict[str, str]  # source -> "ok" or why it did not run
+    sources: dict[str, Source]  # source (host, nvml, probe, freeze) -> how far it got
     warnings: list[str] = field(default_factory=list)
     other_holders: list[OtherUser] = field(default_factory=list)
     # Why the run cannot vouch for the whole tree: PIDs whose /proc reads hung, a scan that

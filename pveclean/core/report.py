@@ -27,7 +27,6 @@ from pveclean.core.reportparts import (
     Sources,
     UnitStops,
     more_line,
-    source_of,
     sources_dict,
 )
 from pveclean.core.verdicts import REMAINING, STOPPED, Verdict, with_leaks
@@ -346,7 +345,7 @@ def build_report(stamp: Stamp, vmid: int, phase: str, dry_run: bool, found: Find
         counts[key] = counts.get(key, 0) + 1
     disc = found.disc
     warnings = list(disc.warnings)
-    sources = {name: source_of(line) for name, line in disc.sources.items()}
+    sources = dict(disc.sources)
     nvml = sources.get("nvml")
     if nvml is not None and not nvml.ok and nvml.state is not SourceState.NOT_RUN:
         warnings.append(f"NVML not used ({nvml}); verified by rescanning only")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pveclean.core.records import GpuStatus, Source, SourceState
+from pveclean.core.records import GpuStatus, Source
 
 Plain = object  # a value of the report's plain form: str, int, float, bool, None, a list or dict
 
@@ -159,23 +159,3 @@ Sources = dict[str, Source]  # source (host, nvml, probe, freeze) -> how far it 
 def sources_dict(sources: Sources) -> dict[str, Plain]:
     return {name: str(s) for name, s in sources.items()}
 
-
-_STATES = {"ok": SourceState.OK, "pending": SourceState.PENDING,
-           "disabled": SourceState.DISABLED, "disabled in config": SourceState.DISABLED,
-           "did not finish": SourceState.DID_NOT_FINISH}
-_LEADS = (("failed", SourceState.FAILED), ("unavailable", SourceState.UNAVAILABLE),
-          ("late", SourceState.LATE), ("not ", SourceState.NOT_RUN),
-          ("container not running", SourceState.NOT_RUN), ("frozen ", SourceState.OK))
-
-
-def source_of(line: str | Source) -> Source:
-    """A source's state from the line the run's steps still give for it (discovery, the
-    probe's merge and the freezer write text, host/reads.py and cleanup.py): the one place
-    that reads it, until they give a Source. A line it does not know is PARTIAL, shown as
-    it is."""
-    if isinstance(line, Source):
-        return line
-    state = _STATES.get(line)
-    if state is None:
-        state = next((s for lead, s in _LEADS if line.startswith(lead)), SourceState.PARTIAL)
-    return Source(state, None if line == str(state) else line)

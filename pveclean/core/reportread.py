@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from pveclean.core.records import Holder, OtherUser, Sent, Sig
+from pveclean.core.records import Holder, OtherUser, Sent, Sig, Source, SourceState
 from pveclean.core.report import ContainerState, Report, Summary
 from pveclean.core.reportparts import (
     GpuRow,
@@ -21,7 +21,6 @@ from pveclean.core.reportparts import (
     Settings,
     UnitStop,
     UnitStops,
-    source_of,
 )
 from pveclean.core.verdicts import Outcome, Verdict
 
@@ -67,6 +66,24 @@ def _mib(v: object) -> dict[int, int | None]:
 
 
 _SENT = re.compile(r"(SIGTERM|SIGKILL) \+(\d+(?:\.\d+)?)s(?: failed: (.*))?", re.S)
+
+
+_STATES = {"ok": SourceState.OK, "pending": SourceState.PENDING,
+           "disabled": SourceState.DISABLED, "disabled in config": SourceState.DISABLED,
+           "did not finish": SourceState.DID_NOT_FINISH}
+_LEADS = (("failed", SourceState.FAILED), ("unavailable", SourceState.UNAVAILABLE),
+          ("late", SourceState.LATE), ("not ", SourceState.NOT_RUN),
+          ("container not running", SourceState.NOT_RUN), ("frozen ", SourceState.OK))
+
+
+def source_of(line: str) -> Source:
+    """A source's line as a report shows it (str(Source)), read back: its state, and the
+    line itself where it says more than the state. A line it does not know is PARTIAL,
+    shown as it is."""
+    state = _STATES.get(line)
+    if state is None:
+        state = next((s for lead, s in _LEADS if line.startswith(lead)), SourceState.PARTIAL)
+    return Source(state, None if line == str(state) else line)
 
 
 def sent_of(line: object) -> Sent:

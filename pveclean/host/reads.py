@@ -20,6 +20,8 @@ from pveclean.core.records import (
     NotProven,
     Rejection,
     Scope,
+    Source,
+    SourceState,
 )
 from pveclean.host import pidfds, worker
 from pveclean.host.nvml import gpu_memory, w_memory, w_processes
@@ -278,7 +280,7 @@ class Reads:
 
     def host(self, scope: Scope, end: float, scan_end: float | None = None,
              hold: Callable[[], None] | None = None
-             ) -> tuple[HostView | None, list[records.OtherUser], str, list[Holder]]:
+             ) -> tuple[HostView | None, list[records.OtherUser], Source, list[Holder]]:
         """(host view with NVML merged, other GPU users, NVML status, holders NVML alone
         names). NVML's memory (kept in `before`) and process lists are read first, then
         `hold()` (the freezer) and the scan: the container is frozen while its tree is read,
@@ -294,12 +296,14 @@ class Reads:
         if hold is not None:
             hold()
         view = self._scan(scope, end if scan_end is None else scan_end, "host scan")
-        status = ("ok" if procs is not None else "disabled" if not self.nvml_on
-                  else f"unavailable: {self.nvml_error}")
+        status = (Source(SourceState.OK) if procs is not None else
+                  Source(SourceState.DISABLED) if not self.nvml_on else
+                  Source(SourceState.UNAVAILABLE, f"unavailable: {self.nvml_error}"))
         if isinstance(view, str):
             if procs is None:
                 return None, [], (status if self.nvml_error or not self.nvml_on
-                                  else f"not asked: the host scan {view}"), []
+                                  else Source(SourceState.NOT_RUN,
+                                              f"not asked: the host scan {view}")), []
             alone = HostView({}, {}, {}, None)
             others = merge_nvml(alone, procs, self._nvml_reader(scope, end))
             return None, others, status, sorted(alone.holders.values(),
@@ -314,7 +318,7 @@ class Reads:
         self.problems += self.gpus.note(self.before, faults)
         if self.before is not None and faults:
             self.before = with_faults(self.before, faults)
-        return view, merge_nvml(view, procs, self._nvml_reader(scope, end)), "ok", []
+        return view, merge_nvml(view, procs, self._nvml_reader(scope, end)), status, []
 
     def _nvml_reader(self, scope: Scope, end: float) -> Callable[..., Any]:
         """merge_nvml's `read`: w_nvml_pids in the scan's worker."""

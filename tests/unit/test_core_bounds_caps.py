@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pveclean.core import bounds, report
 from pveclean.core.config import Config
-from pveclean.core.records import Discovery, Holder, OtherUser, Sent
+from pveclean.core.records import Discovery, Holder, OtherUser, Sent, Source, SourceState
 from pveclean.core.reportparts import Leak, UnitStop, UnitStops
 from pveclean.core.reportread import gpus_used
 from pveclean.core.verdicts import Outcome, Verdict
@@ -30,7 +30,7 @@ def holder(pid: int, outcome: Outcome = Outcome.KILLED, paths: int = 64, text: s
 
 
 def make_report(holders: list[Holder], **extra: object) -> report.Report:
-    disc = Discovery(holders, True, 1, len(holders), {"host": "ok"})
+    disc = Discovery(holders, True, 1, len(holders), {"host": Source(SourceState.OK)})
     found = report.Findings(Verdict.CLEAN, holders, disc, None, None, 1, [])
     rep = report.build_report(report.Stamp("t", "h", 0.0, 1.0), 129, "manual", False, found,
                               [], Config())

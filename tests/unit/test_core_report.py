@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from pveclean.core import config, gpumap
 from pveclean.core.config import Config
-from pveclean.core.records import Discovery, GpuMemory, Holder
+from pveclean.core.records import Discovery, GpuMemory, Holder, Source, SourceState
 from pveclean.core.report import (
     LEAK_SLACK_MIB,
     MAX_VALUE,
@@ -35,6 +35,7 @@ from pveclean.core.reportread import from_dict, gpus_used
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.host import reportfiles
 
+OK = Source(SourceState.OK)
 STAMP = Stamp("9.9.9", "node1", 1_780_000_000.25, 1.234)
 TOP = ["pveclean", "vmid", "phase", "host", "start", "duration_s", "dry_run", "verdict",
        "summary", "container", "holders", "gpus", "other_gpu_users", "sources", "settings",
@@ -51,7 +52,7 @@ def holder(pid: int, outcome: Outcome | None = None, **kw: Any) -> Holder:
 
 def discovery(**kw: Any) -> Discovery:
     base: dict[str, Any] = dict(holders=[], running=True, init_pid=4242, tree_pids=7,
-                                sources={"host": "ok", "nvml": "ok", "probe": "ok"})
+                                sources={k: OK for k in ("host", "nvml", "probe")})
     base.update(kw)
     return Discovery(**base)
 
@@ -119,13 +120,15 @@ def test_values_come_from_the_stamp_the_discovery_and_the_config() -> None:
 
 
 def test_warnings_say_nvml_was_not_used_and_who_respawned() -> None:
-    disc = discovery(sources={"host": "ok", "nvml": "failed: no library"},
+    disc = discovery(sources={"host": OK,
+                              "nvml": Source(SourceState.FAILED, "failed: no library")},
                      warnings=["probe found PID 5"])
     w = full_report(disc=disc).warnings
     assert w == ["probe found PID 5",
                  "NVML not used (failed: no library); verified by rescanning only",
                  "holders were respawned by: systemd (host PID 9)"]
-    quiet = discovery(sources={"host": "ok", "nvml": "not needed: container stopped"})
+    quiet = discovery(sources={"host": OK, "nvml": Source(SourceState.NOT_RUN,
+                                                          "not needed: container stopped")})
     assert full_report(disc=quiet, holders=[]).warnings == []
 
 
