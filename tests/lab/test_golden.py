@@ -2,17 +2,21 @@
 and compared line by line, so that a refactor that must not change behaviour (issue 36)
 shows every report, `--json` output, text output, metrics file and exit code it changed.
 
-One lab serves every document (module-scoped: it takes a minute to lay out): the seeds'
-situation in CT 990101 (its other container 990102, a host daemon), `gpus`, `status`,
-`metrics`, a dry run and a real `ct` of it; the seeds again in CT 990103 stopped and
-started through the hookscript (pre-stop, post-stop with a leak, pre-start of a leftover,
-post-start); a VM start refused by the VM guard; `ct` of the other container; the
-node_exporter textfile and syslog lines those runs wrote; `reports`.
+One lab, laid out once, serves every document, made in this order (DOCUMENTS): the seeds'
+situation in CT 990101 (its other container 990102, a host daemon) seen by `gpus`, `status`
+and `metrics` (with dcgm-exporter's job files), then a dry run and a real `ct` of it; the
+seeds again in CT 990103, stopped and started through the hookscript (pre-stop, post-stop
+with a leak, pre-start of a leftover, post-start); a VM start refused by the VM guard;
+`ct` of the other container; `gpus` and `metrics` once more; `reports`; the node_exporter
+textfile and the syslog lines those runs wrote; every command's exit code.
 
 `PVECLEAN_GOLDEN=record` rewrites tests/golden/ from this run; otherwise each document is
-compared with its recording and a difference fails with a unified diff naming it. Only what
-legitimately varies between two runs is normalised (see `Normalizer`); VMIDs are fixed so
-that they, and what is named after them, stay in the documents as written.
+compared with its recording and a difference fails with a unified diff naming it.
+`PVECLEAN_GOLDEN_RAW=DIR` also writes the documents as pveclean wrote them to DIR (to see
+what the normalising did). Only what legitimately varies between two runs is normalised (see
+`Normalizer`); VMIDs are fixed so that they, and what is named after them, stay in the
+documents as written. The lab's lock (tests/lab: one lab run at a time) keeps other labs'
+processes out of the host's views.
 """
 
 from __future__ import annotations
@@ -51,13 +55,13 @@ LEAK_MIB = 2048  # GPU 1 memory no process accounts for, for post-stop's leak ch
 # The documents, in the order they are made (and their placeholders numbered).
 DOCUMENTS = [
     "seeds-gpus.json", "seeds-gpus.txt", "seeds-status.json", "seeds-status.txt",
-    "seeds-metrics.out", "seeds-metrics-gpus.prom",
+    "seeds-metrics.out", "seeds-metrics-gpus.prom", "seeds-dcgm-jobs.txt",
     "ct-dry-run.txt", "ct-dry-run.json", "ct.json", "ct-report.yaml",
     "hook-pre-stop.out", "hook-pre-stop-report.yaml", "hook-post-stop-report.yaml",
     "hook-post-stop.log", "hook-start.out", "hook-pre-start-report.yaml",
     "hook-post-start.out",
     "vm-pre-start.out", "vm-pre-start-report.yaml",
-    "ct-other.txt", "ct-other-report.yaml",
+    "ct-other.txt", "ct-other-report.yaml", "end-gpus.json", "end-metrics-gpus.prom",
     "reports.txt", "reports.json", "reports-show-ct.txt",
     "metrics.prom", "syslog.txt", "exit-codes.txt",
 ]
@@ -258,8 +262,12 @@ def _seeds_documents(runs: Runs, lab: Lab) -> None:
     runs.run("status", "--json", doc="seeds-status.json")
     runs.run("status", doc="seeds-status.txt")
     textfiles = lab.root / "node-exporter"
-    runs.run("metrics", "--textfile-dir", str(textfiles), doc="seeds-metrics.out")
+    jobs = lab.root / "dcgm-jobs"
+    runs.run("metrics", "--textfile-dir", str(textfiles), "--dcgm-job-dir", str(jobs),
+             doc="seeds-metrics.out")
     runs.docs["seeds-metrics-gpus.prom"] = (textfiles / "pveclean_gpus.prom").read_text()
+    runs.docs["seeds-dcgm-jobs.txt"] = "".join(f"== {p.name}\n{p.read_text()}"
+                                               for p in sorted(jobs.iterdir()))
     runs.run("ct", str(CT), "--dry-run", doc="ct-dry-run.txt")
     runs.run("ct", str(CT), "--dry-run", "--json", doc="ct-dry-run.json")
     runs.run("ct", str(CT), "--json", doc="ct.json")
@@ -312,6 +320,10 @@ def _last_documents(runs: Runs, lab: Lab) -> None:
     _configure(lab, probe=False)
     runs.run("ct", str(OTHER_CT), doc="ct-other.txt")
     runs.report("ct-other-report.yaml", OTHER_CT, "manual")
+    runs.run("gpus", "--json", doc="end-gpus.json")  # the VM passes GPU 0 now
+    textfiles = lab.root / "node-exporter"
+    runs.run("metrics", "--textfile-dir", str(textfiles))
+    runs.docs["end-metrics-gpus.prom"] = (textfiles / "pveclean_gpus.prom").read_text()
     runs.run("reports", doc="reports.txt")
     runs.run("reports", "--json", doc="reports.json")
     (name,) = [p.name for p in lab.report_dir.glob(f"{CT}-manual-*.yaml")]
@@ -392,6 +404,9 @@ def test_the_documents_are_the_recorded_ones(documents: dict[str, str]) -> None:
             diffs.append("".join(difflib.unified_diff(
                 recorded.splitlines(keepends=True), text.splitlines(keepends=True),
                 f"tests/golden/{name} (recorded)", f"{name} (this run)")))
+    extra = sorted({p.name for p in GOLDEN.iterdir()} - set(DOCUMENTS))
+    if extra:
+        diffs.append(f"tests/golden/ holds documents no run makes: {', '.join(extra)}")
     if diffs:
         pytest.fail("documents differ from tests/golden/ (PVECLEAN_GOLDEN=record rewrites them "
                     "once a change is meant):\n" + "\n".join(diffs), pytrace=False)
