@@ -237,11 +237,12 @@ class Runs:
                 return
 
 
-def _pids_will_not_wrap(need: int = 1500) -> None:
-    """Holders are listed in PID order: should the host's PIDs wrap around (pid_max is 32768
-    on many hosts) while a situation's processes start, their order would change. With fewer
-    than `need` PIDs left before pid_max, they are used up first, by short-lived children,
-    so that the situation's PIDs rise from the bottom of the range."""
+def _pids_will_not_wrap(need: int = 8000) -> None:
+    """Holders and other GPU users are listed in PID order: should the host's PIDs wrap around
+    (pid_max is 32768 on many hosts) between two processes' starts, their order would change.
+    With fewer than `need` PIDs left before pid_max (a run takes 1000 to 2500 on a busy
+    host), they are used up first, by short-lived children, so that all of the run's PIDs
+    rise from the bottom of the range."""
     def last() -> int:
         return int(Path("/proc/sys/kernel/ns_last_pid").read_text())
 
@@ -254,7 +255,6 @@ def _pids_will_not_wrap(need: int = 1500) -> None:
 
 
 def _seeds_documents(runs: Runs, lab: Lab) -> None:
-    _pids_will_not_wrap()
     seeds(lab, CT, other_vmid=OTHER_CT, host=True, term_delay_ms=TERM_DELAY_MS)
     lab.install_hook(CT)
     runs.run("gpus", "--json", doc="seeds-gpus.json")
@@ -278,7 +278,6 @@ def _hook_documents(runs: Runs, lab: Lab) -> None:
     """Pre-stop and post-stop as `pct stop` runs them, a leftover's pre-start and the
     post-start as `pct start` runs them, post-start once more alone."""
     assert lab.nvml is not None
-    _pids_will_not_wrap()
     seeds(lab, HOOK_CT, host=False, term_delay_ms=TERM_DELAY_MS)
     lab.install_hook(HOOK_CT)
     lab.nvml.leak(1, LEAK_MIB)  # the driver keeps memory no process accounts for
@@ -292,7 +291,6 @@ def _hook_documents(runs: Runs, lab: Lab) -> None:
     # a leftover of that run in the container's cgroup tree (as test_hook's leftover_after_stop)
     monitor = lab.cgroup(HOOK_CT).parent.parent / "lxc.monitor" / str(HOOK_CT) / "cgroup.procs"
     wait_for(lambda: not monitor.exists() or not monitor.read_text().strip(), 5)
-    _pids_will_not_wrap()
     lab.run_on_host("python3", hold=[str(lab.nodes["nvidia0"])], pidns=True,
                     cgroup=lab.cgroup(HOOK_CT) / "ns", gpu_mib={0: 700})
     runs.docs["hook-start.out"] = _out(lab.pct("start", str(HOOK_CT)))
@@ -369,6 +367,7 @@ def documents() -> Iterator[dict[str, str]]:
         sock.setblocking(False)
         _configure(lab)
         runs = Runs(lab, sock)
+        _pids_will_not_wrap()
         _seeds_documents(runs, lab)
         _hook_documents(runs, lab)
         _vm_documents(runs, lab)
