@@ -52,7 +52,7 @@ TERM_DELAY_MS = 1500  # each holder outlives SIGTERM this long (well within the 
 # probe, which lists them in the container while they stop, always sees them
 LEAK_MIB = 2048  # GPU 1 memory no process accounts for, for post-stop's leak check
 
-# The documents, in the order they are made (and their placeholders numbered).
+# The documents (tests/golden/NAME), in the order they are made.
 DOCUMENTS = [
     "seeds-gpus.json", "seeds-gpus.txt", "seeds-status.json", "seeds-status.txt",
     "seeds-metrics.out", "seeds-metrics-gpus.prom", "seeds-dcgm-jobs.txt",
@@ -224,8 +224,10 @@ class Runs:
         return r
 
     def report(self, doc: str, vmid: int, phase: str) -> None:
-        (path,) = sorted(self.lab.report_dir.glob(f"{vmid}-{phase}-*.yaml"))
-        self.docs[doc] = path.read_text()
+        """The report file the run of `phase` wrote, as written."""
+        paths = sorted(self.lab.report_dir.glob(f"{vmid}-{phase}-*.yaml"))
+        assert len(paths) == 1, f"{doc}: {len(paths)} report files of {vmid} {phase}"
+        self.docs[doc] = paths[0].read_text()
 
     def drain(self) -> None:
         """The syslog lines sent so far (read as they come: a datagram socket's queue is
