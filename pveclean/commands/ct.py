@@ -20,8 +20,8 @@ from pveclean.proxmox.pveconf import parse_vmid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pveclean.core.amendments import NotListed
     from pveclean.core.report import Report
-    from pveclean.core.reportparts import NotListed
 
 
 @dataclass

@@ -9,7 +9,6 @@ import shlex
 
 from pveclean.commands.render import unit_lines
 from pveclean.commands.table import table
-from pveclean.core.owners import Owner, OwnerKind, place
 from pveclean.core.text import safe
 from pveclean.core.units import unit_of
 
@@ -40,6 +39,8 @@ def gpu_text(mib: dict[int, int | None] | None) -> str:
 def owner_of(cgroup: str | None) -> str:
     """Why a GPU user outside the container is left alone: whose it is (core/owners.py reads
     the path; a container's monitor and a plain LXC container's count as a container)."""
+    from pveclean.core.owners import Owner, OwnerKind, place  # only when there are others
+
     where = place(cgroup or "")
     if where.number is not None:
         return f"another container ({Owner(OwnerKind.CT, where.number).label})"

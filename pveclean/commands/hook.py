@@ -19,8 +19,6 @@ from pveclean.core.config import PHASES, Config
 from pveclean.core.discovery import stall_for
 from pveclean.core.gpufaults import unchecked
 from pveclean.core.report import Report, RunResult, find_leaks
-from pveclean.core.reportparts import Leak, PreStopBrief
-from pveclean.core.reportread import gpus_used
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
@@ -31,6 +29,10 @@ from pveclean.host.nvml import Nvml
 from pveclean.host.prelude import NvmlWorker
 from pveclean.host.reads import Reads
 from pveclean.proxmox import chain, pveconf, startrecord, tasks
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pveclean.core.amendments import Leak, PreStopBrief
 
 Sink = Callable[[str, str], None]  # (text, priority: info, warning or err)
 _sink: Sink | None = None  # where a phase's lines go instead of stdout (the drop-in's journal)
@@ -180,6 +182,8 @@ def _pre_stop_config(pre: Report | None, vmid: int) -> pveconf.CtConfig | None:
 
 def _brief(pre: Report | None) -> PreStopBrief | None:
     """What a post-stop's report says of the pre-stop run."""
+    from pveclean.core.amendments import PreStopBrief
+
     if pre is None:
         return None
     return PreStopBrief(pre.start, str(pre.verdict), pre.summary.freed_mib)
@@ -189,6 +193,8 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
     """The container's processes are gone: is the GPU memory they had released?
     NVML is asked in the run's worker, within the run's deadline (see worker.py). `via`:
     what ran it, in its report, when not the hookscript (the systemd drop-in)."""
+    from pveclean.core.reportread import gpus_used  # post-stop's alone: not on every start
+
     deadline = start_deadline(cfg.deadline_seconds)
     # its settings, no init for a stopped container; closed once NVML has answered, before
     # the report is written

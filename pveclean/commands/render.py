@@ -7,7 +7,6 @@ quoting them) goes through `text.safe`: escaped, cut, and measured by displayed 
 from __future__ import annotations
 
 from pveclean.commands.table import table
-from pveclean.core.reportparts import UnitStops
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 
@@ -97,13 +96,13 @@ def memory_lines(rep: Report) -> list[str]:
 def unit_lines(rep: Report) -> list[str]:
     """What --stop-units did per unit, and the commands that stop units still at work."""
     out = []
-    stops = rep.unit_stops or UnitStops()
-    for u in stops.units:
+    stops = rep.unit_stops
+    for u in stops.units if stops else []:
         left = u.processes_left
         out.append(f"  unit {safe(u.unit, 64)}: {u.action}"
                    + (f" ({safe(u.detail, 200)})" if u.detail else "")
                    + (f", {left} process(es) left" if left else ""))
-    if stops.note:
+    if stops and stops.note:
         out.append(f"units: {safe(stops.note, 300)}")
     out += [f"hint: {safe(h, 300)}" for h in rep.hints]
     return out

@@ -18,13 +18,16 @@ from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 from pveclean.core.records import Holder, Sent
-from pveclean.core.reportparts import NotListed, UnitStop, UnitStops
 from pveclean.core.verdicts import REMAINING, Outcome
 
 
 class Plain(Protocol):
     def as_dict(self) -> dict[str, object]: ...
 
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pveclean.core.amendments import NotListed, UnitStop, UnitStops
 
 P = TypeVar("P", bound=Plain)
 T = TypeVar("T")
@@ -272,6 +275,8 @@ def not_listed(rest: list[Holder]) -> NotListed | None:
     """What a report says of the holders it does not list in full."""
     if not rest:
         return None
+    from pveclean.core.amendments import NotListed  # past the caps only
+
     outcomes = Counter(str(h.outcome) if h.outcome else "unknown" for h in rest)
     names = Counter(cut(h.name, NAME_CHARS) for h in rest)
     top = dict(names.most_common(NAMES))

@@ -18,7 +18,7 @@ from pveclean.core.exposition import (
     parse,
     render,
 )
-from pveclean.core.verdicts import VERDICTS, Outcome
+from pveclean.core.verdicts import VERDICTS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -57,12 +57,7 @@ def guest_id(vmid: object, kind: str = "lxc") -> str:
 
 
 def survived(rep: Report) -> int:
-    """Holders that survived: counted in the summary (a report lists only some, see
-    core/bounds.py), else in the holders listed."""
-    counted = rep.summary.outcomes.get(str(Outcome.SURVIVED))
-    if counted is not None:
-        return counted
-    return sum(1 for h in rep.holders if h.outcome == Outcome.SURVIVED)
+    return rep.survived()
 
 
 def _num(value: float) -> float:

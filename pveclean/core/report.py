@@ -18,18 +18,8 @@ from pveclean.core.records import (
     SourceState,
 )
 from pveclean.core.redact import MAX_VALUE, Redactor
-from pveclean.core.reportparts import (
-    GpuRow,
-    Leak,
-    NotListed,
-    PreStopBrief,
-    Settings,
-    Sources,
-    UnitStops,
-    more_line,
-    sources_dict,
-)
-from pveclean.core.verdicts import REMAINING, STOPPED, Verdict, with_leaks
+from pveclean.core.reportparts import GpuRow, Settings, Sources, more_line, sources_dict
+from pveclean.core.verdicts import REMAINING, STOPPED, Outcome, Verdict, with_leaks
 
 __all__ = ["MAX_VALUE", "Redactor", "Report", "build_report", "busy_report", "find_leaks",
            "memory_table"]
@@ -38,6 +28,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from pveclean.core.amendments import Leak, NotListed, PreStopBrief, UnitStops
     from pveclean.core.config import Config
     from pveclean.proxmox.pveconf import CtConfig
 
@@ -51,6 +42,8 @@ def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
     figure on a GPU is already the sum of its rows there (one per MIG instance, see
     host/nvml.py), so no MIG user shows as a leak. A GPU NVML could not read, or whose
     process list it could not give (`procs.faults`), is not judged: no figure, no leak."""
+    from pveclean.core.amendments import Leak  # a post-stop's only
+
     leaks = []
     unread = getattr(procs, "faults", {})
     for g in gpus:
@@ -139,6 +132,14 @@ class Report:
         """The listed holders the run left behind (survived or protected): a bounded report
         lists them first (core/bounds.py); remaining_count() counts them all."""
         return [h for h in self.holders if h.outcome in REMAINING]
+
+    def survived(self) -> int:
+        """Holders that survived: counted in the summary (a report lists only some, see
+        core/bounds.py), else in the holders listed."""
+        counted = self.summary.outcomes.get(str(Outcome.SURVIVED))
+        if counted is not None:
+            return counted
+        return sum(1 for h in self.holders if h.outcome == Outcome.SURVIVED)
 
     def remaining_count(self) -> int:
         return sum(self.summary.outcomes.get(str(o), 0) for o in REMAINING)

@@ -11,17 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from pveclean.core.amendments import Leak, NotListed, PreStopBrief, UnitStop, UnitStops
 from pveclean.core.records import Holder, OtherUser, Sent, Sig, Source, SourceState
 from pveclean.core.report import ContainerState, Report, Summary
-from pveclean.core.reportparts import (
-    GpuRow,
-    Leak,
-    NotListed,
-    PreStopBrief,
-    Settings,
-    UnitStop,
-    UnitStops,
-)
+from pveclean.core.reportparts import GpuRow, Settings
 from pveclean.core.verdicts import Outcome, Verdict
 
 

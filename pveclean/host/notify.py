@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pveclean.core import metrics
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 from pveclean.host import journal
@@ -31,7 +30,7 @@ MAX_METRICS = 4 << 20  # bytes of an existing textfile read back
 
 
 def survived(rep: Report) -> int:
-    return metrics.survived(rep)
+    return rep.survived()
 
 
 def log_line(rep: Report, path: str | None) -> str:
@@ -174,6 +173,8 @@ def update_textfile(metrics_path: str, make: Callable[[str], str],
 def write_metrics(rep: Report, metrics_path: str, lock_wait: float = LOCK_WAIT,
                   now: float | None = None) -> None:
     """This run's counters added, its container's last-run gauges for its phase replaced."""
+    from pveclean.core import metrics  # in the report's worker, not on every run's start-up
+
     when = time.time() if now is None else now
     update_textfile(metrics_path, lambda old: metrics.render(
         metrics.run_families(rep, when, metrics.parse(old))), lock_wait)

@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pveclean.core.reportparts import UnitStop, UnitStops
 from pveclean.core.text import safe
 from pveclean.core.units import shell_command, stop_command, unit_cgroup, unit_of, units_of
 from pveclean.core.verdicts import STOPPED, Outcome
@@ -17,6 +16,7 @@ from pveclean.proxmox.pct import PctMissing, run_pct
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pveclean.core.amendments import UnitStop, UnitStops
     from pveclean.core.config import Config
     from pveclean.core.records import Deadline, Discovery, Holder, Scope
     from pveclean.core.report import Report
@@ -59,6 +59,8 @@ def stop_units(vmid: int, holders: list[Holder], init_pid: int | None, cgroup_ro
     """Stop the systemd units of the container's GPU holders with one
     `pct exec VMID -- systemctl stop -- UNIT...`, bounded by `timeout`, and say per unit
     what happened (judged from the host: is the unit's cgroup empty now?)."""
+    from pveclean.core.amendments import UnitStop, UnitStops  # --stop-units only
+
     init_unit = init_unit_of(init_pid)
     infos = units_of(holders, init_unit)
     if not holders:
@@ -150,6 +152,8 @@ def before_stop(vmid: int, cfg: Config, scope: Scope, disc: Discovery, deadline:
                 dry_run: bool, progress: Callable[[str], None] | None) -> UnitStops:
     """`pveclean ct --stop-units`: stop the discovered holders' units before any signal,
     within half of what is left of the run (at most STOP_MAX_SECONDS)."""
+    from pveclean.core.amendments import UnitStops
+
     if not scope.running:
         return UnitStops(note=f"CT {vmid} is not running: no systemd to ask; cleaning up as "
                               "usual")

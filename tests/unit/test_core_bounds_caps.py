@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pveclean.core import bounds, report
+from pveclean.core.amendments import Leak, UnitStop, UnitStops
 from pveclean.core.config import Config
 from pveclean.core.records import Discovery, Holder, OtherUser, Sent, Source, SourceState
-from pveclean.core.reportparts import Leak, UnitStop, UnitStops
 from pveclean.core.reportread import gpus_used
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.host.reportfiles import to_yaml

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pveclean.core import config, gpumap
+from pveclean.core.amendments import Leak, PreStopBrief, UnitStop, UnitStops
 from pveclean.core.config import Config
 from pveclean.core.records import Discovery, GpuMemory, Holder, Source, SourceState
 from pveclean.core.report import (
@@ -30,7 +31,6 @@ from pveclean.core.report import (
     iso,
     memory_table,
 )
-from pveclean.core.reportparts import Leak, PreStopBrief, UnitStop, UnitStops
 from pveclean.core.reportread import from_dict, gpus_used
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.host import reportfiles

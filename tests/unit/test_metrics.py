@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pveclean.core import metrics
+from pveclean.core.amendments import Leak
 from pveclean.core.report import Report
-from pveclean.core.reportparts import Leak
 from pveclean.core.verdicts import VERDICTS
 from pveclean.host import notify
 from tests.reportkit import holder, report, summary
