@@ -33,7 +33,7 @@ from pveclean.core.gpumap import (
     owner_order,
     proc_of_holder,
 )
-from pveclean.core.records import GpuDevices, GpuMemory, Scope
+from pveclean.core.records import GpuDevices, GpuMemory, NvmlProcesses, Scope
 from pveclean.core.report import iso
 from pveclean.core.vmguard import conflicts
 from pveclean.errors import ExitCode, PvecleanError
@@ -97,7 +97,7 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
             pass
         except WorkerError as exc:
             raise PvecleanError(f"gpus: reading the host did not finish within {limit:.0f} s "
-                                f"({str(exc).removeprefix('gpus: ')}); nothing shown",
+                                f"({exc.why}); nothing shown",
                                 ExitCode.ACCESS) from None
         except RemoteError as exc:
             raise PvecleanError(f"gpus: {exc}", ExitCode.ACCESS) from None
@@ -106,12 +106,12 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
 
 # ---- one look at the host -----------------------------------------------------------------
 def _ask_nvml(nvml: Nvml, warnings: list[str]
-              ) -> tuple[list[GpuMemory], dict[int, dict[int, int | None]], dict[int, str], str]:
+              ) -> tuple[list[GpuMemory], NvmlProcesses, dict[int, str], str]:
     """GPU memory, processes and PCI bus ids, each answer on its own (a driver that cannot
     list processes still gives the GPUs and their bus ids), each GPU on its own (one NVML
     cannot answer for is marked with its status and reason, the others shown)."""
     gpus: list[GpuMemory] = []
-    used: dict[int, dict[int, int | None]] = {}
+    used = NvmlProcesses()
     buses: dict[int, str] = {}
     failed: list[str] = []
     for what in ("memory", "processes", "PCI bus ids"):
@@ -129,7 +129,7 @@ def _ask_nvml(nvml: Nvml, warnings: list[str]
         warnings.append(f"NVML unavailable ({why}): holders from device nodes only, no memory")
         return gpus, used, buses, f"unavailable: {why}"
     warnings += [f"NVML gave {f}" for f in failed]
-    gpus = with_faults(gpus, getattr(used, "faults", {}))
+    gpus = with_faults(gpus, used.faults)
     for g in gpus:
         if not g.ok:
             warnings.append(f"GPU {g.index} is {g.status} ({g.reason}): NVML cannot tell who "
@@ -237,7 +237,7 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
             procs[h.host_pid] = proc_of_holder(h, vmid)
     nvml_state = "ok"
     gpus: list[GpuMemory] = []
-    used: dict[int, dict[int, int | None]] = {}
+    used = NvmlProcesses()
     buses: dict[int, str] = {}
     if nvml is None:
         nvml_state = "disabled"
@@ -253,7 +253,7 @@ def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices
             warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); "
                             "host holders are shown only as NVML lists them")
     procs.update((p.host_pid, p) for p in host)
-    for pid, per_gpu in used.items():
+    for pid, per_gpu in used.by_pid.items():
         p = procs.get(pid) or attribute_pid(pid)
         p.memory.update(per_gpu)
         procs[pid] = p

@@ -262,6 +262,6 @@ def _finish(vmid: int, cfg: Config, record: dict[str, Any], outcome: str, code: 
                            what="writing the report")
             say(f"pveclean: VM {vmid} {phase}: {outcome}; report {path}")
         except (RemoteError, WorkerError) as exc:
-            say(f"pveclean: VM {vmid} {phase}: {outcome}; WARNING: report not written: "
-                f"{str(exc).removeprefix('ReportError: ')}")
+            why = exc.message(reportfiles.ReportError) if isinstance(exc, RemoteError) else exc
+            say(f"pveclean: VM {vmid} {phase}: {outcome}; WARNING: report not written: {why}")
     return code

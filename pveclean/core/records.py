@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -224,14 +224,27 @@ class GpuMemory:
     reserved_mib: int | None
     used_mib: int
     minor: int | None = None  # N of /dev/nvidiaN
-    # "ok"; "lost" (fallen off the bus: GPU_IS_LOST, Xid 79); "unavailable" (another NVML
-    # error): the figures of a GPU that is not ok are not NVML's, and `reason` says why
-    status: str = "ok"
+    # the figures of a GPU that is not ok are not NVML's, and `reason` says why
+    status: GpuStatus = GpuStatus.OK
     reason: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == GpuStatus.OK
+
+
+GpuFault = tuple[GpuStatus, str]  # why NVML could not answer for one GPU: (status, reason)
+
+
+@dataclass(frozen=True)
+class NvmlProcesses:
+    """NVML's answer to "who has memory on the GPUs": host PID -> {GPU index: MiB, None where
+    NVML cannot tell (nvitop's NA)}, each GPU asked on its own; `faults`: GPU index -> why
+    its process list could not be given (that GPU is not judged, the others are). A query
+    that gave no answer at all is None in its place, its reason said by who asked."""
+
+    by_pid: Mapping[int, Mapping[int, int | None]] = field(default_factory=dict)
+    faults: Mapping[int, GpuFault] = field(default_factory=dict)
 
 
 @dataclass
