@@ -15,7 +15,9 @@ from pveclean.host.worker import RemoteError, WorkerError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 UNBOUNDED_READ = 30.0  # s: a read's bound when the caller sets no end (tests, in-process use)
 
@@ -56,8 +58,8 @@ class Unread(Exception):
 
 @dataclass(frozen=True)
 class _Asked:
-    fn: Callable[..., Any]
-    args: tuple[Any, ...]
+    fn: Callable[..., object]
+    args: tuple[object, ...]
     end: float | None
     what: str
     skipping: bool
@@ -81,7 +83,7 @@ class Reader:
         self.skip: set[int] = set()
         self._asked: list[_Asked] = []  # sent, not yet received; oldest first
 
-    def send(self, fn: Callable[..., Any], *args: Any, end: float | None, what: str,
+    def send(self, fn: Callable[..., object], *args: object, end: float | None, what: str,
              skipping: bool = True) -> None:
         """Ask and go on (so that two workers work at once); receive() takes the answers,
         oldest first. Unread when the worker does not take the request."""
@@ -125,11 +127,12 @@ class Reader:
                 self._asked.clear()
                 raise Unread(a.what, exc, resent=True) from None
 
-    def call(self, fn: Callable[..., Any], *args: Any, end: float | None, what: str,
-             skipping: bool = True) -> Any:
+    def call(self, fn: Callable[..., T], *args: object, end: float | None, what: str,
+             skipping: bool = True) -> T:
         """send() and receive(): the answer, or Unread."""
         self.send(fn, *args, end=end, what=what, skipping=skipping)
-        return self.receive()
+        value: T = self.receive()
+        return value
 
     def forget(self) -> None:
         """Nobody will receive the reads under way: the worker reads past their answers."""

@@ -29,7 +29,9 @@ from pveclean.host.worker import WorkerError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 MEMORY, PROCESSES = "NVML memory query", "NVML process query"  # what each is called
 Answer = tuple[list[Holder], list[tuple[int, str | None, str | None]]]  # w_nvml_pids'
@@ -48,7 +50,7 @@ class NvmlSession:
         self.error: str | None = None if on else "disabled"
         self._gone = not on
 
-    def send(self, fn: Callable[..., Any], end: float, what: str) -> bool:
+    def send(self, fn: Callable[..., object], end: float, what: str) -> bool:
         """Ask NVML's worker and go on; False when NVML is off or hung before."""
         if self._gone:
             return False
@@ -252,7 +254,7 @@ class Reads:
         """NVML's processes now (the post-stop leak check)."""
         return self.nvml.processes(self.nvml.send(w_processes, end, PROCESSES))
 
-    def call(self, fn: Callable[..., Any], *args: Any, end: float, what: str) -> Any:
+    def call(self, fn: Callable[..., T], *args: object, end: float, what: str) -> T | None:
         """Any other read (each PID noted without a bound of its own: nothing to skip); None
         when it gave no answer (why goes to `problems`)."""
         try:

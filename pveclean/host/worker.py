@@ -48,7 +48,9 @@ from pveclean.host.crossing import WorkerError as WorkerError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 
 MAX_ANSWER = 256 * 1024 * 1024  # bytes: 5,000 holders with 8 KiB command lines fit
@@ -228,26 +230,29 @@ class Worker:
 
     def call(
         self,
-        fn: Callable[..., Any],
-        *args: Any,
+        fn: Callable[..., T],
+        *args: object,
         timeout: float,
         what: str,
         on_note: Callable[[Note], None] | None = None,
-    ) -> Any:
+    ) -> T:
         """fn(*args) in the worker. Raises WorkerError when it does not answer within
         `timeout` or stalls past a note's allowance (the worker is then killed), RemoteError
         when fn raised there. Answers to earlier submit()s are read past within the same
         bounds: their notes count as this call's."""
         end = time.monotonic() + max(timeout, 0.0)
         self.send(fn, *args, timeout=timeout, what=what)
-        return self.receive(end - time.monotonic(), what, on_note)
+        value: T = self.receive(end - time.monotonic(), what, on_note)
+        return value
 
-    def send(self, fn: Callable[..., Any], *args: Any, timeout: float, what: str) -> None:
+    def send(self, fn: Callable[..., object], *args: object, timeout: float, what: str
+             ) -> None:
         """The first half of call(): send fn(*args) and go on; receive() waits for its
         answer (so that two workers can work at once)."""
         self._request(fn, args, timeout, what, wanted=True)
 
-    def submit(self, fn: Callable[..., Any], *args: Any, timeout: float, what: str) -> None:
+    def submit(self, fn: Callable[..., object], *args: object, timeout: float, what: str
+               ) -> None:
         """Send fn(*args) and go on: work whose answer nobody waits for (NVML's init), done
         while the parent does something else. The next receive reads past its answer."""
         self._request(fn, args, timeout, what, wanted=False)
@@ -291,7 +296,7 @@ class Worker:
             exc.note = exc.note if exc.note is not None else last_note
             raise
 
-    def _request(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float,
+    def _request(self, fn: Callable[..., object], args: tuple[object, ...], timeout: float,
                  what: str, wanted: bool) -> None:
         if self.pid is None:
             self._start()
