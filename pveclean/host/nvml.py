@@ -95,13 +95,14 @@ class NvmlUnavailable(Exception):
 def _call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
     import threading  # here: NVML is asked in the run's worker, never in its parent
 
-    box: dict[str, Any] = {}
+    value: list[T] = []
+    error: list[BaseException] = []
 
     def target() -> None:
         try:
-            box["value"] = fn()
+            value.append(fn())
         except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
+            error.append(exc)
 
     thread = threading.Thread(target=target, name=f"nvml-{what}", daemon=True)
     thread.start()
@@ -111,9 +112,9 @@ def _call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
 
         worker.park_self()
         raise NvmlUnavailable(f"NVML {what} did not answer within {timeout:.1f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    if error:
+        raise error[0]
+    return value[0]
 
 
 def _describe(exc: BaseException) -> str:

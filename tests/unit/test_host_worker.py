@@ -234,10 +234,12 @@ def _report_error() -> None:
 
 def _every_error() -> list[BaseException]:
     from pveclean.errors import ConfigError, ExitCode, PvecleanError
+    from pveclean.host.lock import Busy
     from pveclean.host.nvml import NvmlUnavailable
     from pveclean.host.pcibind import BindError
     from pveclean.host.reads import Unread
     from pveclean.host.reportfiles import ReportError
+    from pveclean.proxmox.pct import PctMissing
 
     hung = WorkerError("host scan", "stalled", ("pid", 42), stalled=True)
     remote = RemoteError("ValueError", "bad", ValueError("bad"))
@@ -245,7 +247,7 @@ def _every_error() -> list[BaseException]:
             ReportError("cannot write"), NvmlUnavailable("NVML init failed"),
             BindError("unbind failed"), hung, remote, RemoteError("X", "y"),
             Unread("host scan", hung), Unread("parents", remote),
-            Unread("probe", hung, resent=True)]
+            Unread("probe", hung, resent=True), Busy("held by PID 7"), PctMissing("pct")]
 
 
 @pytest.mark.parametrize("exc", _every_error(), ids=lambda e: type(e).__name__)
