@@ -7,7 +7,8 @@ import os
 from functools import partial
 from pathlib import Path
 
-from pveclean.core.gpumap import Proc, full_name
+from pveclean.core.gpumap import GpuProc, full_name
+from pveclean.core.owners import HOST
 from pveclean.core.records import GpuDevices
 from pveclean.core.units import unit_of
 from pveclean.host import cgroupfs, devnodes, procfs, worker
@@ -40,7 +41,7 @@ def host_pids(root: Path) -> dict[int, str]:
 
 def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
                  skip: frozenset[int], stall: float | None
-                 ) -> tuple[list[Proc], list[str], list[int]]:
+                 ) -> tuple[list[GpuProc], list[str], list[int]]:
     """In a reader: the GPU holders among `pids` (host PID, cgroup), judged as a container's
     processes are (devnodes.judge), one line per process that could not be judged whole,
     and the PIDs judged whole to hold nothing. Each PID is marked before its /proc files are
@@ -66,8 +67,9 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
         st = procfs.read_status(pid)
         if st is None or st.state == "Z":
             continue
-        out.append(Proc(pid, full_name(st.name, procfs.argv(pid)), "host", cgroup=cgroup,
-                        unit=unit_of(cgroup), devices=got.held))
+        out.append(GpuProc(pid, full_name(st.name, procfs.argv(pid)), HOST, cgroup=cgroup,
+                           unit=unit_of(cgroup), devices=tuple(got.held),
+                           rdevs=frozenset(got.rdevs)))
     return out, unjudged, clean
 
 
@@ -115,8 +117,8 @@ class HostScan:
             self.close()
             raise
 
-    def result(self) -> tuple[list[Proc], int, list[str]]:
-        found: list[Proc] = []
+    def result(self) -> tuple[list[GpuProc], int, list[str]]:
+        found: list[GpuProc] = []
         for reader, share in zip(self.readers, self.shares, strict=True):
             try:
                 procs, unjudged, clean = reader.receive()
@@ -143,7 +145,7 @@ class HostScan:
 
 def scan_host_processes(root: Path, devices: GpuDevices, exclude: set[int],
                         end: float | None = None, readers: int | None = None,
-                        stall: float = 1.0) -> tuple[list[Proc], int, list[str]]:
+                        stall: float = 1.0) -> tuple[list[GpuProc], int, list[str]]:
     """HostScan(...).result(): the host's holders, processes looked at, what was not."""
     with HostScan(root, devices, exclude, stall, end, readers) as scan:
         return scan.result()

@@ -8,7 +8,8 @@ from functools import partial
 from pveclean.core import records
 from pveclean.core.bounds import cap_devices
 from pveclean.core.discovery import protect_reason, unwalked
-from pveclean.core.gpumap import Proc
+from pveclean.core.gpumap import GpuProc
+from pveclean.core.owners import OwnerKind, in_tree, owner_of
 from pveclean.core.records import Holder, HostView, Scope
 from pveclean.core.units import unit_of
 from pveclean.host import cgroupfs, devnodes, procfs, worker
@@ -19,7 +20,7 @@ def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder
     exe, argv = procfs.exe(st.pid), procfs.argv(st.pid)
     cgroup = f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/")
     now = cgroupfs.pid_cgroup(st.pid)  # fresher than the walk: a new process moves, then execs
-    if records.in_tree(now, scope.vmid) and now is not None:
+    if in_tree(now, scope.vmid) and now is not None:
         cgroup = now
     return Holder(
         host_pid=st.pid,
@@ -49,6 +50,7 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
     statuses: dict[int, records.ProcStatus] = {}
     init_pid = None
     unjudged: dict[int, list[str]] = {}
+    rdevs: dict[int, frozenset[int]] = {}
     # (PID, start time) -> why: a process past a cap and holding nothing in what was read,
     # kept for the worker's later scans of this run (a tenant's bloat costs the run once)
     capped: dict[tuple[int, int], list[str]] = worker.state().setdefault("capped", {})
@@ -83,10 +85,11 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
             h.devices = cap_devices(got.held)  # each device kept; the paths bounded
             h.add_source("host")
             holders[pid] = h
+            rdevs[pid] = frozenset(got.rdevs)
     truncated = getattr(tree, "truncated", None)
     if truncated:
         holders[0] = unwalked(str(truncated), scope)
-    return HostView(holders, statuses, tree, init_pid, unjudged)
+    return HostView(holders, statuses, tree, init_pid, unjudged, rdevs)
 
 
 # ---- reads made in the scan's worker (see worker.py); module-level so they pickle --------
@@ -118,7 +121,7 @@ def w_nvml_pids(found: list[tuple[records.ProcStatus, str]], unseen: list[int], 
         worker.note(("pid", pid), None)
         cg = cgroupfs.pid_cgroup(pid)
         st2 = procfs.read_status(pid)
-        if st2 is not None and records.in_tree(cg, scope.vmid) and cg is not None:
+        if st2 is not None and in_tree(cg, scope.vmid) and cg is not None:
             if st2.state != "Z" or procfs.live_threads(pid):
                 built.append(make_holder(st2, cg[len(base) + 1:] or ".", scope))
             continue  # a zombie of the container holds nothing: neither ours nor another's
@@ -144,16 +147,14 @@ def w_parents(ppids: list[int]) -> dict[int, str]:
     return out
 
 
-def attribute_pid(pid: int) -> Proc:
+def attribute_pid(pid: int) -> GpuProc:
     """An NVML process neither scan saw: owner from its cgroup (it may have just started,
     or it runs in a container whose config names no GPU)."""
     cg = cgroupfs.pid_cgroup(pid)
     st = procfs.read_status(pid)
     name = st.name if st else "?"
+    owner = owner_of(cg)
     if cg is None:
-        return Proc(pid, name, "unknown")
-    parts = cg.split("/")
-    if len(parts) > 2 and parts[1] == "lxc" and parts[2].isdigit():
-        ct_pid = st.nspid[1] if st and len(st.nspid) > 1 else None
-        return Proc(pid, name, "ct", int(parts[2]), ct_pid, unit_of(cg), cg)
-    return Proc(pid, name, "host", cgroup=cg, unit=unit_of(cg))
+        return GpuProc(pid, name, owner)
+    ct_pid = st.nspid[1] if owner.kind is OwnerKind.CT and st and len(st.nspid) > 1 else None
+    return GpuProc(pid, name, owner, ct_pid, unit_of(cg), cg)

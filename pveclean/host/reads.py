@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pveclean.core import records
 from pveclean.core.discovery import doing, merge_nvml, stall_problem
 from pveclean.core.gpufaults import GpuWatch, config_minors, with_faults
-from pveclean.core.gpumap import minors_of
+from pveclean.core.gpumap import nodes_of
 from pveclean.core.records import (
     Deadline,
     GpuMemory,
@@ -306,7 +306,8 @@ class Reads:
         # each GPU judged on its own: one NVML could not answer for is marked, and a problem
         # when it may be the container's
         faults = getattr(procs, "faults", {})
-        held = {m for h in view.holders.values() for m in minors_of(h.devices, scope.devices)}
+        held = {m for pid in view.holders for m in nodes_of(view.rdevs.get(pid, ()),
+                                                            scope.devices).minors}
         self.gpus = GpuWatch(config_minors(scope.probe_patterns), held)
         self.problems += self.gpus.note(self.before, faults)
         if self.before is not None and faults:

@@ -273,7 +273,7 @@ def test_a_wedged_container_process_costs_the_view_only_that_process(
     monkeypatch.setattr(sys.modules[__name__], "_WEDGED", {wedged})
     cfg = load(lab.env()["PVECLEAN_CONFIG"])
     t0 = time.monotonic()
-    data = gpus.collect(cfg, None, end=t0 + 4)
+    data = gpus.collect(cfg, None, end=t0 + 4).as_dict()
     assert time.monotonic() - t0 < 4
     seen = {p["host_pid"] for p in data["other_holders"] if p.get("vmid") == vmid}
     assert fine in seen and wedged not in seen, data["other_holders"]
