@@ -36,6 +36,7 @@ from pveclean.core.gpumap import (
     owner_order,
     place_all,
 )
+from pveclean.core.owners import Layout, is_ct_dir
 from pveclean.core.records import GpuDevices, GpuMemory, Scope, Source, SourceState
 from pveclean.core.vmguard import conflicts
 from pveclean.errors import ExitCode, PvecleanError
@@ -222,11 +223,11 @@ class _Look:
         """The holders of each container whose config may use a GPU (or that has none)."""
         majors = devnodes.nvidia_majors()
         try:
-            ct_dirs = sorted(e.name for e in os.scandir(self.root / "lxc") if e.is_dir())
+            ct_dirs = sorted(e.name for e in os.scandir(self.root / Layout.PVE) if e.is_dir())
         except OSError:
             ct_dirs = []
         for name in ct_dirs:
-            if not name.isdigit():
+            if not is_ct_dir(name):
                 continue
             vmid = int(name)
             try:
@@ -240,7 +241,7 @@ class _Look:
                     self.skipped.append(vmid)
                     continue
             self.scanned.append(vmid)
-            self._container(ct_reader, vmid, self.root / "lxc" / name)
+            self._container(ct_reader, vmid, self.root / Layout.PVE / name)
 
     def _container(self, ct_reader: Reader, vmid: int, cgroup_dir: Path) -> None:
         scope = Scope(vmid, cgroup_dir, self.devices, frozenset(),
