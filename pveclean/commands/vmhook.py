@@ -119,8 +119,8 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
         keeping = _call(scan, passthrough.w_keeping, cfg.pve_config_dir, minors,
                         deadline=deadline, what="reading the containers' configs")
     reservations = passthrough.pci_reservations(Path(cfg.qemu_run_dir))
-    plan = vmguard.plan(vmid, addrs, gmap, reservations, cfg.vm_gpu_policy,
-                        cfg.vm_gpu_allow_host, keeping, drivers)
+    plan = vmguard.plan(vmguard.VmStart(vmid, addrs, reservations, keeping, drivers), gmap,
+                        cfg.vm_gpu_policy, cfg.vm_gpu_allow_host)
     for line in plan.notes:
         say(f"pveclean: VM {vmid} pre-start: {line}")
     record = VmReport(vmid, "pre-start", os.uname().nodename, 0.0, cfg.vm_gpu_policy,

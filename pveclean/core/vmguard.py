@@ -98,16 +98,25 @@ def _untied(gmap: GpuMap, allow_host: list[str]) -> list[str]:
             for p in gmap.untied if not _allowed(p, allow_host)]
 
 
-def plan(vmid: int, addresses: list[str], gmap: GpuMap,
-         reservations: dict[str, int], policy: str, allow_host: list[str],
-         keeping: dict[int, list[str]] | None = None,
-         drivers: dict[str, str | None] | None = None) -> Plan:
-    """What the start of VM `vmid` may do about the holders of `addresses` (its NVIDIA GPU
-    functions). `gmap`: `pveclean gpus`' map; `reservations`: PCI id -> VMID of
-    qemu-server's live reservations (PCI.pm's pci-id-reservations); `keeping`: container ->
-    the VM's GPU addresses its config still passes (its next start would take them back);
-    `drivers`: each address's driver now (sysfs), where known."""
-    wanted = {a.lower() for a in addresses}
+@dataclass(frozen=True)
+class VmStart:
+    """What the host says of VM `vmid`'s start, beside the GPU map: its NVIDIA GPU functions
+    (`addresses`), qemu-server's live reservations (PCI.pm's pci-id-reservations: PCI id ->
+    VMID), the containers whose configs still pass one of them (`keeping`: their next start
+    would take it back), and each address's driver now (sysfs), where known."""
+
+    vmid: int
+    addresses: list[str]
+    reservations: dict[str, int] = field(default_factory=dict)
+    keeping: dict[int, list[str]] = field(default_factory=dict)
+    drivers: dict[str, str | None] = field(default_factory=dict)
+
+
+def plan(start: VmStart, gmap: GpuMap, policy: str, allow_host: list[str]) -> Plan:
+    """What the start may do about the holders of its GPUs in `gmap`, `pveclean gpus`' map,
+    under `policy` (vm_gpu_policy) and vm_gpu_allow_host."""
+    vmid, reservations, drivers = start.vmid, start.reservations, start.drivers
+    wanted = {a.lower() for a in start.addresses}
     rows = {(g.pci_bus_id or "").lower(): g for g in gmap.gpus}
     targets: list[Target] = []
     blockers: list[str] = []
@@ -120,7 +129,7 @@ def plan(vmid: int, addresses: list[str], gmap: GpuMap,
         g = rows.get(addr)
         if g is None:  # not on the nvidia driver (vfio-pci already), or NVML does not see it
             targets.append(Target(addr))
-            if (drivers or {}).get(addr) == "nvidia":
+            if drivers.get(addr) == "nvidia":
                 blockers.append(f"GPU {addr} is on the nvidia driver but NVML does not list "
                                 f"it (NVML: {safe(str(gmap.nvml), 120)}): who holds it cannot "
                                 "be told; look with `pveclean gpus`")
@@ -136,7 +145,7 @@ def plan(vmid: int, addresses: list[str], gmap: GpuMap,
                             "with `pveclean gpus`")
     if any(t.index is not None for t in targets):  # a GPU the nvidia driver has
         blockers += _untied(gmap, allow_host)
-    for ct, addrs in sorted((keeping or {}).items()):
+    for ct, addrs in sorted(start.keeping.items()):
         notes.append(f"CT {ct}'s config passes {', '.join(sorted(addrs))} too: its next start "
                      "takes the GPU back")
     frozen = {ct: (frozenset(i), frozenset(m)) for ct, (i, m) in stop.items()}

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pveclean.core.gpumap import GpuHolding, GpuMap, GpuProc, nodes_of
 from pveclean.core.records import GpuDevices
-from pveclean.core.vmguard import Decision, plan, still_held
+from pveclean.core.vmguard import Decision, Plan, VmStart, still_held
+from pveclean.core.vmguard import plan as guard
 from tests import gpumaps
 from tests.gpumaps import row
 
 A0, A1 = "0000:18:00.0", "0000:19:00.0"
+
+
+def plan(vmid: int, addresses: list[str], m: GpuMap, reservations: dict[str, int],
+         policy: str, allow_host: list[str], **start: Any) -> Plan:
+    """The guard's plan, the VM's start (`keeping`, `drivers`) spelled as the tests do."""
+    return guard(VmStart(vmid, addresses, reservations, **start), m, policy, allow_host)
 
 
 def gmap(*gpus: tuple[str, int, list[GpuHolding]], status: str = "ok", leak_mib: int = 0,
