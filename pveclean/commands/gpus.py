@@ -113,7 +113,7 @@ def _ask_nvml(nvml: Nvml, warnings: list[str]
     gpus: list[GpuMemory] = []
     used: dict[int, dict[int, int | None]] = {}
     buses: dict[int, str] = {}
-    failed: list[str] = []
+    failed: list[tuple[str, NvmlUnavailable]] = []  # (what was asked, why it failed)
     for what in ("memory", "processes", "PCI bus ids"):
         try:
             if what == "memory":
@@ -123,12 +123,13 @@ def _ask_nvml(nvml: Nvml, warnings: list[str]
             else:
                 buses = nvml.pci_bus_ids()
         except NvmlUnavailable as exc:
-            failed.append(f"no {what}: {exc}")
+            failed.append((what, exc))
     if len(failed) == 3:  # NVML itself (init, library): one line says it
-        why = failed[0].split(": ", 1)[1]
+        why = str(failed[0][1])
         warnings.append(f"NVML unavailable ({why}): holders from device nodes only, no memory")
         return gpus, used, buses, Source(SourceState.UNAVAILABLE, f"unavailable: {why}")
-    warnings += [f"NVML gave {f}" for f in failed]
+    said = [f"no {what}: {exc}" for what, exc in failed]
+    warnings += [f"NVML gave {line}" for line in said]
     gpus = with_faults(gpus, getattr(used, "faults", {}))
     for g in gpus:
         if not g.ok:
@@ -136,7 +137,7 @@ def _ask_nvml(nvml: Nvml, warnings: list[str]
                             "holds memory on it")
     if not failed:
         return gpus, used, buses, Source(SourceState.OK)
-    return gpus, used, buses, Source(SourceState.PARTIAL, f"partial: {'; '.join(failed)}")
+    return gpus, used, buses, Source(SourceState.PARTIAL, f"partial: {'; '.join(said)}")
 
 
 

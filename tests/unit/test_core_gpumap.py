@@ -154,3 +154,49 @@ def test_proc_as_dict_sorts_memory_by_gpu() -> None:
     p = _proc(5, memory={1: 10, 0: None})
     d = p.proc.as_dict()
     assert list(d["gpu_memory_mib"]) == [0, 1] and d["owner"] == "ct" and d["vmid"] == 129
+
+
+def test_the_map_as_gpus_json_prints_it() -> None:
+    """GpuMap.as_dict(): `pveclean gpus --json`'s document, its keys in their order."""
+    from pveclean.core.gpumap import GpuMap, ScanStats, VfioGpu, VmConflict, VmName
+    from pveclean.core.records import Source, SourceState
+
+    ct = _proc(10, memory={0: 1000}, minors={0}).proc
+    lost = GpuMemory(1, "GPU-1", "H100", 0, None, 0, minor=1, status="lost",
+                     reason="GPU_IS_LOST")
+    uses = (gpumap.gpu_use(_gpu(used=1000), "0000:41:00.0", [Placed(ct, Nodes())]),
+            gpumap.gpu_use(lost, None, []))
+    other = GpuProc(20, "x", Owner(OwnerKind.HOST), cgroup="/", devices=("/dev/nvidiactl",))
+    vms = (VmName(200, "trainer"),)
+    m = GpuMap("pve1", 1700000000.25, uses, (other,),
+               (VfioGpu("0000:43:00.0", "10de:2330", "vfio-pci", vms),),
+               (VmConflict(0, "0000:41:00.0", vms, (129,), 0, "refuse"),), {129: "lab"},
+               ScanStats((129,), (130,), 400, 1, 0.25, 3), Source(SourceState.OK),
+               Source(SourceState.PARTIAL, "partial: no PCI bus ids: x"), ("w",))
+    d = m.as_dict()
+    assert list(d) == ["pveclean_gpus", "host", "time", "gpus", "other_holders", "vfio",
+                       "vm_conflicts", "containers", "scan", "sources", "warnings"]
+    assert d["time"] == "2023-11-14T22:13:20.250+00:00"
+    g0, g1 = d["gpus"]  # type: ignore[misc]
+    assert list(g0) == ["index", "name", "uuid", "pci_bus_id", "minor", "total_mib",
+                        "used_mib", "reserved_mib", "processes", "by_owner_mib",
+                        "unaccounted_mib", "leak_mib", "status"]
+    assert list(g1)[-1] == "reason" and g1["total_mib"] is None and g1["used_mib"] is None
+    assert g0["processes"] == [{"host_pid": 10, "name": "p10", "owner": "ct", "vmid": 129,
+                                "ct_pid": None, "unit": None, "cgroup": None, "devices": [],
+                                "gpu_memory_mib": {0: 1000}, "memory_mib": 1000}]
+    assert g0["by_owner_mib"] == {"CT 129": 1000}
+    assert d["other_holders"] == [{"host_pid": 20, "name": "x", "owner": "host", "vmid": None,
+                                   "ct_pid": None, "unit": None, "cgroup": "/",
+                                   "devices": ["/dev/nvidiactl"], "gpu_memory_mib": {}}]
+    assert d["vfio"] == [{"pci_bus_id": "0000:43:00.0", "device": "10de:2330",
+                          "driver": "vfio-pci", "vms": [{"vmid": 200, "name": "trainer"}]}]
+    assert d["vm_conflicts"] == [{"gpu": 0, "pci_bus_id": "0000:41:00.0",
+                                  "vms": [{"vmid": 200, "name": "trainer"}],
+                                  "containers": [129], "host_holders": 0,
+                                  "next_vm_start": "refuse"}]
+    assert d["containers"] == {"129": {"hostname": "lab"}}
+    assert d["scan"] == {"containers_scanned": [129], "containers_skipped_no_gpu": [130],
+                         "host_processes": 400, "host_holders": 1, "seconds": 0.25,
+                         "host_processes_settled": 3}
+    assert d["sources"] == {"host": "ok", "nvml": "partial: no PCI bus ids: x"}
