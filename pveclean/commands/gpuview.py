@@ -39,7 +39,7 @@ def _gpu_lines(g: GpuUse, hostnames: Mapping[int, str]) -> list[str]:
     lines = ["", f"GPU {g.index}  {safe(g.gpu.name, 40)}  {g.pci_bus_id or '?'}  "
                  f"{safe(g.gpu.uuid, 48)}"]
     if not g.ok:  # NVML could not read it: say so, no figures
-        lines.append(f"  {safe(g.gpu.status, 20).upper()}: {safe(g.gpu.reason, LONG)}")
+        lines.append(f"  {safe(g.status, 20).upper()}: {safe(g.gpu.reason, LONG)}")
     else:
         lines.append(f"  memory: {_n(g.used_mib)} of {_n(g.total_mib)} MiB used{res}")
     rows: list[tuple[str, ...]] = [("OWNER", "MiB", "HOST PID", "CT PID", "NAME", "UNIT")]

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from pveclean.core.owners import Owner, OwnerKind
-from pveclean.core.records import GpuDevices, GpuMemory, Holder, Source
+from pveclean.core.records import GpuDevices, GpuMemory, GpuStatus, Holder, Source
 from pveclean.core.report import LEAK_SLACK_MIB, iso  # the post-stop hook's slack
 
 _NODE = re.compile(r"nvidia(\d+)")
@@ -143,6 +143,10 @@ class GpuUse:
     @property
     def ok(self) -> bool:
         return self.gpu.ok
+
+    @property
+    def status(self) -> GpuStatus:
+        return GpuStatus(self.gpu.status)
 
     @property
     def total_mib(self) -> int | None:

@@ -137,7 +137,7 @@ def plan(start: VmStart, gmap: GpuMap, policy: str, allow_host: list[str]) -> Pl
         targets.append(Target(addr, g.index, g.minor))
         where = f"GPU {g.index} ({addr})"
         if not g.ok:
-            blockers.append(f"{where} is {g.gpu.status}: NVML cannot tell who holds it; "
+            blockers.append(f"{where} is {g.status}: NVML cannot tell who holds it; "
                             "look with `pveclean gpus`")
         _holders(where, g, policy, allow_host, stop, blockers, notes)
         if g.leak_mib and not g.processes:
@@ -171,7 +171,7 @@ def still_held(addresses: list[str], gmap: GpuMap, allow_host: list[str]) -> lis
             out.append(f"GPU {g.index} ({addr}): {g.leak_mib} MiB still allocated with no "
                        "process")
         elif not g.ok:
-            out.append(f"GPU {g.index} ({addr}) is {g.gpu.status}: not verified")
+            out.append(f"GPU {g.index} ({addr}) is {g.status}: not verified")
     if any((g.pci_bus_id or "").lower() in wanted for g in gmap.gpus):
         out += [f"still held: {line}" for line in _untied(gmap, allow_host)]
     return out
