@@ -160,7 +160,7 @@ def render_status(view: StatusView) -> str:
         held = e.holders
         rows.append((str(e.vmid), e.node, e.status + (f" ({e.lock})" if e.lock else ""),
                      gpu_count(e),
-                     e.grant.hook if e.grant is not None else "?",
+                     str(e.grant.hook) if e.grant is not None else "?",
                      str(len(held)) if held is not None else "-",
                      str(e.gpu_memory_mib) if held is not None else "-",
                      _last(e) if e.node == view.node else "-"))

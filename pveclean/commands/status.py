@@ -4,6 +4,7 @@ and hookscript; this node's also with their current GPU holders and their last r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from pveclean.cleanup import clean
@@ -37,13 +38,20 @@ class LastReport:
                 "start": self.start}
 
 
+class HookKind(StrEnum):
+    NONE = "none"
+    OTHER = "other"  # another hookscript
+    PVECLEAN = "pveclean"
+    CHAINED = "chained"  # pveclean's, running the one it replaced after it
+
+
 @dataclass(frozen=True)
 class Grant:
     """A container's GPU config and hookscript."""
 
     lines: tuple[str, ...]  # the config lines that grant GPU nodes
     hookscript: str | None
-    hook: str  # none, other, pveclean, chained
+    hook: HookKind
     gpus: tuple[int, ...] | None  # the GPUs granted (None: every GPU of the host)
     chained: str | None
 
@@ -82,7 +90,7 @@ class CtView:
             d["error"] = self.error
         g = self.grant
         if g is not None:
-            d.update(gpu=list(g.lines), hookscript=g.hookscript, hook=g.hook,
+            d.update(gpu=list(g.lines), hookscript=g.hookscript, hook=str(g.hook),
                      gpus=None if g.gpus is None else list(g.gpus), chained=g.chained)
         if self.report_looked:
             d["last_report"] = None if self.last_report is None else self.last_report.as_dict()
@@ -196,15 +204,15 @@ def _grant(api: Api, cfg: Config, c: Container, here: str, majors: frozenset[int
         return None
     hs = conf.hookscript
     rec = chain.read_record(cfg, c.vmid) if c.node == here else None
-    kind = "none" if hs is None else "other"
+    kind = HookKind.NONE if hs is None else HookKind.OTHER
     if is_pveclean(hs):
-        kind = "chained" if rec else "pveclean"
+        kind = HookKind.CHAINED if rec else HookKind.PVECLEAN
     grant = conf.gpu(majors)
     # the GPUs, not the lines that grant them (/dev/nvidiaN, nvidiactl, nvidia-uvm and a
     # devices rule are 4 lines for one GPU); None: every GPU of the host
     return Grant(tuple(grant.lines), hs, kind,
                  None if grant.minors is None else tuple(sorted(grant.minors)),
-                 rec[0] if rec and kind == "chained" else None)
+                 rec[0] if rec and kind is HookKind.CHAINED else None)
 
 
 def _here(api: Api, cfg: Config, here: str, e: CtView, with_holders: bool) -> None:

@@ -22,7 +22,7 @@ from pveclean.core import vmguard
 from pveclean.core.config import Config
 from pveclean.core.gpumap import GpuMap
 from pveclean.core.text import safe
-from pveclean.core.vmreport import CtStop, VmReport
+from pveclean.core.vmreport import CtStop, VmReport, VmVerdict
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
 from pveclean.host import pcibind
 from pveclean.host.clock import start_deadline
@@ -128,18 +128,18 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     if plan.decision is vmguard.Decision.REFUSE:
         for line in plan.blockers:
             say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
-        return _finish(cfg, record, "refused", ExitCode.REFUSE, deadline=deadline)
+        return _finish(cfg, record, VmVerdict.REFUSED, ExitCode.REFUSE, deadline=deadline)
     if plan.decision is vmguard.Decision.STOP:
         record, left = _stop_holders(vmid, cfg, nvml, plan, deadline, record)
         if left:
             for line in left:
                 say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
-            return _finish(cfg, record, "residual", ExitCode.REFUSE, deadline=deadline)
+            return _finish(cfg, record, VmVerdict.RESIDUAL, ExitCode.REFUSE, deadline=deadline)
         say(f"pveclean: VM {vmid} pre-start: GPU {', '.join(addrs)} verified free")
     if cfg.vm_gpu_rebind:
         record = record.with_rebind(_rebind(vmid, cfg, addrs, deadline))
-    return _finish(cfg, record, "clear" if plan.decision is vmguard.Decision.CLEAR
-                   else "stopped", ExitCode.OK, deadline=deadline)
+    return _finish(cfg, record, VmVerdict.CLEAR if plan.decision is vmguard.Decision.CLEAR
+                   else VmVerdict.STOPPED, ExitCode.OK, deadline=deadline)
 
 
 def _stop_holders(vmid: int, cfg: Config, nvml: NvmlWorker, plan: vmguard.Plan,
@@ -248,10 +248,10 @@ def post_stop(vmid: int, cfg: Config, fs: pcibind.Sysfs | None = None) -> None:
     path.unlink()
     record = VmReport(vmid, "post-stop", os.uname().nodename, 0.0, cfg.vm_gpu_policy,
                       given_back=given_back)
-    _finish(cfg, record, "given-back", ExitCode.OK, deadline=deadline)
+    _finish(cfg, record, VmVerdict.GIVEN_BACK, ExitCode.OK, deadline=deadline)
 
 
-def _finish(cfg: Config, record: VmReport, outcome: str, code: int,
+def _finish(cfg: Config, record: VmReport, outcome: VmVerdict, code: int,
             deadline: Deadline | None = None) -> int:
     """The VM's report (kind: vm), written as the containers' are: in a worker, within
     REPORT_WAIT at least (a report dir on a hung NFS mount blocks there, not the start); a

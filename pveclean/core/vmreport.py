@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from pveclean.core.report import iso
 from pveclean.core.vmguard import Plan
@@ -19,6 +20,15 @@ if TYPE_CHECKING:
         def as_dict(self) -> dict[str, object]: ...
 
 Json = dict[str, object]
+
+
+class VmVerdict(StrEnum):
+    CLEAR = "clear"  # nothing held the VM's GPUs
+    STOPPED = "stopped"  # the containers' holders were stopped, the GPUs verified free
+    REFUSED = "refused"  # a holder the policy may not stop: the start refused
+    RESIDUAL = "residual"  # stopped, yet something still holds a GPU: the start refused
+    GIVEN_BACK = "given-back"  # post-stop: the GPUs handed back to their drivers
+    PENDING = ""  # not decided yet
 
 
 @dataclass(frozen=True)
@@ -39,7 +49,7 @@ class VmReport:
     host: str
     started: float  # Unix time: the report's `time` and its file name's (set at the end)
     policy: str
-    verdict: str = ""  # clear, stopped, refused, residual, given-back
+    verdict: VmVerdict = VmVerdict.PENDING
     plan: Plan | None = None  # pre-start's
     stopped: Mapping[int, CtStop] = field(default_factory=dict)  # pre-start's, by container
     rebind: Mapping[str, Moved | str] | None = None  # address -> what moved, or why not
@@ -51,12 +61,12 @@ class VmReport:
     def with_rebind(self, rebind: Mapping[str, Moved | str]) -> VmReport:
         return replace(self, rebind=dict(rebind))
 
-    def finished(self, verdict: str, at: float) -> VmReport:
+    def finished(self, verdict: VmVerdict, at: float) -> VmReport:
         return replace(self, verdict=verdict, started=at)
 
     def as_dict(self) -> Json:
         d: Json = {"pveclean_report": 1, "kind": "vm", "vmid": self.vmid, "phase": self.phase,
-                   "verdict": self.verdict, "host": self.host, "time": iso(self.started),
+                   "verdict": str(self.verdict), "host": self.host, "time": iso(self.started),
                    "policy": self.policy}
         if self.plan is not None:
             d["plan"] = self.plan.as_dict()
