@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from pveclean.core.owners import in_tree as in_tree  # the one cgroup-path parser
 from pveclean.core.verdicts import Outcome
 
 TYPE_CHECKING = False
@@ -63,6 +64,8 @@ class HostView:
     # host PID -> why part of what it holds could not be judged (an fd table or maps past
     # its cap, an fd whose stat failed, an io_uring ring whose files were not listed)
     unjudged: dict[int, list[str]] = field(default_factory=dict)
+    # holder's host PID -> the device numbers of the GPU nodes it holds (its `devices`)
+    rdevs: dict[int, frozenset[int]] = field(default_factory=dict)
 
     def unjudged_problems(self, most: int = 20) -> list[str]:
         """One problem per process that could not be judged whole (any rules out `clean`),
@@ -266,10 +269,6 @@ class Discovery:
     view: Any = None  # the HostView of the first scan (maps probe PIDs to host PIDs)
 
 
-def in_tree(cgroup_path: str | None, vmid: int) -> bool:
-    return cgroup_path is not None and (
-        cgroup_path == f"/lxc/{vmid}" or cgroup_path.startswith(f"/lxc/{vmid}/")
-    )
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pveclean.core import records
 from pveclean.core.discovery import merge_nvml, nvml_source, only_gpus
 from pveclean.core.gpufaults import GpuWatch, config_minors, with_faults
-from pveclean.core.gpumap import minors_of
+from pveclean.core.gpumap import nodes_of
 from pveclean.core.records import (
     Deadline,
     GpuMemory,
@@ -197,7 +197,8 @@ class Reads:
             return view, [], status, []
         # each GPU judged on its own: one NVML could not answer for is marked, and a problem
         # when it may be the container's
-        held = {m for h in view.holders.values() for m in minors_of(h.devices, scope.devices)}
+        held = {m for pid in view.holders for m in nodes_of(view.rdevs.get(pid, ()),
+                                                            scope.devices).minors}
         self.gpus = GpuWatch(config_minors(scope.probe_patterns), held)
         self.problems += self.gpus.note(self.before, procs.faults)
         if self.before is not None and procs.faults:

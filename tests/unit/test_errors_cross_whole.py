@@ -13,6 +13,7 @@ from pveclean import cleanup
 from pveclean.commands import vmhook
 from pveclean.core.config import Config
 from pveclean.core.report import Stamp, busy_report
+from pveclean.core.vmreport import VmReport, VmVerdict
 from pveclean.errors import ExitCode
 from pveclean.host import reportfiles
 from pveclean.host.clock import start_deadline
@@ -38,7 +39,8 @@ def test_a_run_s_report_that_cannot_be_written_says_why_in_its_own_words(
 
 def test_the_vm_hook_s_report_that_cannot_be_written_says_why_in_its_own_words(
         cfg: Config, capsys: pytest.CaptureFixture[str]) -> None:
-    code = vmhook._finish(200, cfg, {}, "clear", ExitCode.OK, deadline=start_deadline(5))
+    record = VmReport(200, "pre-start", "host", 0.0, cfg.vm_gpu_policy)
+    code = vmhook._finish(cfg, record, VmVerdict.CLEAR, ExitCode.OK, deadline=start_deadline(5))
     out = capsys.readouterr().out
     assert code == ExitCode.OK
     assert out.startswith("pveclean: VM 200 pre-start: clear; WARNING: report not written: "
