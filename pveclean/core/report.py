@@ -14,6 +14,7 @@ from pveclean.core.records import (
     GpuMemory,
     GpuStatus,
     Holder,
+    NvmlProcesses,
     OtherUser,
     SourceState,
 )
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack, contexts
 
 
-def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
+def find_leaks(gpus: list[GpuMemory], procs: NvmlProcesses,
                minors: set[int], used_by_ct: set[int]) -> list[Leak]:
     """Memory allocated on the container's GPUs that no live process accounts for. A PID's
     figure on a GPU is already the sum of its rows there (one per MIG instance, see
@@ -45,7 +46,7 @@ def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
     from pveclean.core.amendments import Leak  # a post-stop's only
 
     leaks = []
-    unread = getattr(procs, "faults", {})
+    unread = procs.faults
     for g in gpus:
         if g.reserved_mib is None or not g.ok or g.index in unread:
             continue  # NVML v1 mixes reserved into used, or NVML did not answer: unknowable
@@ -54,7 +55,7 @@ def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
                 continue  # not one of this container's GPUs
         elif used_by_ct and g.index not in used_by_ct:
             continue
-        accounted = sum(m or 0 for per in procs.values() for i, m in per.items()
+        accounted = sum(m or 0 for per in procs.by_pid.values() for i, m in per.items()
                         if i == g.index)
         unaccounted = g.used_mib - accounted
         if unaccounted > LEAK_SLACK_MIB:
