@@ -191,7 +191,9 @@ def list_reports(report_dir: str, vmid: int | None = None) -> list[Path]:
     return [d / n for n in sorted(names, key=lambda n: (n.split("-")[-1], n))]
 
 
-def load(path: Path) -> dict[str, Any]:
+def load(path: Path) -> dict[str, object]:
+    """A report file's plain values, as YAML gives them (read as a report by
+    core/reportread.py); ReportError naming the file when it is no YAML mapping."""
     import yaml
 
     try:
