@@ -11,7 +11,8 @@ from pveclean.core import policy, records, report, verdicts
 from pveclean.core.config import Config
 from pveclean.core.discovery import merge_probe, stall_for
 from pveclean.core.policy import Step
-from pveclean.core.records import Deadline, Discovery, Holder, ProcIdentity, Scope
+from pveclean.core.records import Deadline, Discovery, Holder, ProcIdentity, Scope, Source
+from pveclean.core.records import SourceState as State
 from pveclean.core.report import Findings, Report, RunResult, build_report, busy_report
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.errors import ExitCode, PvecleanError
@@ -22,15 +23,11 @@ from pveclean.host.lock import Busy, container_lock
 from pveclean.host.nvml import Nvml
 from pveclean.host.pidfds import fd_budget, raise_open_files_limit
 from pveclean.host.procscan import w_make_holders, w_parents
-from pveclean.host.reads import Reads
+from pveclean.host.runreads import Reads
 from pveclean.host.worker import RemoteError, Worker, WorkerError
 from pveclean.proxmox import guestunits, pveconf
 from pveclean.proxmox.pct import PctReader
 from pveclean.proxmox.probe import finish_probe, start_probe
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 
 def discover(
@@ -39,7 +36,7 @@ def discover(
     pct_command: str | None,
     deadline: Deadline,
     end: float,
-    no_probe: str = "disabled in config",
+    no_probe: Source = Source(State.DISABLED, "disabled in config"),
     fz: Freezer | None = None,
     keep: float = 0.0,
 ) -> Discovery:
@@ -47,27 +44,27 @@ def discover(
     merges it when it arrives, see stop_and_verify): it never holds up a stop or a verdict.
     The tree is read frozen (`fz`); the host scan leaves `keep` s of the time to `end` (at
     most half of it) for stopping what NVML alone names, should the scan not finish."""
-    sources = {"host": "ok"}
+    sources = {"host": Source(State.OK)}
     warnings: list[str] = []
     running = scope.running
     probing: PctReader | None = None
     if pct_command is None:
         sources["probe"] = no_probe
     elif not running:
-        sources["probe"] = "container not running"
+        sources["probe"] = Source(State.NOT_RUN, "container not running")
     else:
         try:
             probing = PctReader(start_probe(scope, pct_command))
-            sources["probe"] = "pending"
+            sources["probe"] = Source(State.PENDING)
         except RuntimeError as exc:
-            sources["probe"] = f"failed: {exc}"
+            sources["probe"] = Source(State.FAILED, f"failed: {exc}")
             warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
     scan_end = end - min(keep, max(end - time.monotonic(), 0.0) / 2)
     view, others, nvml_status, late = reads.host(scope, end, scan_end,
                                                    None if fz is None else fz.hold)
     sources["nvml"] = nvml_status
     if view is None:
-        sources["host"] = "did not finish"
+        sources["host"] = Source(State.DID_NOT_FINISH)
         if late:
             warnings.append(f"the host scan did not finish: {len(late)} process(es) that NVML "
                             "lists in the container's cgroup tree are stopped; others may hold "
@@ -118,10 +115,10 @@ def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
     try:
         result = finish_probe(proc, max(wait, 0.01))
     except RuntimeError as exc:
-        disc.sources["probe"] = f"failed: {exc}"
+        disc.sources["probe"] = Source(State.FAILED, f"failed: {exc}")
         disc.warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
         return []
-    disc.sources["probe"] = "ok"
+    disc.sources["probe"] = Source(State.OK)
     if disc.view is None:
         return []
 
@@ -134,7 +131,7 @@ def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
     return new
 
 
-def _drop_probe(disc: Discovery, why: str) -> None:
+def _drop_probe(disc: Discovery, why: Source) -> None:
     """Kill a probe still running, its whole process group, unread (PctReader.abandon)."""
     if disc.probe is not None:
         probing, disc.probe = disc.probe, None
@@ -172,8 +169,8 @@ def stop_and_verify(
             proven, rejected = pidfds.prove_all(
                 targets[i:i + batch], lambda hs: reads.identities(hs, scope, end))
             for h, why in rejected:
-                h.outcome = Outcome.EXITED if why.startswith("exited") else Outcome.SKIPPED
-                h.signals.append(why)
+                h.outcome = why.outcome
+                h.signals.append(why.note)
             if proven:
                 exited = pidfds.stop(
                     proven, grace, end, progress,
@@ -208,8 +205,8 @@ def stop_and_verify(
                 parents = _parents(reads, new, end)
                 for h in new:
                     h.outcome, h.respawned_by = Outcome.SURVIVED, parents.get(h.ppid)
-                    h.signals.append(f"appeared after the last of {cfg.chase_rounds} rounds; "
-                                     "not signalled")
+                    h.note(f"appeared after the last of {cfg.chase_rounds} rounds; "
+                           "not signalled")
                     handled.add(h.identity)
                     all_holders.append(h)
             if step.step is not Step.POLL:
@@ -220,7 +217,7 @@ def stop_and_verify(
         round_no += 1
         if not term:
             for h in chase:
-                h.signals.append(policy.NO_GRACE)
+                h.note(policy.NO_GRACE)
         if progress:
             progress(f"round {round_no}: {len(chase)} new holder(s) appeared; stopping them")
         parents = _parents(reads, chase, end)
@@ -337,9 +334,9 @@ def _clean(
         errors: list[str] = []
         # A dry run starts no probe: it shows what a cleanup would act on now, and the probe's
         # findings would come in after it (a `pct exec` takes 0.5 s on Proxmox to start).
-        no_probe = ("disabled in config" if not cfg.probe else
-                    "container not running" if not scope.running else
-                    "not run: a dry run shows what the host view and NVML find")
+        no_probe = (Source(State.DISABLED, "disabled in config") if not cfg.probe else
+                    Source(State.NOT_RUN, "container not running" if not scope.running
+                           else "not run: a dry run shows what the host view and NVML find"))
         g = cfg.grace_seconds if grace is None else grace
         fz = Freezer(scope.cgroup_dir, cfg.state_dir, vmid, not (dry_run or idle),
                      "not used: a dry run changes nothing (its tree was read while it ran)"
@@ -350,7 +347,8 @@ def _clean(
             before = reads.before  # asked with the host scan
             disc.warnings += ctconf.unapplied()  # lines Proxmox does not apply either
             if idle:
-                disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
+                disc.sources["nvml"] = Source(State.NOT_RUN, "not needed: container "
+                                              "stopped, its cgroup tree is empty")
             if progress:
                 progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
             unit_stops = None
@@ -379,20 +377,20 @@ def _clean(
                     # how long verification took after the last holder was gone (pidfd readable)
                     verify_s = round(time.monotonic() - last_exit, 3)
                 verdict = verdicts.after_stop(verified, [h.outcome for h in holders])
-        disc.sources["freeze"] = fz.summary()
+        disc.sources["freeze"] = Source(State.OK if fz.holds else State.NOT_RUN, fz.summary())
         disc.warnings += fz.warnings
         if disc.probe is not None:
-            late = ("not waited for: the host view and NVML found nothing to clean"
-                    if not holders else
-                    f"late: not finished when the run ended ({deadline.elapsed():.2f} s); "
-                    "its findings were not used")
+            late = (Source(State.NOT_RUN, "not waited for: the host view and NVML "
+                           "found nothing to clean") if not holders else
+                    Source(State.LATE, f"late: not finished when the run ended "
+                           f"({deadline.elapsed():.2f} s); its findings were not used"))
             _drop_probe(disc, late)
         asked = not (dry_run or idle) and (disc.scanned or bool(holders))
         after = reads.memory(end) if asked else before
         problems = list(dict.fromkeys(reads.problems))
         errors += problems
         verdict = verdicts.with_problems(verdict, problems)
-        if reads.nvml_error and not idle and disc.sources.get("nvml") == "ok":
+        if reads.nvml_error and not idle and disc.sources["nvml"].ok:
             errors.append(reads.nvml_error)
         found = Findings(verdict, holders, disc, before, after, rounds, errors, verify_s,
                          len(reads.killed))
@@ -410,15 +408,15 @@ def _clean(
 REPORT_WAIT = 0.5  # s: writing the report may take at least this, even at the deadline
 
 
-def _write_report(rep: dict[str, Any], cfg: Config) -> str:
+def _write_report(rep: Report, cfg: Config) -> str:
     """In a worker (a report dir or metrics file on a hung NFS mount blocks here, not in the
     run): publish first, naming the file about to be written, so that what could not be
     logged or written as metrics is recorded in the report itself; then write, prune."""
-    name = reportfiles.report_name(int(rep["vmid"]), str(rep["phase"]), float(rep["_started"]))
+    name = reportfiles.report_name(rep.vmid, rep.phase, rep.started)
     failed = notify.publish(rep, str(Path(cfg.report_dir) / name), cfg.syslog,
                             cfg.syslog_socket, cfg.metrics_path, cfg.journal_socket)
-    path = reportfiles.write({**rep, "notify_errors": failed} if failed else rep, cfg.report_dir)
-    reportfiles.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
+    path = reportfiles.write_report(rep.with_notify_errors(failed), cfg.report_dir)
+    reportfiles.prune(cfg.report_dir, rep.vmid, cfg.keep_reports, cfg.max_report_age_days)
     return str(path)
 
 
@@ -435,16 +433,16 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
     with contextlib.nullcontext(writer) if writer else Worker() as wk:
         try:
-            return RunResult(rep, Path(wk.call(_write_report, rep.as_dict(), cfg, timeout=wait,
+            return RunResult(rep, Path(wk.call(_write_report, rep, cfg, timeout=wait,
                                                what="report")), code)
         except RemoteError as exc:
-            why = str(exc).removeprefix("ReportError: ")
+            why = exc.message(reportfiles.ReportError)
         except WorkerError:
             why = (f"writing the report to {cfg.report_dir} did not finish within {wait:.1f} s "
                    "(a hung file system?)")
     rep = rep.with_error(why)
-    spare = reportfiles.write_spare(rep.as_dict(), max(cfg.keep_reports, 1))
+    spare = reportfiles.write_spare(rep, max(cfg.keep_reports, 1))
     notify.publish(  # syslog only: metrics on the same hung file system would block here
-        rep.as_dict(), None if spare is None else str(spare), cfg.syslog, cfg.syslog_socket,
+        rep, None if spare is None else str(spare), cfg.syslog, cfg.syslog_socket,
         None, cfg.journal_socket)
     return RunResult(rep, None, max(code, ExitCode.REPORT), why, spare=spare)

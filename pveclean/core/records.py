@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from pveclean.core.owners import in_tree as in_tree  # the one cgroup-path parser
 from pveclean.core.verdicts import Outcome
 
 TYPE_CHECKING = False
@@ -63,6 +64,8 @@ class HostView:
     # host PID -> why part of what it holds could not be judged (an fd table or maps past
     # its cap, an fd whose stat failed, an io_uring ring whose files were not listed)
     unjudged: dict[int, list[str]] = field(default_factory=dict)
+    # holder's host PID -> the device numbers of the GPU nodes it holds (its `devices`)
+    rdevs: dict[int, frozenset[int]] = field(default_factory=dict)
 
     def unjudged_problems(self, most: int = 20) -> list[str]:
         """One problem per process that could not be judged whole (any rules out `clean`),
@@ -115,11 +118,21 @@ class Holder:
     sources: list[str] = field(default_factory=list)
     protected: str | None = None  # reason this one is never signalled
     outcome: Outcome | None = None
-    signals: list[str] = field(default_factory=list)
+    signals: list[Sent] = field(default_factory=list)
     wchan: str | None = None
     respawned_by: str | None = None
     round: int = 0
     unit: str | None = None  # systemd unit in its container (from the cgroup path; untrusted)
+    frozen: bool = False  # its cgroup was frozen when it was last seen (a survivor's)
+
+    @property
+    def shown_state(self) -> str:
+        """Its state as a report shows it: `D`, or `D (frozen)`."""
+        return f"{self.state} (frozen)" if self.frozen else self.state
+
+    def note(self, text: str) -> None:
+        """Record in its signal record why it was not signalled (or not given a grace)."""
+        self.signals.append(Sent(note=text))
 
     @property
     def identity(self) -> ProcIdentity:
@@ -129,15 +142,15 @@ class Holder:
         if source not in self.sources:
             self.sources.append(source)
 
-    def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def as_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {
             "host_pid": self.host_pid,
             "ct_pid": self.ct_pid,
             "name": self.name,
             "exe": self.exe,
             "cmdline": list(self.argv),
             "user": self.user,
-            "state": self.state,
+            "state": self.shown_state,
             "ppid": self.ppid,
             "cgroup": self.cgroup,
             "unit": self.unit,
@@ -145,7 +158,7 @@ class Holder:
             "gpu_memory_mib": {int(k): v for k, v in sorted(self.gpu_memory_mib.items())},
             "sources": self.sources,
             "outcome": str(self.outcome) if self.outcome is not None else None,
-            "signals": self.signals,
+            "signals": [str(s) for s in self.signals],
         }
         if self.protected:
             d["protected"] = self.protected
@@ -215,6 +228,35 @@ class Sent:
         return f"{text} failed: {self.error}" if self.error is not None else text
 
 
+class NotProven(StrEnum):
+    """Why a holder was not signalled: it could not be proven the process that was found."""
+
+    EXITED = "exited"  # gone before it was signalled: nothing to signal
+    REUSED = "reused"  # its PID is another process's now
+    LEFT_TREE = "left tree"  # no longer in the container's cgroup tree
+    HOST_NAMESPACE = "host namespace"
+    INIT = "init"  # the container's PID 1
+    NO_DEVICE = "no device"  # no longer holds a GPU device
+    UNCHECKED = "unchecked"  # its identity could not be checked (a read failed or hung)
+    PIDFD = "pidfd"  # its pidfd could not be opened or signalled
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why one holder was not signalled, and the line its signal record shows for it."""
+
+    reason: NotProven
+    text: str
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.EXITED if self.reason is NotProven.EXITED else Outcome.SKIPPED
+
+    @property
+    def note(self) -> Sent:
+        return Sent(note=self.text)
+
+
 @dataclass
 class GpuMemory:
     index: int
@@ -224,14 +266,41 @@ class GpuMemory:
     reserved_mib: int | None
     used_mib: int
     minor: int | None = None  # N of /dev/nvidiaN
-    # "ok"; "lost" (fallen off the bus: GPU_IS_LOST, Xid 79); "unavailable" (another NVML
-    # error): the figures of a GPU that is not ok are not NVML's, and `reason` says why
-    status: str = "ok"
+    # the figures of a GPU that is not ok are not NVML's, and `reason` says why
+    status: GpuStatus = GpuStatus.OK
     reason: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == GpuStatus.OK
+
+
+GpuFault = tuple[GpuStatus, str]  # why NVML could not answer for one GPU: (status, reason)
+
+
+@dataclass(frozen=True)
+class NvmlProcesses:
+    """NVML's answer to "who has memory on the GPUs": host PID -> {GPU index: MiB, None where
+    NVML cannot tell (nvitop's NA)}, each GPU asked on its own; `faults`: GPU index -> why
+    its process list could not be given (that GPU is not judged, the others are). A query
+    that gave no answer at all is None in its place, its reason said by who asked."""
+
+    by_pid: Mapping[int, Mapping[int, int | None]] = field(default_factory=dict)
+    faults: Mapping[int, GpuFault] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OtherUser:
+    """A GPU user outside the container: named in the report, never signalled."""
+
+    host_pid: int
+    name: str | None
+    cgroup: str | None
+    gpu_memory_mib: dict[int, int | None]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"host_pid": self.host_pid, "name": self.name, "cgroup": self.cgroup,
+                "gpu_memory_mib": {int(k): v for k, v in self.gpu_memory_mib.items()}}
 
 
 @dataclass
@@ -242,21 +311,17 @@ class Discovery:
     running: bool
     init_pid: int | None
     tree_pids: int
-    sources: dict[str, str]  # source -> "ok" or why it did not run
+    sources: dict[str, Source]  # source (host, nvml, probe, freeze) -> how far it got
     warnings: list[str] = field(default_factory=list)
-    other_holders: list[dict[str, Any]] = field(default_factory=list)
+    other_holders: list[OtherUser] = field(default_factory=list)
     # Why the run cannot vouch for the whole tree: PIDs whose /proc reads hung, a scan that
     # did not finish. Any entry rules out a `clean` verdict.
     problems: list[str] = field(default_factory=list)
     probe: Any = None  # the in-namespace probe, still running (merged when it arrives)
     scanned: bool = True  # False: the host scan did not finish; the holders are unknown
-    view: Any = None  # the HostView of the first scan (maps probe PIDs to host PIDs)
+    view: HostView | None = None  # the HostView of the first scan (maps probe PIDs to host PIDs)
 
 
-def in_tree(cgroup_path: str | None, vmid: int) -> bool:
-    return cgroup_path is not None and (
-        cgroup_path == f"/lxc/{vmid}" or cgroup_path.startswith(f"/lxc/{vmid}/")
-    )
 
 
 @dataclass(frozen=True)

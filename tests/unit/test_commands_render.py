@@ -3,21 +3,19 @@ escaped."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pveclean.commands import gpuview
 from pveclean.commands.render import holders_table
 from pveclean.commands.table import table
+from pveclean.core.records import Sent, Sig
 from pveclean.core.text import width
+from tests.reportkit import holder, report
 
 
 def test_table_alignment_counts_displayed_width() -> None:
-    rep = {"holders": [
-        {"host_pid": 1, "ct_pid": 2, "name": "日本語", "devices": ["/dev/nvidia0 (195:0)"],
-         "outcome": "killed", "signals": []},
-        {"host_pid": 3, "ct_pid": 4, "name": "a\x1bb", "devices": ["/dev/nvidia1 (195:1)"],
-         "outcome": "killed", "signals": []},
-    ]}
+    rep = report(holders=[
+        holder(1, "killed", ct_pid=2, name="日本語", devices=["/dev/nvidia0 (195:0)"]),
+        holder(3, "killed", ct_pid=4, name="a\x1bb", devices=["/dev/nvidia1 (195:1)"]),
+    ])
     lines = holders_table(rep)
     # each row's DEVICES value is one character ("0", "1"): where it starts
     cols = [width(ln[: ln.index(" killed")].rstrip()[:-1]) for ln in lines[1:]]
@@ -25,29 +23,27 @@ def test_table_alignment_counts_displayed_width() -> None:
 
 
 def test_the_table_names_nvidia_nodes_short_and_other_paths_whole() -> None:
-    h = {"host_pid": 7, "ct_pid": 8, "name": "python3", "outcome": "killed",
-         "devices": ["/dev/nvidia0 (195:0)", "/dev/nvidiactl (195:255)",
-                     "/dev/nvidia-uvm (511:0)", "/opt/g (mmap 195:1)"],
-         "signals": ["SIGTERM at 0.00 s", "SIGKILL at 2.00 s", "null signal"]}
-    _head, row = holders_table({"holders": [h]})
+    h = holder(7, "killed", ct_pid=8, name="python3",
+               devices=["/dev/nvidia0 (195:0)", "/dev/nvidiactl (195:255)",
+                        "/dev/nvidia-uvm (511:0)", "/opt/g (mmap 195:1)"],
+               signals=[Sent(Sig.TERM, 0.0), Sent(Sig.KILL, 2.0), Sent(note="null signal")])
+    _head, row = holders_table(report(holders=[h]))
     assert row.split()[-3:] == ["0,ctl,uvm,/opt/g", "killed", "TERM,KILL"], row
     assert len(row) <= 80
 
 
 def test_render_escapes_what_containers_control() -> None:
-    proc = {"host_pid": 5, "name": "evil\x1b[2J", "owner": "ct", "vmid": 129, "ct_pid": 2,
-            "unit": None, "cgroup": "/lxc/129/ns", "devices": ["/dev/nvidia0\n (195:0)"],
-            "gpu_memory_mib": {0: 10}, "memory_mib": 10}
-    data: dict[str, Any] = {
-        "host": "h", "time": "2026-01-01T00:00:00.000+00:00",
-        "gpus": [{"index": 0, "name": "G\x07", "uuid": "U", "pci_bus_id": None, "minor": 0,
-                  "total_mib": 100, "used_mib": 10, "reserved_mib": 1, "processes": [proc],
-                  "by_owner_mib": {"CT 129": 10}, "unaccounted_mib": 0, "leak_mib": 0}],
-        "other_holders": [{**proc, "name": "x\r\x1b]0;t\x07"}], "vfio": [],
-        "containers": {"129": {"hostname": "h\x1b[31m"}},
-        "scan": {"containers_scanned": [129], "containers_skipped_no_gpu": [],
-                 "host_processes": 1, "seconds": 0.01}, "sources": {"nvml": "ok"},
-        "warnings": []}
+    from pveclean.core.gpumap import GpuHolding
+    from pveclean.core.owners import Owner, OwnerKind
+    from tests.gpumaps import gmap, proc, use
+
+    p = proc(5, "ct", 129, name="evil\x1b[2J", ct_pid=2, cgroup="/lxc/129/ns",
+             devices=("/dev/nvidia0\n (195:0)",), memory={0: 10})
+    data = gmap([use(0, None, [GpuHolding(p, 10)], name="G\x07", uuid="U", total=100,
+                     used=10, reserved=1, by_owner=[(Owner(OwnerKind.CT, 129), 10)])],
+                other=[proc(5, "ct", 129, name="x\r\x1b]0;t\x07", ct_pid=2,
+                            devices=("/dev/nvidia0\n (195:0)",))],
+                hostnames={129: "h\x1b[31m"}, scanned=[129], seconds=0.01)
     text = gpuview.render_gpus(data)
     assert not any(c in text for c in "\x1b\x07\r")
     assert "evil\\x1b[2J" in text and "h\\x1b[31m" in text

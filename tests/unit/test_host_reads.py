@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 from pveclean.core.discovery import stall_problem
-from pveclean.core.records import GpuDevices, Holder, Scope
+from pveclean.core.records import GpuDevices, Holder, NotProven, Scope
 from pveclean.host import worker
 from pveclean.host.clock import start_deadline
-from pveclean.host.reads import Reader, Reads, Unread, stalled_on
+from pveclean.host.reads import Reader, Unread, stalled_on
+from pveclean.host.runreads import Reads
 from pveclean.host.worker import Worker, WorkerError
 
 STALL = 0.3
@@ -155,7 +156,7 @@ def test_a_retry_that_cannot_be_sent_did_not_finish_in_time(reader: Reader,
     wk = reader.worker
 
     def refuse(*_a: Any, what: str, **_k: Any) -> None:
-        raise WorkerError(f"{what}: the worker did not take the request in time")
+        raise WorkerError(what, "the worker did not take the request in time")
 
     wk.send = refuse  # type: ignore[method-assign]  # the fresh worker takes nothing
     with pytest.raises(Unread) as err:
@@ -191,9 +192,9 @@ def test_forget_reads_past_the_answers_under_way(reader: Reader) -> None:
 
 
 def test_stalled_on_only_a_stall_pinned_to_a_pid() -> None:
-    assert stalled_on(WorkerError("x: stalled", ("pid", 42), stalled=True)) == 42
-    assert stalled_on(WorkerError("x: stalled", ("nvml", "init"), stalled=True)) is None
-    assert stalled_on(WorkerError("x: did not finish in time", ("pid", 42))) is None
+    assert stalled_on(WorkerError("x", "stalled", ("pid", 42), stalled=True)) == 42
+    assert stalled_on(WorkerError("x", "stalled", ("nvml", "init"), stalled=True)) is None
+    assert stalled_on(WorkerError("x", "did not finish in time", ("pid", 42))) is None
 
 
 # ---- the run's reads on a fake /proc with a read that hangs --------------------------------
@@ -245,9 +246,12 @@ def test_identities_skip_a_wedged_pid_and_check_the_rest(proc: Path, tmp_path: P
     fake_process(proc, 104, cgroup="/system.slice/x.service")
     hs = [holder(100), holder(101), holder(102), holder(103), holder(104)]
     got = reads.identities(hs, scope_of(tmp_path, []), time.monotonic() + 10)
-    assert got == [None, "reading its /proc files hung; not signalled", None,
-                   "PID was reused by another process; not signalled",
-                   "left the container's cgroup tree; not signalled"]
+    assert [None if r is None else r.text for r in got] == [
+        None, "reading its /proc files hung; not signalled", None,
+        "PID was reused by another process; not signalled",
+        "left the container's cgroup tree; not signalled"]
+    assert [None if r is None else r.reason for r in got] == [
+        None, NotProven.UNCHECKED, None, NotProven.REUSED, NotProven.LEFT_TREE]
     assert reads.problems == [stall_problem(101, STALL, "not scanned, not signalled")]
 
 
@@ -255,7 +259,8 @@ def test_identities_past_the_deadline_signal_nobody(proc: Path, tmp_path: Path,
                                                     reads: Reads) -> None:
     fake_process(proc, 100)
     got = reads.identities([holder(100)], scope_of(tmp_path, []), time.monotonic() - 1)
-    assert got == ["identity check did not finish before the deadline; not signalled"]
+    assert [r and r.text for r in got] == [
+        "identity check did not finish before the deadline; not signalled"]
     assert reads.problems == ["identity check did not finish before the deadline: "
                               "it was starting"]
 
