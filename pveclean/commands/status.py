@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pveclean.cleanup import clean
+from pveclean.cleanup import RunOptions, clean
 from pveclean.core.config import Config
 from pveclean.errors import PvecleanError
 from pveclean.host import devnodes, reportfiles
@@ -35,8 +35,8 @@ def holders(cfg: Config, vmid: int) -> dict[str, Any]:
     """Current GPU holders of a container on this node (a dry run: nothing is signalled)."""
     try:
         with NvmlWorker() as nvml:  # each container's run its own, as its count of kills
-            rep = clean(vmid, cfg, nvml.warm(cfg, vmid), phase="status", dry_run=True,
-                        write_report=False).report
+            rep = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(phase="status", dry_run=True,
+                        write_report=False)).report
     except PvecleanError as exc:
         return {"holders_error": str(exc)}
     hs = [{"host_pid": h.host_pid, "ct_pid": h.ct_pid, "name": h.name, "unit": h.unit,
