@@ -41,13 +41,10 @@ def _no_probe(run: Run) -> str | None:
     """Why the run starts no probe, or None: it starts one. A dry run starts none: it shows
     what a cleanup would act on now, and the probe's findings would come in after it (a
     `pct exec` takes 0.5 s on Proxmox to start)."""
-    if not run.cfg.probe:
-        return "disabled in config"
-    if not run.scope.running:
-        return "container not running"
-    if run.opts.dry_run:
-        return "not run: a dry run shows what the host view and NVML find"
-    return None
+    return ("disabled in config" if not run.cfg.probe else
+            "container not running" if not run.scope.running else
+            "not run: a dry run shows what the host view and NVML find" if run.opts.dry_run
+            else None)
 
 
 def discover(run: Run) -> Discovery:
@@ -110,8 +107,7 @@ def reserve_for(cfg: Config) -> float:
     return min(0.5, cfg.deadline_seconds * 0.1)
 
 
-def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
-                 wait: float = 0.0) -> list[Holder]:
+def _merge_probe(run: Run, disc: Discovery, wait: float = 0.0) -> list[Holder]:
     """Merge the probe if it has arrived (or arrives within `wait`); returns holders only it
     saw. A probe still running stays pending."""
     proc = disc.probe
@@ -129,10 +125,11 @@ def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
         return []
 
     def make(found: list[tuple[records.ProcStatus, str]]) -> list[Holder]:
-        got = reads.call(w_make_holders, found, scope, end=end, what="probe holders")
+        got = run.reads.call(w_make_holders, found, run.scope, end=run.deadline.work_end,
+                             what="probe holders")
         return got if isinstance(got, list) else []
 
-    warnings, new = merge_probe(disc.view, result, scope, make)
+    warnings, new = merge_probe(disc.view, result, run.scope, make)
     disc.warnings += warnings
     return new
 
@@ -192,9 +189,10 @@ def _verify(run: Run, disc: Discovery, loop: _Loop) -> tuple[policy.Decision, li
     limits = policy.Limits(run.cfg.chase_rounds, end, partial_looks=bool(loop.quiet))
     chase: list[Holder] = []
     while True:
-        chase += _late_holders(disc, scope, reads, end, loop)
-        if policy.late_chase(loop.at, len(chase), run.deadline.expired()):
-            return policy.Decision(Step.LATE_CHASE), chase
+        chase += _late_holders(run, disc, loop)
+        late = policy.late_chase(len(chase), run.deadline.expired())
+        if late is not None:
+            return late, chase
         partial = not loop.at.full
         rescan = reads.rescan(scope, loop.known, end, loop.quiet if partial else None,
                               disc.scanned, run.freezer.hold if partial else None)
@@ -204,7 +202,7 @@ def _verify(run: Run, disc: Discovery, loop: _Loop) -> tuple[policy.Decision, li
         if d.step is Step.CHASE:
             return d, new
         if d.step is Step.RESPAWNED:  # they keep coming back: report them
-            parents = _parents(reads, new, end)
+            parents = _parents(run, new)
             for h in new:
                 h.outcome, h.respawned_by = Outcome.SURVIVED, parents.get(h.ppid)
                 h.signals.append(f"appeared after the last of {run.cfg.chase_rounds} rounds; "
@@ -244,7 +242,7 @@ def stop_and_verify(run: Run, disc: Discovery) -> Stopped:
                 h.signals.append(policy.NO_GRACE)
         run.say(f"round {loop.at.rounds_used}: {len(chase)} new holder(s) appeared; "
                 "stopping them")
-        parents = _parents(run.reads, chase, run.deadline.work_end)
+        parents = _parents(run, chase)
         for h in chase:
             h.round = loop.at.rounds_used
             h.respawned_by = parents.get(h.ppid)
@@ -252,11 +250,10 @@ def stop_and_verify(run: Run, disc: Discovery) -> Stopped:
         targets = chase
 
 
-def _late_holders(disc: Discovery, scope: Scope, reads: Reads, end: float, loop: _Loop
-                  ) -> list[Holder]:
+def _late_holders(run: Run, disc: Discovery, loop: _Loop) -> list[Holder]:
     """The late probe's new holders to chase; its protected ones are recorded as such."""
     chase = []
-    for h in _merge_probe(disc, scope, reads, end):
+    for h in _merge_probe(run, disc):
         if h.identity not in loop.handled and not h.protected:
             chase.append(h)
         elif h.identity not in loop.handled:
@@ -265,8 +262,9 @@ def _late_holders(disc: Discovery, scope: Scope, reads: Reads, end: float, loop:
     return chase
 
 
-def _parents(reads: Reads, hs: list[Holder], end: float) -> dict[int, str]:
-    got = reads.call(w_parents, sorted({h.ppid for h in hs}), end=end, what="parents")
+def _parents(run: Run, hs: list[Holder]) -> dict[int, str]:
+    got = run.reads.call(w_parents, sorted({h.ppid for h in hs}), end=run.deadline.work_end,
+                         what="parents")
     return got if isinstance(got, dict) else {}
 
 
@@ -337,8 +335,7 @@ def _clean(asked: Asked, nvml: Worker, scan: Worker) -> RunResult:
 
 @dataclass
 class _Acted:
-    """What a run found and did, before its report: discovery, GPU memory when it began,
-    what --stop-units did, the verdict so far and the stop loop's result."""
+    """What a run found and did (GPU memory `before` it), the verdict so far: its report's."""
 
     disc: Discovery
     before: list[GpuMemory] | None

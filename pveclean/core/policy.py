@@ -146,12 +146,10 @@ def decide(look: Look | None, at: Verifying, limits: Limits, now: float, expired
     return d, after(at, d)
 
 
-def late_chase(at: Verifying, pending: int, expired: bool) -> tuple[Decision, Verifying] | None:
-    """Before a look: a round for the late probe's `pending` holders (chase_late), or None."""
-    if not chase_late(pending, expired):
-        return None
-    d = Decision(Step.LATE_CHASE)
-    return d, after(at, d)
+def late_chase(pending: int, expired: bool) -> Decision | None:
+    """Before a look: a round for the late probe's `pending` holders (chase_late), or None;
+    after() says where the loop stands then."""
+    return Decision(Step.LATE_CHASE) if chase_late(pending, expired) else None
 
 
 def look_at(rescan: tuple[HostView, set[int]] | None, handled: set[ProcIdentity]

@@ -184,11 +184,12 @@ def test_after_a_chase_the_loop_starts_over_with_one_more_round() -> None:
 
 
 def test_a_late_probe_round_is_decided_before_the_look_and_keeps_a_due_full_look() -> None:
-    assert late_chase(Verifying(1, NOW), pending=0, expired=False) is None
-    assert late_chase(Verifying(1, NOW), pending=2, expired=True) is None
-    d, at = late_chase(Verifying(1, NOW, full=True), pending=2, expired=False) or (None, None)
-    assert d == Decision(Step.LATE_CHASE) and at == Verifying(2, full=True)
-    assert late_chase(Verifying(0, NOW), 1, False) == (Decision(Step.LATE_CHASE), Verifying(1))
+    assert late_chase(pending=0, expired=False) is None
+    assert late_chase(pending=2, expired=True) is None
+    d = late_chase(pending=2, expired=False)
+    assert d == Decision(Step.LATE_CHASE)
+    assert after(Verifying(1, NOW, full=True), d) == Verifying(2, full=True)
+    assert after(Verifying(0, NOW), d) == Verifying(1)
     assert gets_grace(Decision(Step.LATE_CHASE), new=9, signalled=1)
     assert not gets_grace(Decision(Step.CHASE), new=9, signalled=1)
     assert gets_grace(Decision(Step.CHASE), new=1, signalled=1)
