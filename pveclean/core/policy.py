@@ -1,8 +1,9 @@
 """The stop policy: after each look at the container (a rescan), what the run does next.
 
-A pure step function: (what the look saw, where the loop stands) -> the next step and where
-the loop stands after it. Every step of the stop loop is decided here, the settling look
-included; cleanup.stop_and_verify only carries the steps out.
+A pure step function, decide: (what the look saw, where the loop stands, its limits, the
+deadline's clock) -> the next step and where the loop stands after it. Every step of the stop
+loop is decided here: a chase round, the late probe's round (late_chase, before a look), the
+full settling look, the verdict; cleanup.stop_and_verify only carries the steps out.
 """
 
 from __future__ import annotations
