@@ -23,7 +23,7 @@ from pveclean.host.lock import Busy, container_lock
 from pveclean.host.nvml import Nvml
 from pveclean.host.pidfds import fd_budget, raise_open_files_limit
 from pveclean.host.procscan import w_make_holders, w_parents
-from pveclean.host.reads import Reads
+from pveclean.host.runreads import Reads
 from pveclean.host.worker import RemoteError, Worker, WorkerError
 from pveclean.proxmox import guestunits, pveconf
 from pveclean.proxmox.pct import PctReader
@@ -276,7 +276,7 @@ def clean(vmid: int, cfg: Config, worker: Worker, opts: RunOptions = RunOptions(
     started = time.time()
     deadline = (deadline or start_deadline(cfg.deadline_seconds)).keeping(reserve_for(cfg))
     raise_open_files_limit()
-    scan = Worker()  # the run's reads of /proc and /etc/pve (host/reads.Reads)
+    scan = Worker()  # the run's reads of /proc and /etc/pve (host/runreads.Reads)
     try:
         asked = Asked(vmid, cfg, opts, read_ct_config(cfg, vmid, scan, deadline), deadline,
                       started)
@@ -434,7 +434,7 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
             return RunResult(rep, Path(wk.call(_write_report, rep.as_dict(), cfg, timeout=wait,
                                                what="report")), code)
         except RemoteError as exc:
-            why = str(exc).removeprefix("ReportError: ")
+            why = exc.message(reportfiles.ReportError)
         except WorkerError:
             why = (f"writing the report to {cfg.report_dir} did not finish within {wait:.1f} s "
                    "(a hung file system?)")

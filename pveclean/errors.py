@@ -48,11 +48,15 @@ EXIT_MEANING: dict[ExitCode, str] = {
 
 
 class PvecleanError(Exception):
-    """An error with a one-line message for the admin and an exit code."""
+    """An error with a one-line message for the admin and an exit code. It pickles with both
+    (it crosses a worker whole, see host/worker.py)."""
 
     def __init__(self, message: str, exit_code: int = ExitCode.ACCESS) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.message, self.exit_code = message, exit_code
+
+    def __reduce__(self) -> tuple[type[PvecleanError], tuple[str, int]]:
+        return type(self), (self.message, self.exit_code)
 
 
 class ConfigError(Exception):

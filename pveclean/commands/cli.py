@@ -294,11 +294,11 @@ def status(as_json: JsonOpt = False, config: ConfigOpt = None) -> None:
 
     need_root()
     cfg = load(config)
-    data = collect(connect(cfg), cfg)
+    view = collect(connect(cfg), cfg)
     if as_json:
-        typer.echo(json.dumps(data, indent=2, default=str))
+        typer.echo(json.dumps(view.as_dict(), indent=2, default=str))
     else:
-        typer.echo(render(data))
+        typer.echo(render(view))
 
 
 @command()

@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -26,15 +27,17 @@ from pveclean.core.config import Config
 from pveclean.core.discovery import stall_for
 from pveclean.core.gpufaults import with_faults
 from pveclean.core.gpumap import (
-    Proc,
-    gpu_entry,
-    gpu_indices,
-    minors_held,
+    GpuMap,
+    GpuProc,
+    GpuUse,
+    ScanStats,
+    VmConflict,
+    gpu_use,
     owner_order,
-    proc_of_holder,
+    place_all,
 )
-from pveclean.core.records import GpuDevices, GpuMemory, Scope
-from pveclean.core.report import iso
+from pveclean.core.owners import Layout, is_ct_dir
+from pveclean.core.records import GpuDevices, GpuMemory, NvmlProcesses, Scope, Source, SourceState
 from pveclean.core.vmguard import conflicts
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, devnodes, worker
@@ -51,11 +54,6 @@ from pveclean.proxmox.passthrough import (
     vm_passthrough,
 )
 from pveclean.proxmox.pveconf import may_use_gpus
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
 
 # ---- the command ---------------------------------------------------------------------------
 READERS_SHARE = 0.8  # of the deadline: the host's forked readers are given up on by then
@@ -82,8 +80,9 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
             while True:
                 # its forked readers are given up on first, so that the rest is still shown
                 end = time.monotonic() + limit * READERS_SHARE
-                data = wk.call(w_collect, cfg, pci_root, end, timeout=limit, what="gpus")
-                text = json.dumps(data, indent=2, default=str) if as_json else render_gpus(data)
+                gmap = wk.call(w_collect, cfg, pci_root, end, timeout=limit, what="gpus")
+                text = (json.dumps(gmap.as_dict(), indent=2, default=str) if as_json
+                        else render_gpus(gmap))
                 if watch and tty and not as_json:
                     text = "\x1b[H\x1b[2J" + text  # redraw in place
                 print(text, flush=True)
@@ -97,7 +96,7 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
             pass
         except WorkerError as exc:
             raise PvecleanError(f"gpus: reading the host did not finish within {limit:.0f} s "
-                                f"({str(exc).removeprefix('gpus: ')}); nothing shown",
+                                f"({exc.why}); nothing shown",
                                 ExitCode.ACCESS) from None
         except RemoteError as exc:
             raise PvecleanError(f"gpus: {exc}", ExitCode.ACCESS) from None
@@ -106,14 +105,14 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
 
 # ---- one look at the host -----------------------------------------------------------------
 def _ask_nvml(nvml: Nvml, warnings: list[str]
-              ) -> tuple[list[GpuMemory], dict[int, dict[int, int | None]], dict[int, str], str]:
+              ) -> tuple[list[GpuMemory], NvmlProcesses, dict[int, str], Source]:
     """GPU memory, processes and PCI bus ids, each answer on its own (a driver that cannot
     list processes still gives the GPUs and their bus ids), each GPU on its own (one NVML
     cannot answer for is marked with its status and reason, the others shown)."""
     gpus: list[GpuMemory] = []
-    used: dict[int, dict[int, int | None]] = {}
+    used = NvmlProcesses()
     buses: dict[int, str] = {}
-    failed: list[str] = []
+    failed: list[tuple[str, NvmlUnavailable]] = []  # (what was asked, why it failed)
     for what in ("memory", "processes", "PCI bus ids"):
         try:
             if what == "memory":
@@ -123,36 +122,39 @@ def _ask_nvml(nvml: Nvml, warnings: list[str]
             else:
                 buses = nvml.pci_bus_ids()
         except NvmlUnavailable as exc:
-            failed.append(f"no {what}: {exc}")
+            failed.append((what, exc))
     if len(failed) == 3:  # NVML itself (init, library): one line says it
-        why = failed[0].split(": ", 1)[1]
+        why = str(failed[0][1])
         warnings.append(f"NVML unavailable ({why}): holders from device nodes only, no memory")
-        return gpus, used, buses, f"unavailable: {why}"
-    warnings += [f"NVML gave {f}" for f in failed]
-    gpus = with_faults(gpus, getattr(used, "faults", {}))
+        return gpus, used, buses, Source(SourceState.UNAVAILABLE, f"unavailable: {why}")
+    said = [f"no {what}: {exc}" for what, exc in failed]
+    warnings += [f"NVML gave {line}" for line in said]
+    gpus = with_faults(gpus, used.faults)
     for g in gpus:
         if not g.ok:
             warnings.append(f"GPU {g.index} is {g.status} ({g.reason}): NVML cannot tell who "
                             "holds memory on it")
-    return gpus, used, buses, "ok" if not failed else f"partial: {'; '.join(failed)}"
+    if not failed:
+        return gpus, used, buses, Source(SourceState.OK)
+    return gpus, used, buses, Source(SourceState.PARTIAL, f"partial: {'; '.join(said)}")
 
 
 
-def look_once(cfg: Config, pci_root: Path, limit: float, what: str) -> dict[str, Any]:
+def look_once(cfg: Config, pci_root: Path, limit: float, what: str) -> GpuMap:
     """collect() once in a worker of its own, bounded by `limit` seconds (its forked readers
     by READERS_SHARE of it); PvecleanError (exit 3) when it did not finish: for the commands
     that need the map but do not print it (status, the VM hook)."""
     with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
         try:
-            data: dict[str, Any] = wk.call(w_collect, cfg, pci_root,
-                                           time.monotonic() + limit * READERS_SHARE,
-                                           timeout=limit, what=what)
+            data: GpuMap = wk.call(w_collect, cfg, pci_root,
+                                   time.monotonic() + limit * READERS_SHARE,
+                                   timeout=limit, what=what)
         except (WorkerError, RemoteError) as exc:
             raise PvecleanError(str(exc), ExitCode.ACCESS) from None
     return data
 
 
-def w_collect(cfg: Config, pci_root: Path, end: float | None = None) -> dict[str, Any]:
+def w_collect(cfg: Config, pci_root: Path, end: float | None = None) -> GpuMap:
     """collect() in a worker (`pveclean gpus`): what can hang there (a pmxcfs that stopped
     answering, /proc/PID/maps of a process wedged in the GPU driver, NVML) hangs the worker,
     which the command gives up on at its deadline, not the command. The NVML session lives
@@ -161,11 +163,19 @@ def w_collect(cfg: Config, pci_root: Path, end: float | None = None) -> dict[str
                    exclude={os.getpid(), os.getppid()}, end=end)
 
 
+@dataclass
+class Seen:
+    """What HostScan read this time: the host PIDs read whole that hold nothing, and every
+    host PID listed (for `pveclean metrics`' rolling reads)."""
+
+    clean: list[int] = field(default_factory=list)
+    alive: set[int] = field(default_factory=set)
+
+
 def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES,
             exclude: set[int] | None = None, end: float | None = None,
-            settled: frozenset[int] = frozenset(), seen: dict[str, Any] | None = None
-            ) -> dict[str, Any]:
-    """Every GPU, every holder, every owner, as one plain dict (what --json prints).
+            settled: frozenset[int] = frozenset(), seen: Seen | None = None) -> GpuMap:
+    """Every GPU, every holder, every owner: the map (what --json prints).
     `exclude`: pveclean's own processes (default: this one), left out of the host's; `end`
     (monotonic): when the host's forked readers are given up on; `settled`: host PIDs not
     read this time; `seen` gets HostScan's `clean` and `alive` PIDs."""
@@ -184,103 +194,116 @@ def collect(cfg: Config, nvml: Nvml | None, pci_root: Path = PCI_DEVICES,
     # the containers', one after another
     ct_reader = Reader(Worker(marks=True), stall_for(cfg), warnings, "not looked at")
     try:
-        data = _collect(cfg, nvml, pci_root, root, devices, host_scan, ct_reader, warnings, t0,
-                        end)
-        if host_scan is not None:
-            data["scan"]["host_processes_settled"] = host_scan.settled
-            if seen is not None:
-                seen.update(clean=host_scan.clean, alive=host_scan.alive)
-        return data
+        look = _Look(cfg, root, devices, end, warnings)
+        gmap = look.build(nvml, pci_root, host_scan, ct_reader, t0)
+        if host_scan is not None and seen is not None:
+            seen.clean, seen.alive = host_scan.clean, host_scan.alive
+        return gmap
     finally:
         ct_reader.close()
         if host_scan is not None:
             host_scan.close()
 
 
-def _collect(cfg: Config, nvml: Nvml | None, pci_root: Path, root: Path, devices: GpuDevices,
-             host_scan: HostScan | None, ct_reader: Reader, warnings: list[str], t0: float,
-             end: float | None) -> dict[str, Any]:
-    majors = devnodes.nvidia_majors()
-    pve = Path(cfg.pve_config_dir).parent
-    procs: dict[int, Proc] = {}
-    hostnames: dict[int, str] = {}
-    scanned, skipped = [], []
-    try:
-        ct_dirs = sorted(e.name for e in os.scandir(root / "lxc") if e.is_dir())
-    except OSError:
-        ct_dirs = []
-    for name in ct_dirs:
-        if not name.isdigit():
-            continue
-        vmid = int(name)
+@dataclass
+class _Look:
+    """One look at the host, step by step: the containers, NVML, the host's, the VMs'."""
+
+    cfg: Config
+    root: Path
+    devices: GpuDevices
+    end: float | None
+    warnings: list[str]
+    procs: dict[int, GpuProc] = field(default_factory=dict)
+    hostnames: dict[int, str] = field(default_factory=dict)
+    scanned: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+
+    def containers(self, ct_reader: Reader) -> None:
+        """The holders of each container whose config may use a GPU (or that has none)."""
+        majors = devnodes.nvidia_majors()
         try:
-            conf: pveconf.CtConfig | None = pveconf.read_config(cfg.pve_config_dir, vmid)
-        except PvecleanError:
-            conf = None  # a cgroup without a config here: cannot tell, so look
-        if conf is not None:
-            hostnames[vmid] = conf.get("hostname") or ""
-            if not may_use_gpus(conf, majors):
-                skipped.append(vmid)
+            ct_dirs = sorted(e.name for e in os.scandir(self.root / Layout.PVE) if e.is_dir())
+        except OSError:
+            ct_dirs = []
+        for name in ct_dirs:
+            if not is_ct_dir(name):
                 continue
-        scanned.append(vmid)
-        scope = Scope(vmid, root / "lxc" / name, devices, frozenset(),
-                      running=cgroupfs.monitor_running(str(root), vmid))
+            vmid = int(name)
+            try:
+                conf: pveconf.CtConfig | None = pveconf.read_config(self.cfg.pve_config_dir,
+                                                                    vmid)
+            except PvecleanError:
+                conf = None  # a cgroup without a config here: cannot tell, so look
+            if conf is not None:
+                self.hostnames[vmid] = conf.get("hostname") or ""
+                if not may_use_gpus(conf, majors):
+                    self.skipped.append(vmid)
+                    continue
+            self.scanned.append(vmid)
+            self._container(ct_reader, vmid, self.root / Layout.PVE / name)
+
+    def _container(self, ct_reader: Reader, vmid: int, cgroup_dir: Path) -> None:
+        scope = Scope(vmid, cgroup_dir, self.devices, frozenset(),
+                      running=cgroupfs.monitor_running(str(self.root), vmid))
         try:
-            view = ct_reader.call(w_scan, scope, end=end, what=f"reading CT {vmid}")
+            view = ct_reader.call(w_scan, scope, end=self.end, what=f"reading CT {vmid}")
         except Unread as why:  # a tree the container made unreadable, or past the deadline
-            warnings.append(str(why))
-            warnings.append(f"CT {vmid}: its cgroup tree could not be read; its holders are "
-                            "shown only as NVML lists them")
-            continue
-        warnings += [f"CT {vmid}: {p}" for p in view.unjudged_problems()]
+            self.warnings.append(str(why))
+            self.warnings.append(f"CT {vmid}: its cgroup tree could not be read; its holders "
+                                 "are shown only as NVML lists them")
+            return
+        self.warnings += [f"CT {vmid}: {p}" for p in view.unjudged_problems()]
         for h in view.holders.values():
-            procs[h.host_pid] = proc_of_holder(h, vmid)
-    nvml_state = "ok"
-    gpus: list[GpuMemory] = []
-    used: dict[int, dict[int, int | None]] = {}
-    buses: dict[int, str] = {}
-    if nvml is None:
-        nvml_state = "disabled"
-    else:
-        gpus, used, buses, nvml_state = _ask_nvml(nvml, warnings)
-    host: list[Proc] = []
-    n_host = 0
-    if host_scan is not None:
+            self.procs[h.host_pid] = GpuProc.of_holder(h, vmid, view.rdevs.get(h.host_pid, ()))
+
+    def host(self, host_scan: HostScan | None) -> tuple[list[GpuProc], int]:
+        """The host's own holders, and how many of its processes were looked at."""
+        if host_scan is None:
+            return [], 0
         try:
             host, n_host, unread = host_scan.result()
-            warnings += unread
         except Exception as exc:
-            warnings.append(f"the host's cgroups could not be read ({type(exc).__name__}); "
-                            "host holders are shown only as NVML lists them")
-    procs.update((p.host_pid, p) for p in host)
-    for pid, per_gpu in used.items():
-        p = procs.get(pid) or attribute_pid(pid)
-        p.memory.update(per_gpu)
-        procs[pid] = p
-    for p in procs.values():
-        p.minors = minors_held(p, devices)
-    qemu_dir = pve / "qemu-server"
-    vfio = vfio_gpus(pci_root, qemu_dir, pve / "mapping" / "pci.cfg")
-    vm_refs = vm_passthrough(qemu_dir, read_pci_mappings(pve / "mapping" / "pci.cfg",
-                                                         os.uname().nodename))
-    for p in procs.values():
-        if p.vmid is not None and p.vmid not in hostnames:
-            hostnames[p.vmid] = ""
-    data = {
-        "pveclean_gpus": 1,
-        "host": os.uname().nodename,
-        "time": iso(time.time()),
-        "gpus": [gpu_entry(g, buses.get(g.index), procs.values()) for g in gpus],
-        "other_holders": [p.as_dict() for p in sorted(procs.values(), key=owner_order)
-                          if not gpu_indices(p, gpus)],
-        "vfio": vfio,
-        "vm_conflicts": [],
-        "containers": {str(v): {"hostname": hostnames.get(v, "")} for v in sorted(hostnames)},
-        "scan": {"containers_scanned": scanned, "containers_skipped_no_gpu": skipped,
-                 "host_processes": n_host, "host_holders": len(host),
-                 "seconds": round(time.monotonic() - t0, 3)},
-        "sources": {"host": "ok", "nvml": nvml_state},
-        "warnings": warnings,
-    }
-    data["vm_conflicts"] = conflicts(data, vm_refs, cfg.vm_gpu_policy, cfg.vm_gpu_allow_host)
-    return data
+            self.warnings.append(f"the host's cgroups could not be read "
+                                 f"({type(exc).__name__}); host holders are shown only as "
+                                 "NVML lists them")
+            return [], 0
+        self.warnings += unread
+        return host, n_host
+
+    def build(self, nvml: Nvml | None, pci_root: Path, host_scan: HostScan | None,
+              ct_reader: Reader, t0: float) -> GpuMap:
+        self.containers(ct_reader)
+        nvml_state = Source(SourceState.DISABLED)
+        gpus: list[GpuMemory] = []
+        used = NvmlProcesses()
+        buses: dict[int, str] = {}
+        if nvml is not None:
+            gpus, used, buses, nvml_state = _ask_nvml(nvml, self.warnings)
+        host, n_host = self.host(host_scan)
+        self.procs.update((p.host_pid, p) for p in host)
+        for pid, per_gpu in used.by_pid.items():
+            self.procs[pid] = (self.procs.get(pid) or attribute_pid(pid)).with_memory(per_gpu)
+        placed = place_all(self.procs.values(), self.devices)
+        pve = Path(self.cfg.pve_config_dir).parent
+        vfio = vfio_gpus(pci_root, pve / "qemu-server", pve / "mapping" / "pci.cfg")
+        for p in self.procs.values():
+            if p.owner.vmid is not None and p.owner.vmid not in self.hostnames:
+                self.hostnames[p.owner.vmid] = ""
+        uses = tuple(gpu_use(g, buses.get(g.index), placed) for g in gpus)
+        other = [p.proc for p in placed if not any(p.on(g) for g in gpus)]
+        scan = ScanStats(tuple(self.scanned), tuple(self.skipped), n_host, len(host),
+                         round(time.monotonic() - t0, 3),
+                         None if host_scan is None else host_scan.settled)
+        gmap = GpuMap(os.uname().nodename, time.time(), uses,
+                      tuple(sorted(other, key=owner_order)),
+                      tuple(vfio), (), dict(self.hostnames), scan,
+                      Source(SourceState.OK), nvml_state, tuple(self.warnings),
+                      tuple(p.proc for p in placed if p.nodes.untied))
+        return gmap.with_conflicts(self.conflicts(uses, pve))
+
+    def conflicts(self, uses: tuple[GpuUse, ...], pve: Path) -> list[VmConflict]:
+        vm_refs = vm_passthrough(pve / "qemu-server",
+                                 read_pci_mappings(pve / "mapping" / "pci.cfg",
+                                                   os.uname().nodename))
+        return conflicts(uses, vm_refs, self.cfg.vm_gpu_policy, self.cfg.vm_gpu_allow_host)

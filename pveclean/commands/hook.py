@@ -27,7 +27,7 @@ from pveclean.host.clock import start_deadline
 from pveclean.host.configfile import load
 from pveclean.host.nvml import Nvml
 from pveclean.host.prelude import NvmlWorker
-from pveclean.host.reads import Reads
+from pveclean.host.runreads import Reads
 from pveclean.proxmox import chain, pveconf, startrecord, tasks
 
 TYPE_CHECKING = False

@@ -21,21 +21,19 @@ import contextlib
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from pveclean.commands.gpus import READERS_SHARE, collect
+from pveclean.commands.gpus import READERS_SHARE, Seen, collect
 from pveclean.core import metrics, metrics_gpus
 from pveclean.core.config import Config
+from pveclean.core.gpumap import GpuMap
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, notify, worker
 from pveclean.host.nvml import Nvml
 from pveclean.host.reportfiles import exclusive_temp
 from pveclean.host.worker import RemoteError, Worker, WorkerError
 from pveclean.proxmox.passthrough import PCI_DEVICES, read_pci_mappings, vm_passthrough
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # Debian's prometheus-node-exporter
 FILE_NAME = "pveclean_gpus.prom"
@@ -68,20 +66,31 @@ def save_settled(cfg: Config, run: int, due: dict[int, int], clean: list[int],
         os.replace(tmp, d / SETTLED_FILE)
 
 
+@dataclass(frozen=True)
+class Look:
+    """One look for the metrics: the map, whether each container runs, every VM's hostpci
+    lines (VMID, address prefix, whole device), and what the host's scan read (Seen)."""
+
+    gmap: GpuMap
+    running: dict[int, bool]
+    refs: list[tuple[int, str, bool]]
+    seen: Seen
+
+
 def w_look(cfg: Config, pci_root: Path, end: float, settled: frozenset[int] = frozenset()
-           ) -> dict[str, Any]:
+           ) -> Look:
     """In the worker: the map, whether each container runs, and every VM's hostpci lines
     (pmxcfs: can hang, so here and not in the command); `settled`: host PIDs not read now."""
-    seen: dict[str, Any] = {"clean": [], "alive": set()}
-    data = collect(cfg, Nvml.in_worker(worker.state()), pci_root,
+    seen = Seen()
+    gmap = collect(cfg, Nvml.in_worker(worker.state()), pci_root,
                    exclude={os.getpid(), os.getppid()}, end=end, settled=settled, seen=seen)
     root = cfg.cgroup_root or str(cgroupfs.cgroup2_root())
-    running = {int(v): cgroupfs.monitor_running(root, int(v)) for v in data["containers"]}
+    running = {v: cgroupfs.monitor_running(root, v) for v in sorted(gmap.hostnames)}
     pve = Path(cfg.pve_config_dir).parent
     refs = vm_passthrough(pve / "qemu-server",
                           read_pci_mappings(pve / "mapping" / "pci.cfg", os.uname().nodename))
-    return {"data": data, "running": running, "clean": seen["clean"], "alive": seen["alive"],
-            "refs": [(vmid, prefix, whole) for vmid, _name, prefix, whole in refs]}
+    return Look(gmap, running, [(vmid, prefix, whole) for vmid, _name, prefix, whole in refs],
+                seen)
 
 
 def write_job_map(job_dir: str, jobs: dict[str, list[str]]) -> None:
@@ -114,7 +123,7 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     node = os.uname().nodename
     limit = cfg.deadline_seconds
     t0 = time.monotonic()
-    look: dict[str, Any] | None = None
+    look: Look | None = None
     why = ""
     run, due = load_settled(cfg)
     settled = frozenset(p for p, r in due.items() if r > run)
@@ -129,14 +138,14 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     seconds = time.monotonic() - t0
     now = time.time()
     if look is not None:
-        save_settled(cfg, run, due, look["clean"], look["alive"])
+        save_settled(cfg, run, due, look.seen.clean, look.seen.alive)
 
     def text(old: str) -> str:
         if look is None:
             last = metrics_gpus.last_success(metrics.parse(old))
             return metrics.render(metrics_gpus.failed(node, seconds, last))
-        return metrics.render(metrics_gpus.families(look["data"], node, look["running"],
-                                                    look["refs"], now))
+        return metrics.render(metrics_gpus.families(look.gmap, node, look.running,
+                                                    look.refs, now))
 
     path = Path(textfile_dir) / FILE_NAME
     try:
@@ -149,7 +158,7 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
                             ExitCode.ACCESS)
     if job_dir:
         try:
-            write_job_map(job_dir, metrics_gpus.job_map(look["data"]))
+            write_job_map(job_dir, metrics_gpus.job_map(look.gmap))
         except OSError as exc:
             raise PvecleanError(f"metrics: job mapping files in {job_dir} not written: "
                                 f"{exc.strerror or exc}", ExitCode.REPORT) from None

@@ -3,10 +3,14 @@ and hookscript; this node's also with their current GPU holders and their last r
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from pveclean.cleanup import RunOptions, clean
 from pveclean.core.config import Config
+from pveclean.core.gpumap import VmConflict
+from pveclean.core.records import Holder
 from pveclean.errors import PvecleanError
 from pveclean.host import devnodes, reportfiles
 from pveclean.host.prelude import NvmlWorker
@@ -14,40 +18,138 @@ from pveclean.proxmox import chain
 from pveclean.proxmox.hookscript import is_pveclean
 from pveclean.proxmox.pveapi import Api, Container, Storage
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+Json = dict[str, object]  # one object of `status --json`'s document
 
 
-def last_report(cfg: Config, vmid: int) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class LastReport:
+    """A container's newest report as status shows it (its values as the file has them)."""
+
+    path: str
+    verdict: object = None
+    phase: object = None
+    start: object = None
+    error: str | None = None  # the file could not be read
+
+    def as_dict(self) -> Json:
+        if self.error is not None:
+            return {"path": self.path, "error": self.error}
+        return {"path": self.path, "verdict": self.verdict, "phase": self.phase,
+                "start": self.start}
+
+
+class HookKind(StrEnum):
+    NONE = "none"
+    OTHER = "other"  # another hookscript
+    PVECLEAN = "pveclean"
+    CHAINED = "chained"  # pveclean's, running the one it replaced after it
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A container's GPU config and hookscript."""
+
+    lines: tuple[str, ...]  # the config lines that grant GPU nodes
+    hookscript: str | None
+    hook: HookKind
+    gpus: tuple[int, ...] | None  # the GPUs granted (None: every GPU of the host)
+    chained: str | None
+
+
+@dataclass
+class CtView:
+    """One container of the cluster, filled in as far as status could read it."""
+
+    vmid: int
+    node: str
+    name: str
+    status: str
+    lock: str | None
+    template: bool
+    error: str | None = None  # its config could not be read
+    grant: Grant | None = None
+    last_report: LastReport | None = None
+    report_looked: bool = False  # this node's: its last report was looked for
+    state_error: str | None = None  # its live state could not be read
+    holders: tuple[Holder, ...] | None = None
+    holders_error: str | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why its holders are not shown (the last word, as the document keeps it)."""
+        return self.holders_error if self.holders_error is not None else self.state_error
+
+    @property
+    def gpu_memory_mib(self) -> int:
+        return sum(m or 0 for h in self.holders or () for m in h.gpu_memory_mib.values())
+
+    def as_dict(self) -> Json:
+        d: Json = {"vmid": self.vmid, "node": self.node, "name": self.name,
+                   "status": self.status, "lock": self.lock, "template": self.template}
+        if self.error is not None:
+            d["error"] = self.error
+        g = self.grant
+        if g is not None:
+            d.update(gpu=list(g.lines), hookscript=g.hookscript, hook=str(g.hook),
+                     gpus=None if g.gpus is None else list(g.gpus), chained=g.chained)
+        if self.report_looked:
+            d["last_report"] = None if self.last_report is None else self.last_report.as_dict()
+        if self.state_error is not None:
+            d["holders_error"] = self.state_error
+        if self.holders is not None:
+            d["holders"] = [_holder_row(h) for h in self.holders]
+            d["gpu_memory_mib"] = self.gpu_memory_mib
+        if self.holders_error is not None:
+            d["holders_error"] = self.holders_error
+        return d
+
+
+def _holder_row(h: Holder) -> Json:
+    return {"host_pid": h.host_pid, "ct_pid": h.ct_pid, "name": h.name, "unit": h.unit,
+            "gpu_memory_mib": {int(k): v for k, v in sorted(h.gpu_memory_mib.items())},
+            "devices": h.devices}
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """`pveclean status`: the cluster's containers, this node's VMs' conflicts, warnings."""
+
+    node: str
+    nodes: dict[str, bool]
+    containers: tuple[CtView, ...]
+    vm_conflicts: tuple[VmConflict, ...] = ()
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    def as_dict(self) -> Json:
+        return {"node": self.node, "nodes": self.nodes,
+                "containers": [c.as_dict() for c in self.containers],
+                "vm_conflicts": [c.as_dict() for c in self.vm_conflicts],
+                "warnings": list(self.warnings)}
+
+
+def last_report(cfg: Config, vmid: int) -> LastReport | None:
     paths = reportfiles.list_reports(cfg.report_dir, vmid)
     if not paths:
         return None
     try:
         rep = reportfiles.load(paths[-1])
     except Exception as exc:  # a broken file (OSError, ReportError, anything) is shown, not fatal
-        return {"path": str(paths[-1]), "error": f"unreadable: {type(exc).__name__}"}
-    return {"path": str(paths[-1]), "verdict": rep.get("verdict"), "phase": rep.get("phase"),
-            "start": rep.get("start")}
+        return LastReport(str(paths[-1]), error=f"unreadable: {type(exc).__name__}")
+    return LastReport(str(paths[-1]), rep.get("verdict"), rep.get("phase"), rep.get("start"))
 
 
-def holders(cfg: Config, vmid: int) -> dict[str, Any]:
+def holders(cfg: Config, e: CtView) -> None:
     """Current GPU holders of a container on this node (a dry run: nothing is signalled)."""
     try:
         with NvmlWorker() as nvml:  # each container's run its own, as its count of kills
-            rep = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(phase="status", dry_run=True,
-                        write_report=False)).report
+            rep = clean(e.vmid, cfg, nvml.warm(cfg, e.vmid), RunOptions(phase="status",
+                        dry_run=True, write_report=False)).report
     except PvecleanError as exc:
-        return {"holders_error": str(exc)}
-    hs = [{"host_pid": h.host_pid, "ct_pid": h.ct_pid, "name": h.name, "unit": h.unit,
-           "gpu_memory_mib": {int(k): v for k, v in sorted(h.gpu_memory_mib.items())},
-           "devices": h.devices}
-          for h in rep.holders]
-    mib = sum(m or 0 for h in rep.holders for m in h.gpu_memory_mib.values())
-    out: dict[str, Any] = {"holders": hs, "gpu_memory_mib": mib}
+        e.holders_error = str(exc)
+        return
+    e.holders = tuple(rep.holders)
     if rep.busy:
-        out["holders_error"] = "busy: another pveclean run holds this container"
-    return out
+        e.holders_error = "busy: another pveclean run holds this container"
 
 
 class _Snippets:
@@ -93,70 +195,79 @@ class _Snippets:
         return out
 
 
-def collect(api: Api, cfg: Config, with_holders: bool = True) -> dict[str, Any]:
+def _grant(api: Api, cfg: Config, c: Container, here: str, majors: frozenset[int],
+           e: CtView) -> Grant | None:
+    try:
+        conf = api.ct_config(c.node, c.vmid)
+    except PvecleanError as exc:
+        e.error = str(exc)
+        return None
+    hs = conf.hookscript
+    rec = chain.read_record(cfg, c.vmid) if c.node == here else None
+    kind = HookKind.NONE if hs is None else HookKind.OTHER
+    if is_pveclean(hs):
+        kind = HookKind.CHAINED if rec else HookKind.PVECLEAN
+    grant = conf.gpu(majors)
+    # the GPUs, not the lines that grant them (/dev/nvidiaN, nvidiactl, nvidia-uvm and a
+    # devices rule are 4 lines for one GPU); None: every GPU of the host
+    return Grant(tuple(grant.lines), hs, kind,
+                 None if grant.minors is None else tuple(sorted(grant.minors)),
+                 rec[0] if rec and kind is HookKind.CHAINED else None)
+
+
+def _here(api: Api, cfg: Config, here: str, e: CtView, with_holders: bool) -> None:
+    """This node's container: its last report, its live state and its holders."""
+    e.report_looked, e.last_report = True, last_report(cfg, e.vmid)
+    granted = e.grant is not None and bool(e.grant.lines)
+    if granted:
+        # /cluster/resources' status comes from pvestatd and lags ~10 s (`unknown` at
+        # first): ask this node for the live state before showing holders.
+        try:
+            e.status = api.ct_status(here, e.vmid)
+        except PvecleanError as exc:
+            e.state_error = f"cannot read its state: {exc}"
+    if with_holders and e.status == "running" and granted:
+        holders(cfg, e)
+
+
+def collect(api: Api, cfg: Config, with_holders: bool = True) -> StatusView:
     here, online = api.local_node(), api.nodes()
     majors = devnodes.nvidia_majors()
     snippets = _Snippets(api, online)
-    cts: list[dict[str, Any]] = []
+    cts: list[CtView] = []
     warnings: list[str] = []
     for c in api.containers():
-        e: dict[str, Any] = {"vmid": c.vmid, "node": c.node, "name": c.name,
-                             "status": c.status, "lock": c.lock, "template": c.template}
+        e = CtView(c.vmid, c.node, c.name, c.status, c.lock, c.template)
         cts.append(e)
         if not online.get(c.node, False):
-            e["error"] = f"node {c.node} is offline"
+            e.error = f"node {c.node} is offline"
             continue
-        try:
-            conf = api.ct_config(c.node, c.vmid)
-        except PvecleanError as exc:
-            e["error"] = str(exc)
+        e.grant = _grant(api, cfg, c, here, majors, e)
+        if e.grant is None:
             continue
-        hs = conf.hookscript
-        rec = chain.read_record(cfg, c.vmid) if c.node == here else None
-        kind = "none" if hs is None else "other"
-        if is_pveclean(hs):
-            kind = "chained" if rec else "pveclean"
-        grant = conf.gpu(majors)
-        # the GPUs, not the lines that grant them (/dev/nvidiaN, nvidiactl, nvidia-uvm and a
-        # devices rule are 4 lines for one GPU); None: every GPU of the host
-        e.update(gpu=list(grant.lines), hookscript=hs, hook=kind,
-                 gpus=None if grant.minors is None else sorted(grant.minors),
-                 chained=rec[0] if rec and kind == "chained" else None)
-        if hs:
-            warnings += snippets.warnings(c, hs)
-        if c.node != here:
-            continue
-        e["last_report"] = last_report(cfg, c.vmid)
-        if e["gpu"]:
-            # /cluster/resources' status comes from pvestatd and lags ~10 s (`unknown` at
-            # first): ask this node for the live state before showing holders.
-            try:
-                e["status"] = api.ct_status(here, c.vmid)
-            except PvecleanError as exc:
-                e["holders_error"] = f"cannot read its state: {exc}"
-        if with_holders and e["status"] == "running" and e["gpu"]:
-            e.update(holders(cfg, c.vmid))
+        if e.grant.hookscript:
+            warnings += snippets.warnings(c, e.grant.hookscript)
+        if c.node == here:
+            _here(api, cfg, here, e, with_holders)
     for node in api.stale_nodes(online):
         warnings.append(f"node {node}: pvestatd has not reported for 5 minutes (the GUI shows "
                         "its status as unknown); container states from /cluster/resources "
                         "may be old: check 'systemctl status pvestatd' there")
-    conflicts: list[dict[str, Any]] = []
+    conflicts: list[VmConflict] = []
     if with_holders and any(v.node == here for v in api.containers("qemu")):
         conflicts = vm_conflicts(cfg, warnings)
-    return {"node": here, "nodes": online, "containers": cts, "vm_conflicts": conflicts,
-            "warnings": warnings}
+    return StatusView(here, online, tuple(cts), tuple(conflicts), tuple(warnings))
 
 
-def vm_conflicts(cfg: Config, warnings: list[str]) -> list[dict[str, Any]]:
+def vm_conflicts(cfg: Config, warnings: list[str]) -> list[VmConflict]:
     """This node has VMs: the GPUs a VM passes through while a container or the host holds
     them, from `pveclean gpus`' map (read in a worker, within deadline_seconds)."""
     from pveclean.commands.gpus import look_once
 
     try:
-        data = look_once(cfg, Path(cfg.pci_sysfs) / "devices", cfg.deadline_seconds,
+        gmap = look_once(cfg, Path(cfg.pci_sysfs) / "devices", cfg.deadline_seconds,
                          "the GPU map")
     except PvecleanError as exc:
         warnings.append(f"VMs' GPUs not checked: {exc}")
         return []
-    rows: list[dict[str, Any]] = data.get("vm_conflicts") or []
-    return rows
+    return list(gmap.vm_conflicts)

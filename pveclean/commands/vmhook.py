@@ -20,7 +20,9 @@ from pathlib import Path
 
 from pveclean.core import vmguard
 from pveclean.core.config import Config
+from pveclean.core.gpumap import GpuMap
 from pveclean.core.text import safe
+from pveclean.core.vmreport import CtStop, VmReport, VmVerdict
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
 from pveclean.host import pcibind
 from pveclean.host.clock import start_deadline
@@ -28,10 +30,15 @@ from pveclean.host.prelude import NvmlWorker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Callable
+    from typing import TypeVar
 
     from pveclean.core.records import Deadline
+    from pveclean.core.vmreport import Moved
+    from pveclean.host.pcibind import Handoff
     from pveclean.host.worker import Worker
+
+    T = TypeVar("T")
 
 SETTLE_POLL = 0.2  # s between looks while a stopped holder's GPU memory is released
 
@@ -75,7 +82,7 @@ def main(argv: list[str], nvml: NvmlWorker) -> int:
     return 0
 
 
-def _look(cfg: Config, deadline: Deadline) -> dict[str, Any]:
+def _look(cfg: Config, deadline: Deadline) -> GpuMap:
     """`pveclean gpus`' map of the host, in a worker bounded by the deadline."""
     from pveclean.commands.gpus import look_once
 
@@ -83,11 +90,12 @@ def _look(cfg: Config, deadline: Deadline) -> dict[str, Any]:
                      max(deadline.remaining() - 0.5, 0.5), "reading the host's GPUs")
 
 
-def _call(wk: Worker, fn: Any, *args: Any, deadline: Deadline, what: str) -> Any:
+def _call(wk: Worker, fn: Callable[..., T], *args: object, deadline: Deadline, what: str) -> T:
     from pveclean.host.worker import RemoteError, WorkerError
 
     try:
-        return wk.call(fn, *args, timeout=max(deadline.remaining() - 0.5, 0.5), what=what)
+        got: T = wk.call(fn, *args, timeout=max(deadline.remaining() - 0.5, 0.5), what=what)
+        return got
     except (WorkerError, RemoteError) as exc:
         raise PvecleanError(str(exc)) from None
 
@@ -106,39 +114,39 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
         addrs = sorted(drivers)
         say(f"pveclean: VM {vmid} pre-start: checking who holds GPU {', '.join(addrs)}")
         gmap = _look(cfg, deadline)
-        minors = {g["minor"]: g["pci_bus_id"] for g in gmap.get("gpus", [])
-                  if g.get("pci_bus_id") in addrs and isinstance(g.get("minor"), int)}
+        minors = {g.minor: g.pci_bus_id for g in gmap.gpus
+                  if g.pci_bus_id in addrs and g.minor is not None}
         keeping = _call(scan, passthrough.w_keeping, cfg.pve_config_dir, minors,
                         deadline=deadline, what="reading the containers' configs")
     reservations = passthrough.pci_reservations(Path(cfg.qemu_run_dir))
-    plan = vmguard.plan(vmid, addrs, gmap, reservations, cfg.vm_gpu_policy,
-                        cfg.vm_gpu_allow_host, keeping, drivers)
+    plan = vmguard.plan(vmguard.VmStart(vmid, addrs, reservations, keeping, drivers), gmap,
+                        cfg.vm_gpu_policy, cfg.vm_gpu_allow_host)
     for line in plan.notes:
         say(f"pveclean: VM {vmid} pre-start: {line}")
-    record: dict[str, Any] = {"plan": plan.as_dict(), "containers": {}}
+    record = VmReport(vmid, "pre-start", os.uname().nodename, 0.0, cfg.vm_gpu_policy,
+                      plan=plan)
     if plan.decision is vmguard.Decision.REFUSE:
         for line in plan.blockers:
             say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
-        return _finish(vmid, cfg, record, "refused", ExitCode.REFUSE, deadline=deadline)
+        return _finish(cfg, record, VmVerdict.REFUSED, ExitCode.REFUSE, deadline=deadline)
     if plan.decision is vmguard.Decision.STOP:
-        left = _stop_holders(vmid, cfg, nvml, plan, deadline, record)
+        record, left = _stop_holders(vmid, cfg, nvml, plan, deadline, record)
         if left:
             for line in left:
                 say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
-            return _finish(vmid, cfg, record, "residual", ExitCode.REFUSE,
-                           deadline=deadline)
+            return _finish(cfg, record, VmVerdict.RESIDUAL, ExitCode.REFUSE, deadline=deadline)
         say(f"pveclean: VM {vmid} pre-start: GPU {', '.join(addrs)} verified free")
     if cfg.vm_gpu_rebind:
-        record["rebind"] = _rebind(vmid, cfg, addrs, deadline)
-    return _finish(vmid, cfg, record, "clear" if plan.decision is vmguard.Decision.CLEAR
-                   else "stopped", ExitCode.OK, deadline=deadline)
+        record = record.with_rebind(_rebind(vmid, cfg, addrs, deadline))
+    return _finish(cfg, record, VmVerdict.CLEAR if plan.decision is vmguard.Decision.CLEAR
+                   else VmVerdict.STOPPED, ExitCode.OK, deadline=deadline)
 
 
 def _stop_holders(vmid: int, cfg: Config, nvml: NvmlWorker, plan: vmguard.Plan,
-                  deadline: Deadline, record: dict[str, Any]) -> list[str]:
+                  deadline: Deadline, record: VmReport) -> tuple[VmReport, list[str]]:
     """Each container's holders of the VM's GPUs stopped as `pveclean ct` stops them (and only
-    those); then the GPUs looked at until nothing holds them, or the deadline. Returns what
-    is still held."""
+    those); then the GPUs looked at until nothing holds them, or the deadline. Returns the
+    record with each container's run, and what is still held."""
     from pveclean.cleanup import RunOptions, clean
 
     for ct, only in sorted(plan.stop.items()):
@@ -147,20 +155,20 @@ def _stop_holders(vmid: int, cfg: Config, nvml: NvmlWorker, plan: vmguard.Plan,
         res = clean(ct, cfg, nvml.warm(cfg, ct), RunOptions(phase="vm-start", only=only),
                     deadline)
         rep = res.report
-        record["containers"][str(ct)] = {"verdict": str(rep.verdict),
-                                         "report": None if res.path is None else str(res.path)}
+        record = record.with_stop(ct, CtStop(str(rep.verdict),
+                                             None if res.path is None else str(res.path)))
         say(f"pveclean: VM {vmid} pre-start: CT {ct}: {rep.verdict}; "
             f"{res.path or 'no report written'}")
     addrs = [t.address for t in plan.targets]
     while True:
         left = vmguard.still_held(addrs, _look(cfg, deadline), cfg.vm_gpu_allow_host)
         if not left or deadline.remaining() < 1.0:
-            return left
+            return record, left
         time.sleep(SETTLE_POLL)
 
 
 def _rebind(vmid: int, cfg: Config, addrs: list[str], deadline: Deadline,
-            fs: pcibind.Sysfs | None = None) -> dict[str, Any]:
+            fs: pcibind.Sysfs | None = None) -> dict[str, Moved | str]:
     """Each GPU's IOMMU group to vfio-pci, in a worker (an unbind can block in the driver);
     what was moved is kept in the state dir for post-stop. A failure is said and undone; the
     start goes on (qemu-server binds on its own, and says why when it cannot). `fs`: the
@@ -169,7 +177,7 @@ def _rebind(vmid: int, cfg: Config, addrs: list[str], deadline: Deadline,
 
     fs = fs or pcibind.Sysfs(cfg.pci_sysfs)
 
-    out: dict[str, Any] = {}
+    out: dict[str, Moved | str] = {}
     done = []
     with Worker() as wk:
         for addr in addrs:
@@ -181,10 +189,10 @@ def _rebind(vmid: int, cfg: Config, addrs: list[str], deadline: Deadline,
             if isinstance(got, str):
                 say(f"pveclean: VM {vmid} pre-start: WARNING: {addr} not handed to vfio-pci: "
                     f"{got}")
-                out[addr] = {"error": got}
+                out[addr] = got
                 continue
             say(f"pveclean: VM {vmid} pre-start: {addr} and its IOMMU group on vfio-pci")
-            out[addr] = got.as_dict()
+            out[addr] = got
             done.append(got)
     if done:
         _save_handoffs(cfg, vmid, done)
@@ -195,7 +203,7 @@ def _handoff_file(cfg: Config, vmid: int) -> Path:
     return Path(cfg.state_dir) / f"vfio-{vmid}.yaml"
 
 
-def _save_handoffs(cfg: Config, vmid: int, done: list[Any]) -> None:
+def _save_handoffs(cfg: Config, vmid: int, done: list[Handoff]) -> None:
     import yaml
 
     path = _handoff_file(cfg, vmid)
@@ -224,7 +232,7 @@ def post_stop(vmid: int, cfg: Config, fs: pcibind.Sysfs | None = None) -> None:
     except (OSError, yaml.YAMLError) as exc:
         raise PvecleanError(f"cannot read {path}: {exc}") from None
     deadline = start_deadline(cfg.deadline_seconds)
-    record: dict[str, Any] = {"given_back": {}}
+    given_back: dict[str, list[str]] = {}
     with Worker() as wk:
         for item in saved if isinstance(saved, list) else []:
             h = pcibind.Handoff(str(item["pci_bus_id"]), dict(item["drivers_before"]))
@@ -233,35 +241,34 @@ def post_stop(vmid: int, cfg: Config, fs: pcibind.Sysfs | None = None) -> None:
                                what=f"giving {h.address} back")
             except PvecleanError as exc:
                 failed = [str(exc)]
-            record["given_back"][h.address] = failed or "ok"
+            given_back[h.address] = failed
             say(f"pveclean: VM {vmid} post-stop: {h.address} "
                 + ("back on " + ", ".join(f"{f}: {d}" for f, d in h.before.items())
                    if not failed else f"NOT given back: {'; '.join(failed)}"))
     path.unlink()
-    _finish(vmid, cfg, record, "given-back", ExitCode.OK, phase="post-stop", deadline=deadline)
+    record = VmReport(vmid, "post-stop", os.uname().nodename, 0.0, cfg.vm_gpu_policy,
+                      given_back=given_back)
+    _finish(cfg, record, VmVerdict.GIVEN_BACK, ExitCode.OK, deadline=deadline)
 
 
-def _finish(vmid: int, cfg: Config, record: dict[str, Any], outcome: str, code: int,
-            phase: str = "pre-start", deadline: Deadline | None = None) -> int:
+def _finish(cfg: Config, record: VmReport, outcome: VmVerdict, code: int,
+            deadline: Deadline | None = None) -> int:
     """The VM's report (kind: vm), written as the containers' are: in a worker, within
     REPORT_WAIT at least (a report dir on a hung NFS mount blocks there, not the start); a
     report that cannot be written is said, never a failed start by itself."""
     from pveclean.cleanup import REPORT_WAIT
-    from pveclean.core.report import iso
     from pveclean.host import reportfiles
     from pveclean.host.worker import RemoteError, Worker, WorkerError
 
-    now = time.time()
-    rep = {"pveclean_report": 1, "kind": "vm", "vmid": vmid, "phase": phase,
-           "verdict": outcome, "host": os.uname().nodename, "time": iso(now),
-           "policy": cfg.vm_gpu_policy, **record, "_started": now}
+    rep = record.finished(outcome, time.time())
+    vmid, phase = rep.vmid, rep.phase
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
     with Worker() as wk:
         try:
-            path = wk.call(reportfiles.write, rep, cfg.report_dir, timeout=wait,
-                           what="writing the report")
+            path = wk.call(reportfiles.write, rep.as_dict(), cfg.report_dir, rep.started,
+                           timeout=wait, what="writing the report")
             say(f"pveclean: VM {vmid} {phase}: {outcome}; report {path}")
         except (RemoteError, WorkerError) as exc:
-            say(f"pveclean: VM {vmid} {phase}: {outcome}; WARNING: report not written: "
-                f"{str(exc).removeprefix('ReportError: ')}")
+            why = exc.message(reportfiles.ReportError) if isinstance(exc, RemoteError) else exc
+            say(f"pveclean: VM {vmid} {phase}: {outcome}; WARNING: report not written: {why}")
     return code

@@ -11,7 +11,7 @@ import posixpath
 from collections.abc import Callable
 
 from pveclean.core import records
-from pveclean.core.records import Holder, HostView, Scope
+from pveclean.core.records import Holder, HostView, NvmlProcesses, Scope
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -107,7 +107,32 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope,
     return warnings, built
 
 
-def merge_nvml(view: HostView, procs: dict[int, dict[int, int | None]],
+def only_gpus(procs: NvmlProcesses | None, scope: Scope) -> NvmlProcesses | None:
+    """NVML's processes with memory on the scope's GPUs, when it names some (a VM's hand-off),
+    and those GPUs' faults."""
+    keep = scope.gpu_indices
+    if procs is None or keep is None:
+        return procs
+    return NvmlProcesses(
+        {pid: {i: m for i, m in per.items() if i in keep}
+         for pid, per in procs.by_pid.items() if any(i in keep for i in per)},
+        {i: f for i, f in procs.faults.items() if i in keep})
+
+
+def nvml_source(answered: bool, on: bool, error: str | None, scan_failed: str | None
+                ) -> str:
+    """The report's `nvml` source: ok, disabled, or unavailable and why; not asked when the
+    host scan failed (`scan_failed`: how) before NVML was asked at all."""
+    if answered:
+        return "ok"
+    if not on:
+        return "disabled"
+    if scan_failed is not None and not error:
+        return f"not asked: the host scan {scan_failed}"
+    return f"unavailable: {error}"
+
+
+def merge_nvml(view: HostView, procs: NvmlProcesses,
                read: Callable[[list[tuple[records.ProcStatus, str]], list[int]],
                               tuple[list[Holder], list[tuple[int, str | None, str | None]]]]
                ) -> list[dict[str, object]]:
@@ -118,7 +143,8 @@ def merge_nvml(view: HostView, procs: dict[int, dict[int, int | None]],
     reads, in the scan's worker); asked only when there are any."""
     found: list[tuple[records.ProcStatus, str]] = []
     unseen: list[int] = []
-    for pid, per_gpu in sorted(procs.items()):
+    by_pid = procs.by_pid
+    for pid, per_gpu in sorted(by_pid.items()):
         h = view.holders.get(pid)
         if h is not None:
             h.gpu_memory_mib.update(per_gpu)
@@ -131,11 +157,11 @@ def merge_nvml(view: HostView, procs: dict[int, dict[int, int | None]],
         return []
     built, named = read(found, unseen)
     for h in built:
-        h.gpu_memory_mib.update(procs[h.host_pid])
+        h.gpu_memory_mib.update(by_pid[h.host_pid])
         h.add_source("nvml")
         view.holders[h.host_pid] = h
     return [{"host_pid": pid, "name": name, "cgroup": cgroup,
-             "gpu_memory_mib": {int(k): v for k, v in procs[pid].items()}}
+             "gpu_memory_mib": {int(k): v for k, v in by_pid[pid].items()}}
             for pid, name, cgroup in named]
 
 

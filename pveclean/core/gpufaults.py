@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 
-from pveclean.core.records import GpuMemory
+from pveclean.core.records import GpuFault, GpuMemory, GpuStatus, NvmlProcesses
 
-Fault = tuple[str, str]  # (status, reason)
+Fault = GpuFault  # (status, reason)
 _NODE = re.compile(r"/dev/nvidia(\d+)")
 
 
@@ -27,17 +28,18 @@ def config_minors(paths: list[str]) -> set[int] | None:
 
 
 def faults_of(gpus: list[GpuMemory] | None) -> dict[int, Fault]:
-    return {g.index: (g.status, g.reason or g.status) for g in gpus or [] if not g.ok}
+    return {g.index: (g.status, g.reason or str(g.status)) for g in gpus or [] if not g.ok}
 
 
 def worst(a: Fault, b: Fault) -> Fault:
     """Two faults of one GPU as one: lost when either says so, both reasons."""
-    status = "lost" if "lost" in (a[0], b[0]) else "unavailable"
+    lost = GpuStatus.LOST in (a[0], b[0])
+    status = GpuStatus.LOST if lost else GpuStatus.UNAVAILABLE
     reasons = list(dict.fromkeys((a[1], b[1])))
     return status, "; ".join(reasons)
 
 
-def with_faults(gpus: list[GpuMemory], faults: dict[int, Fault]) -> list[GpuMemory]:
+def with_faults(gpus: list[GpuMemory], faults: Mapping[int, Fault]) -> list[GpuMemory]:
     """The GPUs, each that another answer failed for (its process list) marked with it."""
     out = []
     for g in gpus:
@@ -82,7 +84,7 @@ class GpuWatch:
         self.seen: list[GpuMemory] = []
         self._said: set[int] = set()
 
-    def note(self, gpus: list[GpuMemory] | None, faults: dict[int, Fault]) -> list[str]:
+    def note(self, gpus: list[GpuMemory] | None, faults: Mapping[int, Fault]) -> list[str]:
         self.seen += gpus or []
         for index, f in [*faults_of(gpus).items(), *faults.items()]:
             self.faults[index] = worst(self.faults[index], f) if index in self.faults else f
@@ -92,10 +94,10 @@ class GpuWatch:
         return list(new.values())
 
 
-def unchecked(gpus: list[GpuMemory], procs: object, minors: set[int]) -> list[str]:
+def unchecked(gpus: list[GpuMemory], procs: NvmlProcesses, minors: set[int]) -> list[str]:
     """Why a post-stop leak check passed over a GPU that may be the container's (`minors`:
     its configured ones; empty: any): NVML could not read it or list its processes."""
-    faults = {**getattr(procs, "faults", {}), **faults_of(gpus)}
+    faults = {**procs.faults, **faults_of(gpus)}
     minor_of = {g.index: g.minor for g in gpus}
     return [f"GPU {i} is {status} ({reason}): its memory is not checked for leaks"
             for i, (status, reason) in sorted(faults.items())

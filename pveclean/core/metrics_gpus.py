@@ -13,11 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
+from pveclean.core.gpumap import GpuMap
 from pveclean.core.metrics import MIB, Family, guest_id
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+from pveclean.core.owners import Owner, OwnerKind
 
 GPU = ("node", "gpu", "UUID", "pci_bus_id")
 OWNER = (*GPU, "owner_type", "id")
@@ -62,11 +60,11 @@ def dcgm_bus_id(sysfs: str | None) -> str:
     return f"{int(m.group(1), 16):08X}:{m.group(2).upper()}:{m.group(3).upper()}.{m.group(4)}"
 
 
-def owner(proc: Mapping[str, Any], node: str) -> tuple[str, str]:
-    """(owner_type, id) of a process row of `pveclean gpus`."""
-    if proc.get("owner") == "ct" and proc.get("vmid") is not None:
-        return "lxc", guest_id(proc["vmid"])
-    if proc.get("owner") == "host":
+def owner(who: Owner, node: str) -> tuple[str, str]:
+    """(owner_type, id) of a process of `pveclean gpus`' map."""
+    if who.kind is OwnerKind.CT and who.vmid is not None:
+        return "lxc", guest_id(who.vmid)
+    if who.kind is OwnerKind.HOST:
         return "node", guest_id(node, "node")
     return "unknown", "unknown"
 
@@ -75,33 +73,32 @@ def _matches(addr: str, prefix: str, whole: bool) -> bool:
     return addr.startswith(prefix) if whole else addr == prefix
 
 
-def families(data: Mapping[str, Any], node: str, running: Mapping[int, bool],
+def families(gmap: GpuMap, node: str, running: Mapping[int, bool],
              vm_refs: Iterable[tuple[int, str, bool]], now: float) -> list[Family]:
-    """The samples of one look (`data`: what `pveclean gpus --json` prints). `running`:
-    VMID -> whether the container runs; `vm_refs`: (VM id, address prefix, whole device)
-    of every VM's hostpci line."""
+    """The samples of one look. `running`: VMID -> whether the container runs; `vm_refs`:
+    (VM id, address prefix, whole device) of every VM's hostpci line."""
     fams = {n: Family(n, kind, hlp, labels) for n, (kind, hlp, labels) in FAMILIES.items()}
     refs = list(vm_refs)
     addresses = []
-    for g in data.get("gpus", []):
-        bus = (g.get("pci_bus_id") or "").lower()
-        gpu = (node, g["index"], g.get("uuid") or "", dcgm_bus_id(bus))
-        fams["pveclean_gpu_info"].set(1, *gpu, g.get("name") or "")
-        if g.get("total_mib") is not None:
-            fams["pveclean_gpu_memory_total_bytes"].set(g["total_mib"] * MIB, *gpu)
-        if g.get("used_mib") is not None:
-            fams["pveclean_gpu_memory_used_bytes"].set(g["used_mib"] * MIB, *gpu)
-        if g.get("unaccounted_mib") is not None:
-            fams["pveclean_gpu_unaccounted_memory_bytes"].set(g["unaccounted_mib"] * MIB, *gpu)
-        for p in g.get("processes", []):
-            who = owner(p, node)
+    for g in gmap.gpus:
+        bus = (g.pci_bus_id or "").lower()
+        gpu = (node, g.index, g.gpu.uuid or "", dcgm_bus_id(bus))
+        fams["pveclean_gpu_info"].set(1, *gpu, g.gpu.name or "")
+        if g.total_mib is not None:
+            fams["pveclean_gpu_memory_total_bytes"].set(g.total_mib * MIB, *gpu)
+        if g.used_mib is not None:
+            fams["pveclean_gpu_memory_used_bytes"].set(g.used_mib * MIB, *gpu)
+        if g.unaccounted_mib is not None:
+            fams["pveclean_gpu_unaccounted_memory_bytes"].set(g.unaccounted_mib * MIB, *gpu)
+        for p in g.processes:
+            who = owner(p.owner, node)
             fams["pveclean_gpu_holders"].add(1, *gpu, *who)
-            fams["pveclean_gpu_memory_bytes"].add((p.get("memory_mib") or 0) * MIB, *gpu, *who)
+            fams["pveclean_gpu_memory_bytes"].add((p.memory_mib or 0) * MIB, *gpu, *who)
         if bus:
             addresses.append(bus)
-    for v in data.get("vfio", []):
-        bus = str(v.get("pci_bus_id") or "").lower()
-        fams["pveclean_gpu_vfio"].set(1, node, dcgm_bus_id(bus), v.get("driver") or "none")
+    for v in gmap.vfio:
+        bus = v.pci_bus_id.lower()
+        fams["pveclean_gpu_vfio"].set(1, node, dcgm_bus_id(bus), v.driver or "none")
         addresses.append(bus)
     for bus in dict.fromkeys(addresses):
         for vmid, prefix, whole in refs:
@@ -110,8 +107,7 @@ def families(data: Mapping[str, Any], node: str, running: Mapping[int, bool],
                                                      guest_id(vmid, "qemu"))
     for vmid, up in sorted(running.items()):
         fams["pveclean_container_running"].set(1 if up else 0, node, guest_id(vmid))
-    status(fams, node, True, now, data.get("scan", {}).get("seconds"),
-           len(data.get("warnings", [])))
+    status(fams, node, True, now, gmap.scan.seconds, len(gmap.warnings))
     return list(fams.values())
 
 
@@ -138,14 +134,14 @@ def last_success(old: Iterable[tuple[str, dict[str, str], float]]) -> float | No
                  if name == "pveclean_gpus_last_success_timestamp_seconds"), None)
 
 
-def job_map(data: Mapping[str, Any]) -> dict[str, list[str]]:
+def job_map(gmap: GpuMap) -> dict[str, list[str]]:
     """dcgm-exporter's HPC job mapping (--hpc-job-mapping-dir): per GPU index the guests
     whose processes hold it, one per line in a file named by the index, so that its own
     series carry `hpc_job="lxc/129"`. GPUs no guest holds are left out."""
     out: dict[str, list[str]] = {}
-    for g in data.get("gpus", []):
-        ids = sorted({guest_id(p["vmid"]) for p in g.get("processes", [])
-                      if p.get("owner") == "ct" and p.get("vmid") is not None})
+    for g in gmap.gpus:
+        ids = sorted({guest_id(p.owner.vmid) for p in g.processes
+                      if p.owner.kind is OwnerKind.CT and p.owner.vmid is not None})
         if ids:
-            out[str(g["index"])] = ids
+            out[str(g.index)] = ids
     return out

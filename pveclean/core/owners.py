@@ -72,5 +72,23 @@ def owner_of(cgroup: str | None) -> Owner:
 def in_tree(cgroup: str | None, vmid: int) -> bool:
     """Whether `cgroup` is container `vmid`'s cgroup or below it (the exact path: `/lxc/0129`
     is no container's)."""
-    return cgroup is not None and (cgroup == f"/lxc/{vmid}" or
-                                   cgroup.startswith(f"/lxc/{vmid}/"))
+    own = f"/{Layout.PVE}/{vmid}"
+    return cgroup is not None and (cgroup == own or cgroup.startswith(f"{own}/"))
+
+
+def ct_path(vmid: int, rel: str = ".") -> str:
+    """The cgroup path of container `vmid`'s cgroup `rel` (relative to the container's own:
+    "." is its own, "ns/init.scope" one below), as the kernel writes it."""
+    return f"/{Layout.PVE}/{vmid}/{rel}".rstrip("/.").replace("/./", "/")
+
+
+def rel_path(cgroup: str | None, vmid: int) -> str | None:
+    """`cgroup` relative to container `vmid`'s own ("." for its own), None outside it."""
+    if cgroup is None or not in_tree(cgroup, vmid):
+        return None
+    return cgroup[len(f"/{Layout.PVE}/{vmid}") + 1:] or "."
+
+
+def is_ct_dir(name: str) -> bool:
+    """Whether a directory `name` in LXC's lxc/ cgroup is a Proxmox container's (a VMID)."""
+    return place(f"/{Layout.PVE}/{name}").layout is Layout.PVE

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from pveclean.core.owners import in_tree as in_tree  # the one cgroup-path parser
 from pveclean.core.verdicts import Outcome
 
 TYPE_CHECKING = False
@@ -81,6 +82,8 @@ class HostView:
     # host PID -> why part of what it holds could not be judged (an fd table or maps past
     # its cap, an fd whose stat failed, an io_uring ring whose files were not listed)
     unjudged: dict[int, list[str]] = field(default_factory=dict)
+    # holder's host PID -> the device numbers of the GPU nodes it holds (its `devices`)
+    rdevs: dict[int, frozenset[int]] = field(default_factory=dict)
 
     def unjudged_problems(self, most: int = 20) -> list[str]:
         """One problem per process that could not be judged whole (any rules out `clean`),
@@ -242,14 +245,27 @@ class GpuMemory:
     reserved_mib: int | None
     used_mib: int
     minor: int | None = None  # N of /dev/nvidiaN
-    # "ok"; "lost" (fallen off the bus: GPU_IS_LOST, Xid 79); "unavailable" (another NVML
-    # error): the figures of a GPU that is not ok are not NVML's, and `reason` says why
-    status: str = "ok"
+    # the figures of a GPU that is not ok are not NVML's, and `reason` says why
+    status: GpuStatus = GpuStatus.OK
     reason: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == GpuStatus.OK
+
+
+GpuFault = tuple[GpuStatus, str]  # why NVML could not answer for one GPU: (status, reason)
+
+
+@dataclass(frozen=True)
+class NvmlProcesses:
+    """NVML's answer to "who has memory on the GPUs": host PID -> {GPU index: MiB, None where
+    NVML cannot tell (nvitop's NA)}, each GPU asked on its own; `faults`: GPU index -> why
+    its process list could not be given (that GPU is not judged, the others are). A query
+    that gave no answer at all is None in its place, its reason said by who asked."""
+
+    by_pid: Mapping[int, Mapping[int, int | None]] = field(default_factory=dict)
+    faults: Mapping[int, GpuFault] = field(default_factory=dict)
 
 
 @dataclass
@@ -271,10 +287,6 @@ class Discovery:
     view: Any = None  # the HostView of the first scan (maps probe PIDs to host PIDs)
 
 
-def in_tree(cgroup_path: str | None, vmid: int) -> bool:
-    return cgroup_path is not None and (
-        cgroup_path == f"/lxc/{vmid}" or cgroup_path.startswith(f"/lxc/{vmid}/")
-    )
 
 
 @dataclass(frozen=True)

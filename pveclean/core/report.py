@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from enum import Enum
 
 from pveclean.core import bounds
-from pveclean.core.records import Discovery, GpuMemory, Holder
+from pveclean.core.records import Discovery, GpuMemory, Holder, NvmlProcesses
 from pveclean.core.verdicts import REMAINING, STOPPED, Verdict, with_leaks
 
 TYPE_CHECKING = False
@@ -26,14 +26,14 @@ if TYPE_CHECKING:
 LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack, contexts
 
 
-def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
+def find_leaks(gpus: list[GpuMemory], procs: NvmlProcesses,
                minors: set[int], used_by_ct: set[int]) -> list[dict[str, Any]]:
     """Memory allocated on the container's GPUs that no live process accounts for. A PID's
     figure on a GPU is already the sum of its rows there (one per MIG instance, see
     host/nvml.py), so no MIG user shows as a leak. A GPU NVML could not read, or whose
     process list it could not give (`procs.faults`), is not judged: no figure, no leak."""
     leaks = []
-    unread = getattr(procs, "faults", {})
+    unread = procs.faults
     for g in gpus:
         if g.reserved_mib is None or not g.ok or g.index in unread:
             continue  # NVML v1 mixes reserved into used, or NVML did not answer: unknowable
@@ -42,7 +42,7 @@ def find_leaks(gpus: list[GpuMemory], procs: dict[int, dict[int, int | None]],
                 continue  # not one of this container's GPUs
         elif used_by_ct and g.index not in used_by_ct:
             continue
-        accounted = sum(m or 0 for per in procs.values() for i, m in per.items()
+        accounted = sum(m or 0 for per in procs.by_pid.values() for i, m in per.items()
                         if i == g.index)
         unaccounted = g.used_mib - accounted
         if unaccounted > LEAK_SLACK_MIB:

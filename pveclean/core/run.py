@@ -12,7 +12,7 @@ from pveclean.core.records import Deadline, Holder, Scope
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pveclean.host.freezer import Freezer
-    from pveclean.host.reads import Reads
+    from pveclean.host.runreads import Reads
     from pveclean.proxmox.pveconf import CtConfig
 
 Progress = Callable[[str], None]

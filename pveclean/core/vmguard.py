@@ -6,20 +6,20 @@ prepare_pci_device, after the pre-start hook): a GPU some process still holds th
 nvidia driver makes that unbind hang or fail, or the start fails "device busy". So every
 holder of the VM's GPUs is named: a container's may be stopped (policy `stop-containers`),
 the host's never (only one named in `vm_gpu_allow_host` may stay), another running VM's
-never, and one that cannot be told (an unknown owner, a GPU NVML cannot read) is no
-innocent: it refuses the start.
+never, and one that cannot be told (an unknown owner, a GPU NVML cannot read, a process
+holding a GPU driver node whose device number ties it to no GPU) is no innocent: it refuses
+the start.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from pveclean.core.gpumap import GpuMap, GpuProc, GpuUse, VmConflict, VmName
+from pveclean.core.owners import OwnerKind
 from pveclean.core.text import safe
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 
 class Decision(StrEnum):
@@ -46,7 +46,7 @@ class Plan:
     blockers: list[str] = field(default_factory=list)  # each with the command that frees it
     notes: list[str] = field(default_factory=list)  # allowed holders, containers to mind
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"decision": str(self.decision),
                 "gpus": [{"pci_bus_id": t.address, "index": t.index, "minor": t.minor}
                          for t in self.targets],
@@ -54,23 +54,70 @@ class Plan:
                 "blockers": list(self.blockers), "notes": list(self.notes)}
 
 
-def _holder(row: dict[str, Any]) -> str:
-    mib = row.get("memory_mib")
-    held = f", {mib} MiB" if isinstance(mib, int) else ""
-    return f"PID {row.get('host_pid')} {safe(str(row.get('name') or '?'), 40)}{held}"
+def _holder(proc: GpuProc, mib: int | None = None) -> str:
+    held = f", {mib} MiB" if mib is not None else ""
+    return f"PID {proc.host_pid} {safe(proc.name or '?', 40)}{held}"
 
 
-def plan(vmid: int, addresses: list[str], gpus_map: dict[str, Any],
-         reservations: dict[str, int], policy: str, allow_host: list[str],
-         keeping: dict[int, list[str]] | None = None,
-         drivers: dict[str, str | None] | None = None) -> Plan:
-    """What the start of VM `vmid` may do about the holders of `addresses` (its NVIDIA GPU
-    functions). `gpus_map`: `pveclean gpus --json`'s data; `reservations`: PCI id -> VMID of
-    qemu-server's live reservations (PCI.pm's pci-id-reservations); `keeping`: container ->
-    the VM's GPU addresses its config still passes (its next start would take them back);
-    `drivers`: each address's driver now (sysfs), where known."""
-    wanted = {a.lower() for a in addresses}
-    rows = {str(g.get("pci_bus_id") or "").lower(): g for g in gpus_map.get("gpus", [])}
+def _allowed(proc: GpuProc, allow_host: Iterable[str]) -> bool:
+    return proc.owner.kind is OwnerKind.HOST and proc.name in allow_host
+
+
+def _holders(where: str, g: GpuUse, policy: str, allow_host: list[str],
+             stop: dict[int, tuple[set[int], set[int]]], blockers: list[str],
+             notes: list[str]) -> None:
+    """Each holder of GPU `g`: a container's to stop (or a blocker), the host's a blocker
+    unless allowed, one that cannot be placed a blocker."""
+    for row in g.processes:
+        owner, text = row.owner, _holder(row.proc, row.memory_mib)
+        if owner.kind is OwnerKind.CT and owner.vmid is not None:
+            ct = owner.vmid
+            if policy == "stop-containers":
+                idx, mins = stop.setdefault(ct, (set(), set()))
+                idx.add(g.index)
+                if g.minor is not None:
+                    mins.add(g.minor)
+            else:
+                blockers.append(f"{where} is held by CT {ct}: {text}: "
+                                f"`pveclean ct {ct}` or `pct stop {ct}`")
+        elif _allowed(row.proc, allow_host):
+            notes.append(f"{where}: host process {text} allowed by vm_gpu_allow_host, left "
+                         "running")
+        elif owner.kind is OwnerKind.HOST:
+            blockers.append(f"{where} is held by a host process: {text}: stop it "
+                            "(`systemctl stop` its unit) or allow it in vm_gpu_allow_host")
+        else:
+            blockers.append(f"{where} is held by a process pveclean cannot place: "
+                            f"{text}: look with `pveclean gpus`")
+
+
+def _untied(gmap: GpuMap, allow_host: list[str]) -> list[str]:
+    """Holders of a GPU node that cannot be tied to a GPU: any may hold the VM's."""
+    return [f"{_holder(p)} holds a GPU node pveclean cannot tie to a GPU "
+            f"({p.owner.label}): look with `pveclean gpus`"
+            for p in gmap.untied if not _allowed(p, allow_host)]
+
+
+@dataclass(frozen=True)
+class VmStart:
+    """What the host says of VM `vmid`'s start, beside the GPU map: its NVIDIA GPU functions
+    (`addresses`), qemu-server's live reservations (PCI.pm's pci-id-reservations: PCI id ->
+    VMID), the containers whose configs still pass one of them (`keeping`: their next start
+    would take it back), and each address's driver now (sysfs), where known."""
+
+    vmid: int
+    addresses: list[str]
+    reservations: dict[str, int] = field(default_factory=dict)
+    keeping: dict[int, list[str]] = field(default_factory=dict)
+    drivers: dict[str, str | None] = field(default_factory=dict)
+
+
+def plan(start: VmStart, gmap: GpuMap, policy: str, allow_host: list[str]) -> Plan:
+    """What the start may do about the holders of its GPUs in `gmap`, `pveclean gpus`' map,
+    under `policy` (vm_gpu_policy) and vm_gpu_allow_host."""
+    vmid, reservations, drivers = start.vmid, start.reservations, start.drivers
+    wanted = {a.lower() for a in start.addresses}
+    rows = {(g.pci_bus_id or "").lower(): g for g in gmap.gpus}
     targets: list[Target] = []
     blockers: list[str] = []
     notes: list[str] = []
@@ -82,43 +129,23 @@ def plan(vmid: int, addresses: list[str], gpus_map: dict[str, Any],
         g = rows.get(addr)
         if g is None:  # not on the nvidia driver (vfio-pci already), or NVML does not see it
             targets.append(Target(addr))
-            if (drivers or {}).get(addr) == "nvidia":
-                nvml = (gpus_map.get("sources") or {}).get("nvml", "?")
+            if drivers.get(addr) == "nvidia":
                 blockers.append(f"GPU {addr} is on the nvidia driver but NVML does not list "
-                                f"it (NVML: {safe(nvml, 120)}): who holds it cannot be told; "
-                                "look with `pveclean gpus`")
+                                f"it (NVML: {safe(str(gmap.nvml), 120)}): who holds it cannot "
+                                "be told; look with `pveclean gpus`")
             continue
-        index, minor = g.get("index"), g.get("minor")
-        targets.append(Target(addr, index, minor))
-        where = f"GPU {index} ({addr})"
-        if g.get("status", "ok") != "ok":
-            blockers.append(f"{where} is {g.get('status')}: NVML cannot tell who holds it; "
+        targets.append(Target(addr, g.index, g.minor))
+        where = f"GPU {g.index} ({addr})"
+        if not g.ok:
+            blockers.append(f"{where} is {g.status}: NVML cannot tell who holds it; "
                             "look with `pveclean gpus`")
-        for row in g.get("processes", []):
-            owner, ct = row.get("owner"), row.get("vmid")
-            if owner == "ct" and isinstance(ct, int):
-                if policy == "stop-containers":
-                    idx, mins = stop.setdefault(ct, (set(), set()))
-                    idx.add(index)
-                    if minor is not None:
-                        mins.add(minor)
-                else:
-                    blockers.append(f"{where} is held by CT {ct}: {_holder(row)}: "
-                                    f"`pveclean ct {ct}` or `pct stop {ct}`")
-            elif owner == "host" and str(row.get("name") or "") in allow_host:
-                notes.append(f"{where}: host process {_holder(row)} allowed by "
-                             "vm_gpu_allow_host, left running")
-            elif owner == "host":
-                blockers.append(f"{where} is held by a host process: {_holder(row)}: stop it "
-                                "(`systemctl stop` its unit) or allow it in vm_gpu_allow_host")
-            else:
-                blockers.append(f"{where} is held by a process pveclean cannot place: "
-                                f"{_holder(row)}: look with `pveclean gpus`")
-        leak = g.get("leak_mib") or 0
-        if leak and not g.get("processes"):
-            blockers.append(f"{where} has {leak} MiB that no process accounts for; look with "
-                            "`pveclean gpus`")
-    for ct, addrs in sorted((keeping or {}).items()):
+        _holders(where, g, policy, allow_host, stop, blockers, notes)
+        if g.leak_mib and not g.processes:
+            blockers.append(f"{where} has {g.leak_mib} MiB that no process accounts for; look "
+                            "with `pveclean gpus`")
+    if any(t.index is not None for t in targets):  # a GPU the nvidia driver has
+        blockers += _untied(gmap, allow_host)
+    for ct, addrs in sorted(start.keeping.items()):
         notes.append(f"CT {ct}'s config passes {', '.join(sorted(addrs))} too: its next start "
                      "takes the GPU back")
     frozen = {ct: (frozenset(i), frozenset(m)) for ct, (i, m) in stop.items()}
@@ -127,49 +154,47 @@ def plan(vmid: int, addresses: list[str], gpus_map: dict[str, Any],
                 notes)
 
 
-def still_held(addresses: list[str], gpus_map: dict[str, Any], allow_host: list[str]
-               ) -> list[str]:
+def still_held(addresses: list[str], gmap: GpuMap, allow_host: list[str]) -> list[str]:
     """After the stop: each of the VM's GPUs that a process (other than an allowed host one)
     or memory no process accounts for still holds, one line each."""
     wanted = {a.lower() for a in addresses}
     out = []
-    for g in gpus_map.get("gpus", []):
-        addr = str(g.get("pci_bus_id") or "").lower()
+    for g in gmap.gpus:
+        addr = (g.pci_bus_id or "").lower()
         if addr not in wanted:
             continue
-        rows = [r for r in g.get("processes", [])
-                if not (r.get("owner") == "host" and str(r.get("name") or "") in allow_host)]
+        rows = [r for r in g.processes if not _allowed(r.proc, allow_host)]
         if rows:
-            out.append(f"GPU {g.get('index')} ({addr}) still held: "
-                       + "; ".join(_holder(r) for r in rows[:5]))
-        elif g.get("leak_mib"):
-            out.append(f"GPU {g.get('index')} ({addr}): {g.get('leak_mib')} MiB still "
-                       "allocated with no process")
-        elif g.get("status", "ok") != "ok":
-            out.append(f"GPU {g.get('index')} ({addr}) is {g.get('status')}: not verified")
+            out.append(f"GPU {g.index} ({addr}) still held: "
+                       + "; ".join(_holder(r.proc, r.memory_mib) for r in rows[:5]))
+        elif g.leak_mib:
+            out.append(f"GPU {g.index} ({addr}): {g.leak_mib} MiB still allocated with no "
+                       "process")
+        elif not g.ok:
+            out.append(f"GPU {g.index} ({addr}) is {g.status}: not verified")
+    if any((g.pci_bus_id or "").lower() in wanted for g in gmap.gpus):
+        out += [f"still held: {line}" for line in _untied(gmap, allow_host)]
     return out
 
 
-def conflicts(gpus_map: dict[str, Any], vm_refs: list[tuple[int, str, str, bool]],
-              policy: str, allow_host: list[str] | None = None) -> list[dict[str, Any]]:
+def conflicts(gpus: Iterable[GpuUse], vm_refs: list[tuple[int, str, str, bool]],
+              policy: str, allow_host: list[str] | None = None) -> list[VmConflict]:
     """For `pveclean gpus` and `status`: each GPU on the nvidia driver that a VM's config
     passes through (`vm_refs`: passthrough.vm_passthrough's rows) while a container or the
     host holds it, with what that VM's next start would do under `policy`."""
     out = []
-    for g in gpus_map.get("gpus", []):
-        addr = str(g.get("pci_bus_id") or "").lower()
+    for g in gpus:
+        addr = (g.pci_bus_id or "").lower()
         vms = sorted({(v, n) for v, n, prefix, whole in vm_refs
                       if addr and (addr.startswith(prefix) if whole else addr == prefix)})
-        holders = g.get("processes", [])
-        if not vms or not holders:
+        if not vms or not g.processes:
             continue
-        cts = sorted({r["vmid"] for r in holders if r.get("owner") == "ct"})
-        others = [r for r in holders if r.get("owner") != "ct"
-                  and not (r.get("owner") == "host"
-                           and str(r.get("name") or "") in (allow_host or []))]
+        cts = sorted({r.owner.vmid for r in g.processes
+                      if r.owner.kind is OwnerKind.CT and r.owner.vmid is not None})
+        others = [r for r in g.processes if r.owner.kind is not OwnerKind.CT
+                  and not _allowed(r.proc, allow_host or [])]
         would = ("refuse" if policy != "stop-containers" or others
                  else f"stop CT {', '.join(map(str, cts))}'s holders of it")
-        out.append({"gpu": g.get("index"), "pci_bus_id": addr,
-                    "vms": [{"vmid": v, "name": n} for v, n in vms], "containers": cts,
-                    "host_holders": len(others), "next_vm_start": would})
+        out.append(VmConflict(g.index, addr, tuple(VmName(v, n) for v, n in vms), tuple(cts),
+                              len(others), would))
     return out

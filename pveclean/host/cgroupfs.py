@@ -10,6 +10,7 @@ import select
 import time
 from pathlib import Path
 
+from pveclean.core.owners import Layout
 from pveclean.errors import PvecleanError
 from pveclean.host import procfs
 from pveclean.host.procfs import read_text
@@ -74,13 +75,14 @@ def park(pid: int, root: str | None = None) -> str | None:
 
 
 def container_cgroup(root: str, vmid: int) -> Path:
-    return Path(root) / "lxc" / str(vmid)
+    return Path(root) / Layout.PVE / str(vmid)
 
 
 def monitor_running(root: str, vmid: int) -> bool:
     """The container runs while its LXC monitor (cgroup lxc.monitor/<vmid>) has a process."""
     try:
-        with open(Path(root) / "lxc.monitor" / str(vmid) / "cgroup.procs", encoding="ascii") as fh:
+        with open(Path(root) / Layout.MONITOR / str(vmid) / "cgroup.procs",
+                  encoding="ascii") as fh:
             return bool(fh.read().strip())
     except OSError:
         return False

@@ -101,6 +101,7 @@ class Judged:
     held: list[str] = field(default_factory=list)
     unjudged: list[str] = field(default_factory=list)
     capped: bool = False  # a cap (MAX_FDS, MAX_MAPS) cut the reading
+    rdevs: set[int] = field(default_factory=set)  # the device numbers `held` names
 
 
 def _fd_info(base: str, fd: str) -> fstext.FdInfo | None:
@@ -136,6 +137,7 @@ class _FdTable:
                 self.seen.add((st.dev, st.ino))
                 target = self._link(name) or f"fd {name}"
                 self.out.held.append(f"{target} ({os.major(st.rdev)}:{os.minor(st.rdev)})")
+                self.out.rdevs.add(st.rdev)
         elif st.dev == statx.anon_inode_dev() and self._link(name) == uring.URING:
             self._ring(name)
 
@@ -157,7 +159,7 @@ class _FdTable:
 
     def _ring(self, name: str) -> None:
         uring.judge_ring(self.base, name, self.devices, self.out.held, self.out.unjudged,
-                         self.ring_done)
+                         self.ring_done, self.out.rdevs)
 
 
 def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
@@ -266,6 +268,7 @@ def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
         if rdev >= 0 and devices.matches(rdev):
             name = m.name.decode("utf-8", "replace")
             out.held.append(f"{name} (mmap {os.major(rdev)}:{os.minor(rdev)})")
+            out.rdevs.add(rdev)
     if cut[0]:
         out.unjudged.append(f"maps longer than {MAX_MAPS >> 20} MiB: the mappings past it "
                             "not judged")
@@ -302,6 +305,7 @@ def judge(pid: int, devices: GpuDevices, cache: ScanCache, progress: Progress = 
         return None
     maps = judge_maps(pid, devices, cache, progress)
     got.held += maps.held
+    got.rdevs |= maps.rdevs
     got.unjudged += maps.unjudged
     got.capped |= maps.capped
     return got

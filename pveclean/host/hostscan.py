@@ -7,10 +7,12 @@ import os
 from functools import partial
 from pathlib import Path
 
-from pveclean.core.gpumap import Proc, full_name
+from pveclean.core.gpumap import GpuProc, full_name
+from pveclean.core.owners import HOST, Layout, is_ct_dir
 from pveclean.core.records import GpuDevices
 from pveclean.core.units import unit_of
 from pveclean.host import cgroupfs, devnodes, procfs, worker
+from pveclean.host.procscan import judge_each
 from pveclean.host.reads import Reader, Unread
 from pveclean.host.worker import Worker
 
@@ -24,7 +26,7 @@ def host_pids(root: Path) -> dict[int, str]:
         for pid, rel in cgroupfs.tree_pids(directory).items():
             found[pid] = prefix if rel == "." else f"{prefix}/{rel}"
 
-    for d, prefix in ((root, ""), (root / "lxc", "/lxc")):
+    for d, prefix in ((root, ""), (root / Layout.PVE, f"/{Layout.PVE}")):
         try:
             with open(d / "cgroup.procs", encoding="ascii") as fh:
                 found.update((int(ln), prefix or "/") for ln in fh if ln.strip().isdigit())
@@ -32,15 +34,21 @@ def host_pids(root: Path) -> dict[int, str]:
         except OSError:
             continue
         for e in entries:
-            if (d == root and e.name == "lxc") or (d != root and e.name.isdigit()):
+            if (d == root and e.name == Layout.PVE) or (d != root and is_ct_dir(e.name)):
                 continue
             add(Path(e.path), f"{prefix}/{e.name}")
     return found
 
 
+def _announce(pid: int) -> devnodes.Progress:
+    """A mark, not a note: there are thousands; the reader's receive() bounds each."""
+    worker.mark(pid)
+    return partial(worker.mark, pid)
+
+
 def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
                  skip: frozenset[int], stall: float | None
-                 ) -> tuple[list[Proc], list[str], list[int]]:
+                 ) -> tuple[list[GpuProc], list[str], list[int]]:
     """In a reader: the GPU holders among `pids` (host PID, cgroup), judged as a container's
     processes are (devnodes.judge), one line per process that could not be judged whole,
     and the PIDs judged whole to hold nothing. Each PID is marked before its /proc files are
@@ -49,14 +57,8 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
     out = []
     unjudged: list[str] = []
     clean: list[int] = []
-    cache = devnodes.ScanCache()
-    for pid, cgroup in pids:
-        if pid in skip:
-            continue  # its reads hung in an earlier try
-        worker.mark(pid)
-        got = devnodes.judge(pid, devices, cache, partial(worker.mark, pid))
-        if got is None:
-            continue
+    cgroups = dict(pids)
+    for pid, got in judge_each(cgroups, devices, skip, _announce):
         if got.unjudged:
             unjudged.append(f"host PID {pid}: {'; '.join(got.unjudged[:3])}")
         if not got.held:
@@ -66,8 +68,10 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
         st = procfs.read_status(pid)
         if st is None or st.state == "Z":
             continue
-        out.append(Proc(pid, full_name(st.name, procfs.argv(pid)), "host", cgroup=cgroup,
-                        unit=unit_of(cgroup), devices=got.held))
+        cgroup = cgroups[pid]
+        out.append(GpuProc(pid, full_name(st.name, procfs.argv(pid)), HOST, cgroup=cgroup,
+                           unit=unit_of(cgroup), devices=tuple(got.held),
+                           rdevs=frozenset(got.rdevs)))
     return out, unjudged, clean
 
 
@@ -115,8 +119,8 @@ class HostScan:
             self.close()
             raise
 
-    def result(self) -> tuple[list[Proc], int, list[str]]:
-        found: list[Proc] = []
+    def result(self) -> tuple[list[GpuProc], int, list[str]]:
+        found: list[GpuProc] = []
         for reader, share in zip(self.readers, self.shares, strict=True):
             try:
                 procs, unjudged, clean = reader.receive()
@@ -143,7 +147,7 @@ class HostScan:
 
 def scan_host_processes(root: Path, devices: GpuDevices, exclude: set[int],
                         end: float | None = None, readers: int | None = None,
-                        stall: float = 1.0) -> tuple[list[Proc], int, list[str]]:
+                        stall: float = 1.0) -> tuple[list[GpuProc], int, list[str]]:
     """HostScan(...).result(): the host's holders, processes looked at, what was not."""
     with HostScan(root, devices, exclude, stall, end, readers) as scan:
         return scan.result()

@@ -17,11 +17,17 @@ from pveclean.host import worker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, TypeVar
+    from typing import Any, TypedDict, TypeVar
 
-    from pveclean.core.records import GpuMemory
+    from pveclean.core.records import GpuMemory, NvmlProcesses
 
     T = TypeVar("T")
+
+    class NvmlSettings(TypedDict):
+        """A worker's NVML settings (Worker(**settings): its state()))."""
+
+        nvml_library: str | None
+        nvml_timeout: float
 
 
 # index, uuid, name, total MiB, reserved MiB (None: NVML cannot tell), used MiB, minor,
@@ -47,13 +53,10 @@ PROC_GETTERS = {
 }
 
 
-class GpuProcesses(dict[int, dict[int, "int | None"]]):
-    """Host PID -> {GPU index: MiB, None when NVML cannot tell}; `faults`: GPU index ->
-    (status, reason) for each GPU whose process list NVML could not give."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.faults: dict[int, Fault] = {}
+# NVML's process lists as the worker sends them: host PID -> {GPU index: MiB, None when NVML
+# cannot tell}, and GPU index -> Fault for each GPU whose list NVML could not give. The
+# parent makes them a records.NvmlProcesses (gpu_processes).
+ProcessRows = tuple[dict[int, dict[int, "int | None"]], dict[int, Fault]]
 
 
 def pci_id(bus: str) -> str:
@@ -92,13 +95,14 @@ class NvmlUnavailable(Exception):
 def _call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
     import threading  # here: NVML is asked in the run's worker, never in its parent
 
-    box: dict[str, Any] = {}
+    value: list[T] = []
+    error: list[BaseException] = []
 
     def target() -> None:
         try:
-            box["value"] = fn()
+            value.append(fn())
         except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
+            error.append(exc)
 
     thread = threading.Thread(target=target, name=f"nvml-{what}", daemon=True)
     thread.start()
@@ -108,9 +112,9 @@ def _call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
 
         worker.park_self()
         raise NvmlUnavailable(f"NVML {what} did not answer within {timeout:.1f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    if error:
+        raise error[0]
+    return value[0]
 
 
 def _describe(exc: BaseException) -> str:
@@ -138,17 +142,20 @@ class Nvml:
         return cls(library, timeout=min(5.0, deadline_seconds * 0.2))
 
     @staticmethod
-    def settings(library: str | None, deadline_seconds: float) -> dict[str, Any]:
+    def settings(library: str | None, deadline_seconds: float) -> NvmlSettings:
         """What a worker's state() needs for its session (see `in_worker`)."""
         return {"nvml_library": library,
                 "nvml_timeout": Nvml.for_run(library, deadline_seconds).timeout}
 
     @classmethod
-    def in_worker(cls, state: dict[str, Any]) -> Nvml:
+    def in_worker(cls, state: dict[str, object]) -> Nvml:
         """The worker's one session, made from its settings on first use."""
-        if "nvml" not in state:
-            state["nvml"] = cls(state.get("nvml_library"), state.get("nvml_timeout", 5.0))
-        nv: Nvml = state["nvml"]
+        nv = state.get("nvml")
+        if not isinstance(nv, Nvml):
+            library, timeout = state.get("nvml_library"), state.get("nvml_timeout", 5.0)
+            nv = state["nvml"] = cls(library if isinstance(library, str) else None,
+                                     float(timeout) if isinstance(timeout, int | float)
+                                     else 5.0)
         return nv
 
     def warm(self) -> None:
@@ -279,28 +286,32 @@ class Nvml:
 
         return self._query("PCI query", q, timeout)
 
-    def processes(self, timeout: float | None = None) -> GpuProcesses:
+    def processes(self, timeout: float | None = None) -> NvmlProcesses:
+        return gpu_processes(self.process_rows(timeout))
+
+    def process_rows(self, timeout: float | None = None) -> ProcessRows:
         """Host PID -> {GPU index: MiB or None when NVML cannot tell}, each GPU asked on its
-        own (`faults` names those that did not answer). A PID with several rows in one list
+        own (the faults name those that did not answer). A PID with several rows in one list
         (one per MIG instance) has their sum; one in both lists (compute and graphics) the
         larger figure, which is the same memory seen twice."""
 
-        def q(nv: Any) -> GpuProcesses:
-            found = GpuProcesses()
+        def q(nv: Any) -> ProcessRows:
+            found: dict[int, dict[int, int | None]] = {}
+            faults: dict[int, Fault] = {}
             for index in range(self._count):
                 h, fault = self._handle(nv, index)
                 if h is None:
                     assert fault is not None
-                    found.faults[index] = fault
+                    faults[index] = fault
                     continue
                 try:
                     lists = [self._process_list(nv, h, kind) for kind in PROC_GETTERS]
                 except Exception as exc:
-                    found.faults[index] = fault_of(exc, "process list")
+                    faults[index] = fault_of(exc, "process list")
                     continue
                 for pid, mib in _per_pid(lists).items():
                     found.setdefault(pid, {})[index] = mib
-            return found
+            return found, faults
 
         return self._query("process query", q, timeout)
 
@@ -370,13 +381,23 @@ def _v1_rows(nv: Any, name: str, h: Any) -> list[tuple[int, int | None]]:
 
 
 def gpu_memory(rows: list[MemoryRow]) -> list[GpuMemory]:
-    from pveclean.core.records import GpuMemory
+    """The worker's rows as the model (in the parent: the worker imports no records)."""
+    from pveclean.core.records import GpuMemory, GpuStatus
 
-    return [GpuMemory(*row) for row in rows]
+    return [GpuMemory(*row[:7], status=GpuStatus(row[7]), reason=row[8]) for row in rows]
+
+
+def gpu_processes(rows: ProcessRows) -> NvmlProcesses:
+    """The worker's process lists as the model."""
+    from pveclean.core.records import GpuStatus, NvmlProcesses
+
+    by_pid, faults = rows
+    return NvmlProcesses(by_pid, {i: (GpuStatus(status), reason)
+                                  for i, (status, reason) in faults.items()})
 
 
 # ---- the NVML worker's side (see prelude.py); module-level so that they pickle ------------
-def w_warm(settings: dict[str, object], init: bool) -> None:
+def w_warm(settings: NvmlSettings, init: bool) -> None:
     """The worker's settings, and NVML's init ahead of the run's first query (which then
     only asks)."""
     state = worker.state()
@@ -396,9 +417,9 @@ def w_memory(timeout: float) -> tuple[list[MemoryRow] | None, str | None]:
         return None, str(exc)
 
 
-def w_processes(timeout: float) -> tuple[GpuProcesses | None, str | None]:
+def w_processes(timeout: float) -> tuple[ProcessRows | None, str | None]:
     worker.note(("nvml", "process query"), nvml_allowance(timeout))
     try:
-        return Nvml.in_worker(worker.state()).processes(timeout=timeout), None
+        return Nvml.in_worker(worker.state()).process_rows(timeout=timeout), None
     except NvmlUnavailable as exc:
         return None, str(exc)

@@ -78,7 +78,7 @@ class NvmlWorker:
 
 def _prepare() -> None:
     """In the worker, once: its calls are NVML's (the host scan has a worker of its own,
-    forked later from the parent, see host/reads.py)."""
+    forked later from the parent, see host/runreads.py)."""
     with contextlib.suppress(ImportError):  # no nvidia-ml-py: the run says so, as ever
         import pynvml  # noqa: F401
     from pveclean.host import nvml  # noqa: F401

@@ -3,13 +3,15 @@ read in the scan's worker (the w_* functions run there)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 
 from pveclean.core import records
 from pveclean.core.bounds import cap_devices
 from pveclean.core.discovery import protect_reason, unwalked
-from pveclean.core.gpumap import Proc
-from pveclean.core.records import Holder, HostView, Scope
+from pveclean.core.gpumap import GpuProc
+from pveclean.core.owners import OwnerKind, ct_path, in_tree, owner_of, rel_path
+from pveclean.core.records import GpuDevices, Holder, HostView, Scope
 from pveclean.core.units import unit_of
 from pveclean.host import cgroupfs, devnodes, procfs, worker
 
@@ -17,9 +19,9 @@ from pveclean.host import cgroupfs, devnodes, procfs, worker
 def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder:
 
     exe, argv = procfs.exe(st.pid), procfs.argv(st.pid)
-    cgroup = f"/lxc/{scope.vmid}/{rel_cgroup}".rstrip("/.").replace("/./", "/")
+    cgroup = ct_path(scope.vmid, rel_cgroup)
     now = cgroupfs.pid_cgroup(st.pid)  # fresher than the walk: a new process moves, then execs
-    if records.in_tree(now, scope.vmid) and now is not None:
+    if in_tree(now, scope.vmid) and now is not None:
         cgroup = now
     return Holder(
         host_pid=st.pid,
@@ -38,6 +40,65 @@ def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder
     )
 
 
+def judge_each(pids: Iterable[int], devices: GpuDevices, skip: frozenset[int],
+               announce: Callable[[int], devnodes.Progress],
+               admit: Callable[[int], bool] | None = None
+               ) -> Iterator[tuple[int, devnodes.Judged]]:
+    """The one per-process loop of both scans, a container's tree (scan_host) and the host's
+    processes (hostscan.w_host_share): each PID not in `skip` (its reads hung in an earlier
+    try) is announced to the worker before its /proc files are read, so a read that hangs is
+    pinned to it (`announce` returns the progress call for long tables), let through
+    `admit`, and its GPU nodes judged. Yields (PID, what it holds and could not judge)."""
+    cache = devnodes.ScanCache()
+    for pid in pids:
+        if pid in skip:
+            continue
+        progress = announce(pid)
+        if admit is not None and not admit(pid):
+            continue
+        got = devnodes.judge(pid, devices, cache, progress)
+        if got is not None:
+            yield pid, got
+
+
+class _Tree:
+    """What scan_host reads of each process of a container's tree before its fds and maps:
+    its status (kept for the view), whether it is the container's init, and whether it is
+    to be judged at all (see admit)."""
+
+    def __init__(self, scope: Scope, quiet: dict[int, int] | None,
+                 stall: float | None) -> None:
+        self.scope, self.quiet, self.stall = scope, quiet, stall
+        self.statuses: dict[int, records.ProcStatus] = {}
+        self.init_pid: int | None = None
+        self.unjudged: dict[int, list[str]] = {}
+        # (PID, start time) -> why: a process past a cap and holding nothing in what was
+        # read, kept for the worker's later scans of this run (a tenant's bloat costs the
+        # run once)
+        self.capped: dict[tuple[int, int], list[str]] = worker.state().setdefault("capped", {})
+
+    def announce(self, pid: int) -> devnodes.Progress:
+        worker.note(("pid", pid), self.stall)
+        return partial(worker.note, ("pid", pid), self.stall)
+
+    def admit(self, pid: int) -> bool:
+        st = procfs.read_status(pid)
+        if st is None:
+            return False  # exited while we looked
+        self.statuses[pid] = st
+        if self.scope.running and len(st.nspid) >= 2 and st.nspid[1] == 1:
+            self.init_pid = pid
+        if self.quiet is not None and self.quiet.get(pid) == st.starttime:
+            return False
+        if st.state == "Z" and not procfs.live_threads(pid):
+            return False  # a zombie holds nothing: its fds and mappings are gone
+        # (a zombie leader with live threads holds through them: judge_fds reads those)
+        if (pid, st.starttime) in self.capped:  # not read again: see scan_host
+            self.unjudged[pid] = self.capped[pid, st.starttime]
+            return False
+        return True
+
+
 def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
               stall: float | None = None, quiet: dict[int, int] | None = None) -> HostView:
     """The host view. In the worker, each PID is announced before its /proc files are read,
@@ -46,47 +107,24 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
     fds and maps are not read again while the PID is the same process."""
     tree = cgroupfs.tree_pids(scope.cgroup_dir)
     holders: dict[int, Holder] = {}
-    statuses: dict[int, records.ProcStatus] = {}
-    init_pid = None
-    unjudged: dict[int, list[str]] = {}
-    # (PID, start time) -> why: a process past a cap and holding nothing in what was read,
-    # kept for the worker's later scans of this run (a tenant's bloat costs the run once)
-    capped: dict[tuple[int, int], list[str]] = worker.state().setdefault("capped", {})
-    cache = devnodes.ScanCache()
-    for pid, rel in tree.items():
-        if pid in skip:
-            continue  # its reads hung in an earlier try
-        worker.note(("pid", pid), stall)
-        st = procfs.read_status(pid)
-        if st is None:
-            continue  # exited while we looked
-        statuses[pid] = st
-        if scope.running and len(st.nspid) >= 2 and st.nspid[1] == 1:
-            init_pid = pid
-        if quiet is not None and quiet.get(pid) == st.starttime:
-            continue
-        if st.state == "Z" and not procfs.live_threads(pid):
-            continue  # a zombie holds nothing: its fds and mappings are gone
-        # (a zombie leader with live threads holds through them: judge_fds reads those)
-        if (pid, st.starttime) in capped:  # not read again: see below
-            unjudged[pid] = capped[pid, st.starttime]
-            continue
-        got = devnodes.judge(pid, scope.devices, cache, partial(worker.note, ("pid", pid), stall))
-        if got is None:
-            continue
+    rdevs: dict[int, frozenset[int]] = {}
+    look = _Tree(scope, quiet, stall)
+    for pid, got in judge_each(tree, scope.devices, skip, look.announce, look.admit):
+        st = look.statuses[pid]
         if got.unjudged:
-            unjudged[pid] = got.unjudged
-        if got.capped and not got.held:  # a verification rescan of this run reads it no more:
-            capped[pid, st.starttime] = got.unjudged  # it keeps the run residual already
+            look.unjudged[pid] = got.unjudged
+        if got.capped and not got.held:  # a verification rescan of this run reads it no
+            look.capped[pid, st.starttime] = got.unjudged  # more: it keeps the run residual
         if got.held:
-            h = make_holder(st, rel, scope)
+            h = make_holder(st, tree[pid], scope)
             h.devices = cap_devices(got.held)  # each device kept; the paths bounded
             h.add_source("host")
             holders[pid] = h
+            rdevs[pid] = frozenset(got.rdevs)
     truncated = getattr(tree, "truncated", None)
     if truncated:
         holders[0] = unwalked(str(truncated), scope)
-    return HostView(holders, statuses, tree, init_pid, unjudged)
+    return HostView(holders, look.statuses, tree, look.init_pid, look.unjudged, rdevs)
 
 
 # ---- reads made in the scan's worker (see worker.py); module-level so they pickle --------
@@ -113,14 +151,14 @@ def w_nvml_pids(found: list[tuple[records.ProcStatus, str]], unseen: list[int], 
             continue
         built.append(make_holder(st, rel, scope))
     named: list[tuple[int, str | None, str | None]] = []
-    base = f"/lxc/{scope.vmid}"
     for pid in unseen:
         worker.note(("pid", pid), None)
         cg = cgroupfs.pid_cgroup(pid)
         st2 = procfs.read_status(pid)
-        if st2 is not None and records.in_tree(cg, scope.vmid) and cg is not None:
+        below = rel_path(cg, scope.vmid)
+        if st2 is not None and below is not None:
             if st2.state != "Z" or procfs.live_threads(pid):
-                built.append(make_holder(st2, cg[len(base) + 1:] or ".", scope))
+                built.append(make_holder(st2, below, scope))
             continue  # a zombie of the container holds nothing: neither ours nor another's
         named.append((pid, st2.name if st2 else None, cg))
     return built, named
@@ -144,16 +182,14 @@ def w_parents(ppids: list[int]) -> dict[int, str]:
     return out
 
 
-def attribute_pid(pid: int) -> Proc:
+def attribute_pid(pid: int) -> GpuProc:
     """An NVML process neither scan saw: owner from its cgroup (it may have just started,
     or it runs in a container whose config names no GPU)."""
     cg = cgroupfs.pid_cgroup(pid)
     st = procfs.read_status(pid)
     name = st.name if st else "?"
+    owner = owner_of(cg)
     if cg is None:
-        return Proc(pid, name, "unknown")
-    parts = cg.split("/")
-    if len(parts) > 2 and parts[1] == "lxc" and parts[2].isdigit():
-        ct_pid = st.nspid[1] if st and len(st.nspid) > 1 else None
-        return Proc(pid, name, "ct", int(parts[2]), ct_pid, unit_of(cg), cg)
-    return Proc(pid, name, "host", cgroup=cg, unit=unit_of(cg))
+        return GpuProc(pid, name, owner)
+    ct_pid = st.nspid[1] if owner.kind is OwnerKind.CT and st and len(st.nspid) > 1 else None
+    return GpuProc(pid, name, owner, ct_pid, unit_of(cg), cg)

@@ -97,10 +97,12 @@ def exclusive_temp(d: os.PathLike[str] | str, prefix: str, suffix: str,
     raise FileExistsError(f"no free temporary name in {d}")
 
 
-def write(report: dict[str, Any], report_dir: str) -> Path:
-    """Write atomically: temp file in the same dir, fsync, rename. Never overwrites."""
+def write(report: dict[str, Any], report_dir: str, started: float | None = None) -> Path:
+    """Write atomically: temp file in the same dir, fsync, rename. Never overwrites.
+    `started`: the run's start (default: the report's `_started`), for the file's name."""
     d = ensure_dir(report_dir)
-    name = report_name(int(report["vmid"]), str(report["phase"]), float(report["_started"]))
+    when = float(report["_started"]) if started is None else started
+    name = report_name(int(report["vmid"]), str(report["phase"]), when)
     body = {k: v for k, v in report.items() if not k.startswith("_")}
     text = to_yaml(body)
     try:

@@ -33,9 +33,11 @@ def ring_files(base: str, fd: str) -> fstext.UringFiles | str:
 
 
 def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[str],
-               unjudged: list[str], done: dict[bytes, str | None]) -> None:
-    """Add to `held` the GPU nodes registered with ring fd `fd`, to `unjudged` why some
-    registered file could not be judged. `done`: path -> finding, for the whole process."""
+               unjudged: list[str], done: dict[bytes, str | None],
+               rdevs: set[int] | None = None) -> None:
+    """Add to `held` the GPU nodes registered with ring fd `fd` (and their device numbers to
+    `rdevs`), to `unjudged` why some registered file could not be judged. `done`: path ->
+    finding, for the whole process."""
     files = ring_files(base, fd)
     if isinstance(files, str):
         unjudged.append(f"io_uring fd {fd}: {files}")
@@ -54,9 +56,12 @@ def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[str],
                 unjudged.append(f"io_uring fd {fd}: more than {MAX_RING_FILES} registered "
                                 "files; the rest not judged")
                 return
-            done[path] = finding = _judge(root, path, devices)
+            got = _judge(root, path, devices)
+            done[path] = finding = got[0] if isinstance(got, tuple) else got
             if finding is None:
                 continue
+            if isinstance(got, tuple) and rdevs is not None:
+                rdevs.add(got[1])
             if finding.startswith("!"):
                 unjudged.append(f"io_uring fd {fd}: {finding[1:]}")
             elif finding not in held:
@@ -65,11 +70,11 @@ def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[str],
         os.close(root)
 
 
-def _judge(root: int, path: bytes, devices: GpuDevices) -> str | None:
-    """A GPU node's "path (io_uring fixed file, M:m)", None when `path` is no GPU node, or
-    "!why" when it cannot be told. A path that is not absolute is a pseudo file (socket:[..],
-    anon_inode:..): never a device node. A path that no longer resolves, resolves to a
-    directory (a detached mount shows as "/") or was deleted cannot be told."""
+def _judge(root: int, path: bytes, devices: GpuDevices) -> tuple[str, int] | str | None:
+    """A GPU node's "path (io_uring fixed file, M:m)" and device number, None when `path` is
+    no GPU node, or "!why" when it cannot be told. A path that is not absolute is a pseudo
+    file (socket:[..], anon_inode:..): never a device node. A path that no longer resolves,
+    resolves to a directory (a detached mount shows as "/") or was deleted cannot be told."""
     shown = path.decode("utf-8", "replace")
     if not path.startswith(b"/"):
         return None
@@ -85,5 +90,6 @@ def _judge(root: int, path: bytes, devices: GpuDevices) -> str | None:
     if isinstance(st, int) or stat.S_ISDIR(st.mode):
         return f"!registered file {shown[:200]} cannot be told from a directory: not judged"
     if stat.S_ISCHR(st.mode) and devices.matches(st.rdev):
-        return f"{shown} (io_uring fixed file, {os.major(st.rdev)}:{os.minor(st.rdev)})"
+        return (f"{shown} (io_uring fixed file, {os.major(st.rdev)}:{os.minor(st.rdev)})",
+                st.rdev)
     return None

@@ -15,6 +15,17 @@ allowance is a stall: the parent kills the worker and says what it was doing. A 
 with `marks` can say what it is on without a message (mark(): a page both share), for scans
 of thousands of processes; the parent looks at it while it waits, and a mark that does not
 change for the receive()'s `stall` is a stall too.
+
+Errors cross whole, as psutil's exceptions cross processes: the worker sends the exception
+object itself (pickled: pveclean's exception types pickle with their fields), with its type's
+name and its text. The parent raises RemoteError, the one type a caller catches for "the
+function raised there" (proxmoxer-style): `.exc` is the original exception (also the
+RemoteError's `__cause__`), `.type_name` and `.text` what the worker said of it; str() is
+`Type: text`, as ever. An exception that does not pickle (nor unpickle, in the worker or the
+parent) crosses as its type name and text alone, `.exc` None. A caller that wants the
+admin's message of an error it expects asks `exc.message(ReportError)`: the text for one of
+those types, `Type: text` for anything else (a bug is named by its type). The worker's own
+failures (it hung, stalled, died) are WorkerError, whose `what` and `why` are its fields.
 """
 
 from __future__ import annotations
@@ -30,9 +41,16 @@ import struct
 import time
 from collections.abc import Callable
 
+# the errors a call ends in; callers import them from here
+from pveclean.host.crossing import Note, arrived, crossing
+from pveclean.host.crossing import RemoteError as RemoteError
+from pveclean.host.crossing import WorkerError as WorkerError
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 
 MAX_ANSWER = 256 * 1024 * 1024  # bytes: 5,000 holders with 8 KiB command lines fit
@@ -44,32 +62,15 @@ PIPE_SIZE = 1 << 20  # the answers' pipe (F_SETPIPE_SZ; the default is 64 KiB): 
 # notes wait there while the parent does something else, instead of blocking the worker
 
 
-class WorkerError(Exception):
-    """The worker did not answer: it hung (past the deadline or stalled) or died."""
-
-    def __init__(self, message: str, note: Any = None, stalled: bool = False) -> None:
-        super().__init__(message)
-        self.note = note  # the last note: what it was doing
-        self.stalled = stalled  # stuck past a note's allowance, not the call's deadline
-
-
-class RemoteError(Exception):
-    """The called function raised in the worker; the message is `Type: text`."""
-
-    def __init__(self, message: str, type_name: str) -> None:
-        super().__init__(message)
-        self.type_name = type_name
-
-
 # ---- the child side ---------------------------------------------------------------------
 _out_fd = -1
-_state: dict[str, Any] = {}
-_marks: Any = None  # the worker's shared page for mark(), if its parent made one
+_state: dict[str, Any] = {}  # a bag whose keys belong to the modules that use them
+_marks: mmap.mmap | None = None  # the worker's page for mark(), if its parent made one
 _mark_seq = 0
 MARK = struct.Struct("<QQ")  # how many marks so far, the last one
 
 
-def note(what: Any, allowance: float | None) -> None:
+def note(what: Note, allowance: float | None) -> None:
     """From a function running in the worker: say what comes next and how long it may take
     (None: no limit of its own, only the call's deadline)."""
     if _out_fd >= 0:
@@ -104,7 +105,7 @@ def state() -> dict[str, Any]:
     return _state
 
 
-def _send(fd: int, kind: int, value: Any) -> None:
+def _send(fd: int, kind: int, value: object) -> None:
     body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     data = memoryview(_HEADER.pack(len(body), kind) + body)
     while data:
@@ -122,8 +123,8 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _serve(req_fd: int, out_fd: int, init: dict[str, Any],
-           prelude: Callable[[], object] | None, marks: Any = None) -> None:
+def _serve(req_fd: int, out_fd: int, init: dict[str, object],
+           prelude: Callable[[], object] | None, marks: mmap.mmap | None = None) -> None:
     global _out_fd, _marks
     _out_fd, _marks = out_fd, marks
     _state.update(init)
@@ -145,7 +146,7 @@ def _serve(req_fd: int, out_fd: int, init: dict[str, Any],
             import traceback
 
             text = str(exc) or "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            _send(out_fd, ERROR, (type(exc).__name__, text))
+            _send(out_fd, ERROR, (type(exc).__name__, text, crossing(exc)))
             continue
         _send(out_fd, RESULT, value)
 
@@ -159,10 +160,11 @@ class Worker:
     until its first call. Its notes reach that call, which they bound as its own do."""
 
     def __init__(self, prelude: Callable[[], object] | None = None, marks: bool = False,
-                 **init: Any) -> None:
+                 **init: object) -> None:
         self.init = init  # copied into the child's state()
         self.prelude = prelude
-        self._marks: Any = None  # with `marks`: a page shared with the child, see mark()
+        # with `marks`: a page shared with the child, see mark()
+        self._marks: mmap.mmap | None = None
         if marks:
 
             self._marks = mmap.mmap(-1, MARK.size)  # anonymous and shared across fork
@@ -228,26 +230,29 @@ class Worker:
 
     def call(
         self,
-        fn: Callable[..., Any],
-        *args: Any,
+        fn: Callable[..., T],
+        *args: object,
         timeout: float,
         what: str,
-        on_note: Callable[[Any], None] | None = None,
-    ) -> Any:
+        on_note: Callable[[Note], None] | None = None,
+    ) -> T:
         """fn(*args) in the worker. Raises WorkerError when it does not answer within
         `timeout` or stalls past a note's allowance (the worker is then killed), RemoteError
         when fn raised there. Answers to earlier submit()s are read past within the same
         bounds: their notes count as this call's."""
         end = time.monotonic() + max(timeout, 0.0)
         self.send(fn, *args, timeout=timeout, what=what)
-        return self.receive(end - time.monotonic(), what, on_note)
+        value: T = self.receive(end - time.monotonic(), what, on_note)
+        return value
 
-    def send(self, fn: Callable[..., Any], *args: Any, timeout: float, what: str) -> None:
+    def send(self, fn: Callable[..., object], *args: object, timeout: float, what: str
+             ) -> None:
         """The first half of call(): send fn(*args) and go on; receive() waits for its
         answer (so that two workers can work at once)."""
         self._request(fn, args, timeout, what, wanted=True)
 
-    def submit(self, fn: Callable[..., Any], *args: Any, timeout: float, what: str) -> None:
+    def submit(self, fn: Callable[..., object], *args: object, timeout: float, what: str
+               ) -> None:
         """Send fn(*args) and go on: work whose answer nobody waits for (NVML's init), done
         while the parent does something else. The next receive reads past its answer."""
         self._request(fn, args, timeout, what, wanted=False)
@@ -257,7 +262,7 @@ class Worker:
         self._pending = [False] * len(self._pending)
 
     def receive(self, timeout: float, what: str,
-                on_note: Callable[[Any], None] | None = None, stall: float | None = None
+                on_note: Callable[[Note], None] | None = None, stall: float | None = None
                 ) -> Any:
         """The answer to the oldest send() not yet received (see call()). `stall`: with
         marks, how long the child may work on one mark() before it counts as stalled (the
@@ -266,9 +271,9 @@ class Worker:
         if True not in self._pending:
             raise RuntimeError(f"{what}: receive() without a send()")  # a bug of the caller
         self._stall = stall if self._marks is not None else None
-        if self._stall is not None:
+        if self._stall is not None and self._marks is not None:
             self._mark_seen = (MARK.unpack_from(self._marks)[0], time.monotonic())
-        last_note: Any = None
+        last_note: Note | None = None
         try:
             step_end = end
             while True:
@@ -283,14 +288,15 @@ class Worker:
                 if not self._pending.pop(0):
                     continue  # a submit()'s answer: nobody waits for it
                 if kind == ERROR:
-                    raise RemoteError(f"{value[0]}: {value[1]}", value[0])
+                    err = arrived(*value)
+                    raise err from err.exc
                 return value
         except WorkerError as exc:
             self.kill(str(exc))
             exc.note = exc.note if exc.note is not None else last_note
             raise
 
-    def _request(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout: float,
+    def _request(self, fn: Callable[..., object], args: tuple[object, ...], timeout: float,
                  what: str, wanted: bool) -> None:
         if self.pid is None:
             self._start()
@@ -309,15 +315,15 @@ class Worker:
         while view:
             left = end - time.monotonic()
             if left <= 0 or not poller.poll(left * 1000):
-                raise WorkerError(f"{what}: the worker did not take the request in time")
+                raise WorkerError(what, "the worker did not take the request in time")
             try:
                 n = os.write(self._req, view[: 1 << 16])
             except BrokenPipeError:
-                raise WorkerError(f"{what}: the worker died") from None
+                raise WorkerError(what, "the worker died") from None
             view = view[n:]
 
     def _read_exact(self, n: int, step_end: float, end: float, what: str,
-                    last_note: Any) -> bytes:
+                    last_note: Note | None) -> bytes:
         """n bytes of the answers, read ahead in large chunks: a scan of thousands of
         processes sends a note for each, and two system calls per note were most of it."""
         buf = self._rbuf
@@ -334,35 +340,35 @@ class Worker:
                     if left > 0:
                         continue
                 if step_end < end:
-                    raise WorkerError(f"{what}: stalled", last_note, stalled=True)
-                raise WorkerError(f"{what}: did not finish in time", last_note)
+                    raise WorkerError(what, "stalled", last_note, stalled=True)
+                raise WorkerError(what, "did not finish in time", last_note)
             chunk = os.read(self._resp, min(max(n - len(buf), READ_AHEAD), 1 << 20))
             if not chunk:
-                raise WorkerError(f"{what}: the worker died", last_note)
+                raise WorkerError(what, "the worker died", last_note)
             buf += chunk
         out = bytes(buf[:n])
         del buf[:n]  # bytearray drops its head in place
         return out
 
-    def _check_marks(self, left: float, what: str) -> Any:
+    def _check_marks(self, left: float, what: str) -> Note | None:
         """While waiting: has the child moved on since the last look? Raises the stall when
         it has stayed on one mark for `_stall`; returns what it is on (None: no mark yet)."""
-        assert self._stall is not None
+        assert self._stall is not None and self._marks is not None
         seq, key = MARK.unpack_from(self._marks)
         note = ("pid", key) if seq else None
         now = time.monotonic()
         if seq != self._mark_seen[0]:
             self._mark_seen = (seq, now)
         elif left > 0 and seq and now - self._mark_seen[1] >= self._stall:
-            raise WorkerError(f"{what}: stalled", note, stalled=True)
+            raise WorkerError(what, "stalled", note, stalled=True)
         return note
 
     def _read_message(self, step_end: float, end: float, what: str,
-                      last_note: Any) -> tuple[int, Any]:
+                      last_note: Note | None) -> tuple[int, Any]:
         head = self._read_exact(_HEADER.size, step_end, end, what, last_note)
         size, kind = _HEADER.unpack(head)
         if size > MAX_ANSWER:
-            raise WorkerError(f"{what}: answer of {size} bytes is over the {MAX_ANSWER} bound",
+            raise WorkerError(what, f"answer of {size} bytes is over the {MAX_ANSWER} bound",
                               last_note)
         body = self._read_exact(size, step_end, end, what, last_note)
         return kind, pickle.loads(body)

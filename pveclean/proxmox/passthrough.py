@@ -8,12 +8,8 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from pveclean.core.gpumap import VfioGpu, VmName
 from pveclean.proxmox import pveconf
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
 
 PCI_DEVICES = Path("/sys/bus/pci/devices")
 NVIDIA_VENDOR = "0x10de"
@@ -107,10 +103,10 @@ def _read(path: Path) -> str:
         return ""
 
 
-def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[dict[str, Any]]:
+def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[VfioGpu]:
     """NVIDIA display devices not driven by the nvidia driver: bound to vfio-pci (passed to
     a VM), another driver, or none. NVML does not see them."""
-    out: list[dict[str, Any]] = []
+    out: list[VfioGpu] = []
     try:
         devs = sorted(pci_root.iterdir())
     except OSError:
@@ -130,8 +126,8 @@ def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[dict[s
         addr = d.name.lower()
         vms = sorted({(vmid, name) for vmid, name, prefix, whole in refs
                       if (addr.startswith(prefix) if whole else addr == prefix)})
-        out.append({"pci_bus_id": addr, "device": f"10de:{_read(d / 'device')[2:]}",
-                    "driver": driver, "vms": [{"vmid": v, "name": n} for v, n in vms]})
+        out.append(VfioGpu(addr, f"10de:{_read(d / 'device')[2:]}", driver,
+                           tuple(VmName(v, n) for v, n in vms)))
     return out
 
 

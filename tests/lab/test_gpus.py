@@ -273,7 +273,7 @@ def test_a_wedged_container_process_costs_the_view_only_that_process(
     monkeypatch.setattr(sys.modules[__name__], "_WEDGED", {wedged})
     cfg = load(lab.env()["PVECLEAN_CONFIG"])
     t0 = time.monotonic()
-    data = gpus.collect(cfg, None, end=t0 + 4)
+    data = gpus.collect(cfg, None, end=t0 + 4).as_dict()
     assert time.monotonic() - t0 < 4
     seen = {p["host_pid"] for p in data["other_holders"] if p.get("vmid") == vmid}
     assert fine in seen and wedged not in seen, data["other_holders"]
@@ -296,3 +296,22 @@ def test_a_hung_nvml_leaves_the_process_view(lab: Lab, vmid: int) -> None:
     assert data["gpus"] == [] and "did not answer" in data["sources"]["nvml"], data["sources"]
     row = next(p for p in data["other_holders"] if p["host_pid"] == pid)
     assert (row["owner"], row["vmid"]) == ("ct", vmid)
+
+
+def test_an_io_uring_holder_of_a_gpu_node_holds_that_gpu(lab: Lab, vmid: int) -> None:
+    """A GPU node registered with io_uring as a fixed file (its fd closed) ties its holder to
+    that GPU by the device number the scan found. Its label ("... (io_uring fixed file,
+    195:0)") once matched no pattern of the map's: the holder was no GPU's, and a VM's start
+    with that GPU went on."""
+    from tests.helpers import start_in_ct
+
+    assert lab.nvml is not None
+    lab.create_ct(vmid, gpus=(0,))
+    w = start_in_ct(lab, vmid, "uring_holder", ["/dev/nvidia0"])
+    (pid,) = w.host_pids(lab)
+    data = gpus_json(lab)
+    g0 = next(g for g in data["gpus"] if g["minor"] == 0)
+    (p,) = [p for p in g0["processes"] if p["host_pid"] == pid]
+    assert (p["owner"], p["vmid"]) == ("ct", vmid)
+    assert any("io_uring fixed file" in d for d in p["devices"]), p
+    assert pid not in [o["host_pid"] for o in data["other_holders"]]

@@ -87,14 +87,13 @@ def test_nothing_to_stop() -> None:
 @pytest.mark.parametrize("mib", [18000, 123456])
 def test_one_number_format(mib: int) -> None:
     """`gpus` prints MiB as `ct` and `status` do: digits only."""
-    data = {"host": "pve", "time": "2026-01-01T00:00:00", "containers": {}, "vfio": [],
-            "other_holders": [], "warnings": [], "sources": {"nvml": "ok"},
-            "scan": {"containers_scanned": [], "containers_skipped_no_gpu": [], "seconds": 0.1},
-            "gpus": [{"index": 0, "name": "H100", "pci_bus_id": "0000:01:00.0", "uuid": "GPU-1",
-                      "used_mib": mib, "total_mib": mib * 2, "reserved_mib": 0,
-                      "leak_mib": 0, "unaccounted_mib": 0, "by_owner_mib": {"CT 129": mib},
-                      "processes": [{"owner": "ct", "vmid": 129, "memory_mib": mib,
-                                     "host_pid": 1, "ct_pid": 1, "name": "x", "unit": None}]}]}
+    from pveclean.core.owners import Owner, OwnerKind
+    from tests.gpumaps import gmap, row, use
+
+    ct = Owner(OwnerKind.CT, 129)
+    data = gmap([use(0, "0000:01:00.0", [row(1, "ct", 129, name="x", mib=mib, ct_pid=1)],
+                     name="H100", uuid="GPU-1", used=mib, total=mib * 2,
+                     by_owner=[(ct, mib)])], host="pve", seconds=0.1)
     text = render_gpus(data)
     assert f"{mib:,}" not in text and f"memory: {mib} of {mib * 2} MiB used" in text
     assert f"CT 129 {mib} MiB" in text

@@ -127,12 +127,12 @@ def test_status_counts_gpus_not_config_lines(cluster: Cluster) -> None:
     pve.add_ct(132, node="pve1", config={"lxc": [["lxc.mount.entry",
                                                   "/dev dev none bind,optional 0 0"]]})
     cfg = configfile.load(cluster.config)
-    data = collect(pveapi.connect(cfg), cfg, with_holders=False)
-    ct = {e["vmid"]: e for e in data["containers"]}
+    view = collect(pveapi.connect(cfg), cfg, with_holders=False)
+    ct = {e["vmid"]: e for e in view.as_dict()["containers"]}  # type: ignore[attr-defined]
     assert (len(ct[129]["gpu"]), ct[129]["gpus"]) == (6, [0, 1, 2, 3])
     assert (len(ct[131]["gpu"]), ct[131]["gpus"]) == (6, [0, 1, 2, 3])
     assert ct[132]["gpus"] is None and ct[102]["gpus"] == []
-    rows = {line.split()[0]: line.split() for line in render_status(data).splitlines()
+    rows = {line.split()[0]: line.split() for line in render_status(view).splitlines()
             if line[:1].isdigit()}
     assert rows["129"][3] == "4" and rows["131"][3] == "4" and rows["132"][3] == "all"
     assert rows["101"][3] == "1" and rows["102"][3] == "0"

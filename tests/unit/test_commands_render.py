@@ -3,8 +3,6 @@ escaped."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pveclean.commands import gpuview
 from pveclean.commands.render import holders_table
 from pveclean.commands.table import table
@@ -35,19 +33,17 @@ def test_the_table_names_nvidia_nodes_short_and_other_paths_whole() -> None:
 
 
 def test_render_escapes_what_containers_control() -> None:
-    proc = {"host_pid": 5, "name": "evil\x1b[2J", "owner": "ct", "vmid": 129, "ct_pid": 2,
-            "unit": None, "cgroup": "/lxc/129/ns", "devices": ["/dev/nvidia0\n (195:0)"],
-            "gpu_memory_mib": {0: 10}, "memory_mib": 10}
-    data: dict[str, Any] = {
-        "host": "h", "time": "2026-01-01T00:00:00.000+00:00",
-        "gpus": [{"index": 0, "name": "G\x07", "uuid": "U", "pci_bus_id": None, "minor": 0,
-                  "total_mib": 100, "used_mib": 10, "reserved_mib": 1, "processes": [proc],
-                  "by_owner_mib": {"CT 129": 10}, "unaccounted_mib": 0, "leak_mib": 0}],
-        "other_holders": [{**proc, "name": "x\r\x1b]0;t\x07"}], "vfio": [],
-        "containers": {"129": {"hostname": "h\x1b[31m"}},
-        "scan": {"containers_scanned": [129], "containers_skipped_no_gpu": [],
-                 "host_processes": 1, "seconds": 0.01}, "sources": {"nvml": "ok"},
-        "warnings": []}
+    from pveclean.core.gpumap import GpuHolding
+    from pveclean.core.owners import Owner, OwnerKind
+    from tests.gpumaps import gmap, proc, use
+
+    p = proc(5, "ct", 129, name="evil\x1b[2J", ct_pid=2, cgroup="/lxc/129/ns",
+             devices=("/dev/nvidia0\n (195:0)",), memory={0: 10})
+    data = gmap([use(0, None, [GpuHolding(p, 10)], name="G\x07", uuid="U", total=100,
+                     used=10, reserved=1, by_owner=[(Owner(OwnerKind.CT, 129), 10)])],
+                other=[proc(5, "ct", 129, name="x\r\x1b]0;t\x07", ct_pid=2,
+                            devices=("/dev/nvidia0\n (195:0)",))],
+                hostnames={129: "h\x1b[31m"}, scanned=[129], seconds=0.01)
     text = gpuview.render_gpus(data)
     assert not any(c in text for c in "\x1b\x07\r")
     assert "evil\\x1b[2J" in text and "h\\x1b[31m" in text

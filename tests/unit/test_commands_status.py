@@ -22,8 +22,8 @@ def test_cluster_status_kinds_and_missing_snippet_warnings(cluster: Cluster) -> 
     chained.mkdir(parents=True)
     (chained / "101").write_text("local:snippets/old.sh\n/var/lib/vz/snippets/old.sh\n")
     cfg = configfile.load(cluster.config)
-    data = collect(pveapi.connect(cfg), cfg, with_holders=False)
-    ct = {e["vmid"]: e for e in data["containers"]}
+    data = collect(pveapi.connect(cfg), cfg, with_holders=False).as_dict()
+    ct = {e["vmid"]: e for e in data["containers"]}  # type: ignore[attr-defined]
     assert (ct[101]["hook"], ct[101]["chained"]) == ("chained", "local:snippets/old.sh")
     assert ct[102]["hook"] == "other" and ct[201]["hook"] == "none"
     assert ct[201]["gpu"] and ct[201]["node"] == "pve2" and "last_report" not in ct[201]
@@ -33,9 +33,9 @@ def test_cluster_status_kinds_and_missing_snippet_warnings(cluster: Cluster) -> 
         f"a start there aborts: run pveclean install on {n} or use a shared storage"
         for n in ("pve1", "pve2")]
     pve.store_file("local", "pveclean-hook", 100, content="snippets")
-    assert collect(pveapi.connect(cfg), cfg, with_holders=False)["warnings"] == []
+    assert collect(pveapi.connect(cfg), cfg, with_holders=False).warnings == ()
     pve.storages["local"]["nodes"] = "pve1"  # not on pve2: a start there cannot find it
-    (warning,) = collect(pveapi.connect(cfg), cfg, with_holders=False)["warnings"]
+    (warning,) = collect(pveapi.connect(cfg), cfg, with_holders=False).warnings
     assert warning.startswith(f"CT 101: hookscript {HOOK} is missing on node pve2 (")
 
 

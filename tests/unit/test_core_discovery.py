@@ -13,6 +13,7 @@ from pveclean.core.records import (
     GpuDevices,
     Holder,
     HostView,
+    NvmlProcesses,
     ProcStatus,
     Scope,
     in_tree,
@@ -86,7 +87,7 @@ def test_nvml_memory_goes_to_the_holders_and_outsiders_are_named() -> None:
         return [holder(st.pid, st.nspid[1]) for st, _ in found], \
             [(pid, "Xorg", "/system.slice/x.service") for pid in outside]
 
-    others = merge_nvml(v, {1001: {0: 700}, 1003: {1: None}, 77: {0: 300}}, read)
+    others = merge_nvml(v, NvmlProcesses({1001: {0: 700}, 1003: {1: None}, 77: {0: 300}}), read)
     assert asked == [([1003], [77])]
     assert v.holders[1001].gpu_memory_mib == {0: 700}
     assert v.holders[1001].sources == ["host", "nvml"]
@@ -102,9 +103,9 @@ def test_nvml_asks_no_reads_when_every_process_is_a_known_holder() -> None:
     def read(*_a: object) -> tuple[list[Holder], list[tuple[int, str | None, str | None]]]:
         raise AssertionError("no reads needed")
 
-    assert merge_nvml(v, {1002: {0: 5}}, read) == []
+    assert merge_nvml(v, NvmlProcesses({1002: {0: 5}}), read) == []
     assert v.holders[1002].gpu_memory_mib == {0: 5}
-    assert merge_nvml(v, {}, read) == []
+    assert merge_nvml(v, NvmlProcesses(), read) == []
 
 
 def test_protected_names_match_comm_cut_to_15_the_exe_and_argv0() -> None:
@@ -151,3 +152,33 @@ def test_deadline_reads_only_the_clock_it_is_given() -> None:
     assert d.cap(5.0) == pytest.approx(0.05)  # one last short try, never zero
     clock.t = 70.0
     assert d.remaining() == 0.0 and d.elapsed() == 20.0
+
+
+def test_only_gpus_keeps_the_scope_s_gpus_and_their_faults() -> None:
+    from dataclasses import replace
+
+    from pveclean.core.discovery import only_gpus
+    from pveclean.core.records import GpuStatus
+
+    procs = NvmlProcesses({10: {0: 5, 1: 7}, 11: {1: None}, 12: {2: 3}},
+                          {1: (GpuStatus.LOST, "handle: GpuIsLost"),
+                           3: (GpuStatus.UNAVAILABLE, "process list: Unknown")})
+    assert only_gpus(procs, SCOPE) is procs and only_gpus(None, SCOPE) is None
+    got = only_gpus(procs, replace(SCOPE, gpu_indices=frozenset({0, 1})))
+    assert got == NvmlProcesses({10: {0: 5, 1: 7}, 11: {1: None}},
+                                {1: (GpuStatus.LOST, "handle: GpuIsLost")})
+    assert only_gpus(procs, replace(SCOPE, gpu_indices=frozenset({0}))) == NvmlProcesses(
+        {10: {0: 5}})
+
+
+def test_nvml_source_says_why_nvml_has_no_answer() -> None:
+    from pveclean.core.discovery import nvml_source
+
+    assert nvml_source(True, True, "an earlier error", "failed") == "ok"
+    assert nvml_source(False, False, "disabled", None) == "disabled"
+    assert nvml_source(False, True, "NVML init failed: x", None) == (
+        "unavailable: NVML init failed: x")
+    assert nvml_source(False, True, "NVML init failed: x", "failed") == (
+        "unavailable: NVML init failed: x")
+    assert nvml_source(False, True, None, "did not finish") == (
+        "not asked: the host scan did not finish")

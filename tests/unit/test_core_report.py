@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from pveclean.core import config, gpumap
 from pveclean.core.config import Config
-from pveclean.core.records import Discovery, GpuMemory, Holder
+from pveclean.core.records import Discovery, GpuMemory, Holder, NvmlProcesses
 from pveclean.core.report import (
     LEAK_SLACK_MIB,
     MAX_VALUE,
@@ -248,7 +248,7 @@ def gpu(index: int, used: int, reserved: int | None = 500, minor: int | None = N
 
 
 def test_find_leaks_counts_only_memory_no_process_holds_beyond_the_slack() -> None:
-    procs: dict[int, dict[int, int | None]] = {10: {0: 1000}, 11: {0: None, 1: 50}}
+    procs = NvmlProcesses({10: {0: 1000}, 11: {0: None, 1: 50}})
     at_slack = gpu(0, 1000 + LEAK_SLACK_MIB)
     over = gpu(1, 50 + LEAK_SLACK_MIB + 1)
     leaks = find_leaks([at_slack, over], procs, set(), set())
@@ -259,9 +259,9 @@ def test_find_leaks_counts_only_memory_no_process_holds_beyond_the_slack() -> No
 def test_find_leaks_looks_only_at_the_containers_gpus() -> None:
     gs = [gpu(0, 5000), gpu(1, 5000), gpu(2, 5000, minor=None)]
     gs[2] = GpuMemory(2, "GPU-2", "H100", 81559, 500, 5000, minor=None)
-    assert [x["index"] for x in find_leaks(gs, {}, {1}, set())] == [1, 2]
-    assert [x["index"] for x in find_leaks(gs, {}, set(), {0, 2})] == [0, 2]
-    assert find_leaks([gpu(0, 5000, reserved=None)], {}, set(), set()) == []
+    assert [x["index"] for x in find_leaks(gs, NvmlProcesses(), {1}, set())] == [1, 2]
+    assert [x["index"] for x in find_leaks(gs, NvmlProcesses(), set(), {0, 2})] == [0, 2]
+    assert find_leaks([gpu(0, 5000, reserved=None)], NvmlProcesses(), set(), set()) == []
 
 
 def test_gpumap_and_the_post_stop_share_one_slack() -> None:
@@ -283,13 +283,13 @@ def test_a_written_report_reads_back_equal(tmp_path: Path) -> None:
 def test_leaks_only_on_the_containers_gpus() -> None:
     gpus = [GpuMemory(i, f"GPU-{i}", "H100", 81559, 512, used, minor=i)
             for i, used in enumerate([5000, 3000, 2000])]
-    procs = {111: {0: 5000}, 222: {1: 1000}}  # GPU 1: 2000 unaccounted; GPU 2: 2000
+    procs = NvmlProcesses({111: {0: 5000}, 222: {1: 1000}})  # GPU 1, 2: 2000 unaccounted
     leaks = find_leaks(gpus, procs, minors={1}, used_by_ct=set())
     assert [(x["index"], x["unaccounted_mib"]) for x in leaks] == [(1, 2000)]
     assert {x["index"] for x in find_leaks(gpus, procs, set(), set())} == {1, 2}
     assert [x["index"] for x in find_leaks(gpus, procs, set(), {2})] == [2]
     v1 = [GpuMemory(0, "GPU-0", "H100", 81559, None, 9000, minor=0)]
-    assert find_leaks(v1, {}, {0}, set()) == []  # v1: reserved is inside used, cannot tell
+    assert find_leaks(v1, NvmlProcesses(), {0}, set()) == []  # v1: reserved is in used
 
 
 def test_redaction_defaults() -> None:

@@ -1,22 +1,29 @@
-"""The VM guard's decision on hand-built maps of the host (`pveclean gpus --json`'s shape)."""
+"""The VM guard's decision on hand-built maps of the host (core/gpumap's typed records)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pveclean.core.vmguard import Decision, plan, still_held
+from pveclean.core.gpumap import GpuHolding, GpuMap, GpuProc, nodes_of
+from pveclean.core.records import GpuDevices
+from pveclean.core.vmguard import Decision, Plan, VmStart, still_held
+from pveclean.core.vmguard import plan as guard
+from tests import gpumaps
+from tests.gpumaps import row
 
 A0, A1 = "0000:18:00.0", "0000:19:00.0"
 
 
-def row(pid: int, owner: str, vmid: int | None = None, name: str = "python3",
-        mib: int | None = 1000) -> dict[str, Any]:
-    return {"host_pid": pid, "owner": owner, "vmid": vmid, "name": name, "memory_mib": mib}
+def plan(vmid: int, addresses: list[str], m: GpuMap, reservations: dict[str, int],
+         policy: str, allow_host: list[str], **start: Any) -> Plan:
+    """The guard's plan, the VM's start (`keeping`, `drivers`) spelled as the tests do."""
+    return guard(VmStart(vmid, addresses, reservations, **start), m, policy, allow_host)
 
 
-def gmap(*gpus: tuple[str, int, list[dict[str, Any]]], **extra: Any) -> dict[str, Any]:
-    return {"gpus": [{"index": i, "minor": i, "pci_bus_id": a, "status": "ok",
-                      "processes": rows, "leak_mib": 0, **extra} for a, i, rows in gpus]}
+def gmap(*gpus: tuple[str, int, list[GpuHolding]], status: str = "ok", leak_mib: int = 0,
+         untied: tuple[GpuProc, ...] = ()) -> GpuMap:
+    return gpumaps.gmap([gpumaps.use(i, a, rows, status=status, leak_mib=leak_mib)
+                         for a, i, rows in gpus], untied=untied)
 
 
 def test_nothing_holds_the_gpu() -> None:
@@ -61,11 +68,11 @@ def test_memory_no_process_accounts_for_refuses() -> None:
 
 
 def test_another_running_vm_has_it() -> None:
-    p = plan(200, [A1], {"gpus": []}, {A1: 201}, "stop-containers", [])
+    p = plan(200, [A1], gmap(), {A1: 201}, "stop-containers", [])
     assert p.blockers == ["GPU 0000:19:00.0 is in use by VM 201 (vfio-pci): `qm stop 201`"]
-    assert plan(200, [A1], {"gpus": []}, {"0000:19:00": 201}, "refuse",
+    assert plan(200, [A1], gmap(), {"0000:19:00": 201}, "refuse",
                 []).decision is Decision.REFUSE  # a whole-device reservation
-    assert plan(200, [A1], {"gpus": []}, {A1: 200}, "refuse", []).decision is Decision.CLEAR
+    assert plan(200, [A1], gmap(), {A1: 200}, "refuse", []).decision is Decision.CLEAR
 
 
 def test_containers_that_keep_the_gpu_are_noted() -> None:
@@ -88,22 +95,59 @@ def test_conflicts_show_what_the_vms_next_start_would_do() -> None:
 
     m = gmap((A0, 0, [row(11, "ct", 129)]), (A1, 1, [row(12, "ct", 130)]))
     refs = [(200, "trainer", A0, False), (201, "win", "0000:19:00.", True)]
-    got = conflicts(m, refs, "refuse")
-    assert [(c["gpu"], c["vms"][0]["vmid"], c["containers"], c["next_vm_start"])
+    got = conflicts(m.gpus, refs, "refuse")
+    assert [(c.gpu, c.vms[0].vmid, list(c.containers), c.next_vm_start)
             for c in got] == [(0, 200, [129], "refuse"), (1, 201, [130], "refuse")]
-    assert conflicts(m, refs, "stop-containers")[0]["next_vm_start"] == \
+    assert conflicts(m.gpus, refs, "stop-containers")[0].next_vm_start == \
         "stop CT 129's holders of it"
     host = gmap((A0, 0, [row(11, "ct", 129), row(5, "host")]))
-    assert conflicts(host, refs, "stop-containers")[0]["next_vm_start"] == "refuse"
-    assert conflicts(gmap((A0, 0, [])), refs, "refuse") == []  # nothing holds it
-    assert conflicts(m, [], "refuse") == []  # no VM passes it
+    assert conflicts(host.gpus, refs, "stop-containers")[0].next_vm_start == "refuse"
+    assert conflicts(gmap((A0, 0, [])).gpus, refs, "refuse") == []  # nothing holds it
+    assert conflicts(m.gpus, [], "refuse") == []  # no VM passes it
 
 
 def test_a_gpu_on_the_nvidia_driver_that_nvml_does_not_list_refuses() -> None:
-    down = {"gpus": [], "sources": {"nvml": "unavailable: DriverNotLoaded"}}
+    down = gpumaps.gmap(nvml="unavailable: DriverNotLoaded")
     p = plan(200, [A0], down, {}, "stop-containers", [], drivers={A0: "nvidia"})
     assert p.decision is Decision.REFUSE
     assert "NVML does not list it (NVML: unavailable: DriverNotLoaded)" in p.blockers[0]
     # on vfio-pci already: NVML cannot see it, and nothing of the host can hold it
     assert plan(200, [A0], down, {}, "refuse", [],
                 drivers={A0: "vfio-pci"}).decision is Decision.CLEAR
+
+
+def test_a_holder_whose_nodes_cannot_be_tied_to_a_gpu_is_no_innocent() -> None:
+    """A process holding a GPU driver node whose device number the host has no node for
+    (a major of the nvidia driver's, not nvidia0..N): it may hold the VM's GPU, so the
+    start is refused, in either policy, naming it; before, its device text went unread."""
+    devices = GpuDevices({}, frozenset({195, 508}))
+    odd = 508 << 8 | 3  # nvidia-uvm's major, a minor no node of this host has
+    nodes = nodes_of({odd}, devices)
+    assert nodes.minors == frozenset() and nodes.untied == {odd}
+    held = gpumaps.proc(7, "ct", 129, devices=("/opt/x (io_uring fixed file, 508:3)",),
+                        rdevs=frozenset({odd}))
+    m = gmap((A0, 0, []), untied=(held,))
+    for policy in ("refuse", "stop-containers"):
+        p = plan(200, [A0], m, {}, policy, [])
+        assert p.decision is Decision.REFUSE
+        assert p.blockers == ["PID 7 python3 holds a GPU node pveclean cannot tie to a GPU "
+                              "(CT 129): look with `pveclean gpus`"]
+    assert still_held([A0], m, []) == [
+        "still held: PID 7 python3 holds a GPU node pveclean cannot tie to a GPU (CT 129): "
+        "look with `pveclean gpus`"]
+
+
+def test_an_io_uring_holder_of_a_gpu_node_holds_that_gpu() -> None:
+    """The scan's device numbers, not its display text, tie a holder to its GPU: an io_uring
+    fixed file of /dev/nvidia0 is a holder of GPU 0 (its label once matched no pattern)."""
+    from pveclean.core.gpumap import gpu_use, makedev, place_all
+    from pveclean.core.records import GpuMemory
+
+    devices = GpuDevices({makedev(195, 0): "/dev/nvidia0"}, frozenset({195}))
+    p = gpumaps.proc(9, "ct", 129, devices=("/dev/nvidia0 (io_uring fixed file, 195:0)",),
+                     rdevs=frozenset({makedev(195, 0)}))
+    g = gpu_use(GpuMemory(0, "GPU-a", "H100", 100, 0, 0, minor=0), A0,
+                place_all([p], devices))
+    assert [r.proc.host_pid for r in g.processes] == [9]
+    p2 = plan(200, [A0], gpumaps.gmap([g]), {}, "refuse", [])
+    assert p2.decision is Decision.REFUSE and "held by CT 129: PID 9" in p2.blockers[0]

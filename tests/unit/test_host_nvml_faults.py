@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from pveclean.core.gpufaults import GpuWatch, config_minors, unchecked
-from pveclean.core.records import GpuDevices, GpuMemory, Scope
+from pveclean.core.records import GpuDevices, GpuMemory, GpuStatus, NvmlProcesses, Scope
 from pveclean.core.report import find_leaks, memory_table
 from pveclean.host import nvml as nvml_mod
 from pveclean.host.clock import start_deadline
 from pveclean.host.nvml import Nvml, NvmlUnavailable, gpu_memory, pci_id
-from pveclean.host.reads import Reads
+from pveclean.host.runreads import Reads
 from pveclean.host.worker import Worker
 from tests.harness.fakenvml import FakeNvml
 
@@ -87,7 +87,7 @@ def test_a_gpu_lost_before_the_run_gives_the_others(lib: Path, fake: FakeNvml,
     assert gpus[1].status == "lost" and "GpuIsLost" in (gpus[1].reason or "")
     assert gpus[0].ok and gpus[0].used_mib == 4 * GIB and gpus[2].used_mib == 2 * GIB
     procs = nv.processes()
-    assert procs == {alive[0]: {0: 4 * GIB}, alive[1]: {2: 2 * GIB}}
+    assert procs.by_pid == {alive[0]: {0: 4 * GIB}, alive[1]: {2: 2 * GIB}}
     assert procs.faults[1][0] == "lost" and "GpuIsLost" in procs.faults[1][1]
     assert set(nv.pci_bus_ids()) == {0, 2}
 
@@ -103,7 +103,7 @@ def test_a_handle_that_fails_after_the_count_loses_only_its_gpu(
     gpus = by_index(nv.memory_rows())
     assert (gpus[2].status, gpus[0].status, gpus[1].status) == (status, "ok", "ok")
     assert gpus[2].reason is not None and gpus[2].reason.startswith("handle: ")
-    assert nv.processes() == {alive[0]: {0: GIB}}
+    assert nv.processes().by_pid == {alive[0]: {0: GIB}}
 
 
 def test_a_gpu_lost_between_the_reads_keeps_the_others_after_figures(
@@ -132,7 +132,7 @@ def test_a_failed_memory_answer_keeps_the_process_answer(lib: Path, fake: FakeNv
     gpus = by_index(nv.memory_rows())
     assert gpus[0].status == "unavailable" and "memory: Unknown" in (gpus[0].reason or "")
     assert gpus[0].name == "NVIDIA-H100-80GB-HBM3" and gpus[0].minor == 0
-    assert nv.processes() == {alive[0]: {0: 4 * GIB}}
+    assert nv.processes().by_pid == {alive[0]: {0: 4 * GIB}}
 
 
 def test_a_failed_process_answer_keeps_the_memory_answer(lib: Path, fake: FakeNvml,
@@ -142,7 +142,7 @@ def test_a_failed_process_answer_keeps_the_memory_answer(lib: Path, fake: FakeNv
     fake.set_process(1, alive[1], GIB)
     nv = session(lib)
     procs = nv.processes()
-    assert procs == {alive[0]: {0: 4 * GIB}}
+    assert procs.by_pid == {alive[0]: {0: 4 * GIB}}
     assert procs.faults == {1: ("unavailable", "process list: Timeout (Timeout)")}
     gpus = by_index(nv.memory_rows())
     assert gpus[1].ok and gpus[1].used_mib == GIB
@@ -178,7 +178,7 @@ def test_an_old_driver_still_gives_per_process_memory(lib: Path, fake: FakeNvml,
     with pytest.raises(pynvml.NVMLLibraryMismatchError):  # what the old code asked
         pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0))
     nv = session(lib)
-    assert nv.processes() == {alive[0]: {0: 3 * GIB}, alive[1]: {1: 512}}
+    assert nv.processes().by_pid == {alive[0]: {0: 3 * GIB}, alive[1]: {1: 512}}
     assert nv.processes().faults == {}
     assert nv.pci_bus_ids() == {0: "0000:18:00.0", 1: "0000:19:00.0", 2: "0000:1a:00.0"}
 
@@ -188,7 +188,7 @@ OLD_DRIVER = textwrap.dedent("""
     from pveclean.host.nvml import Nvml
     nv = Nvml(sys.argv[1], timeout=5.0)
     procs = nv.processes()
-    print(sorted((pid, dict(per)) for pid, per in procs.items()), procs.faults)
+    print(sorted((pid, dict(per)) for pid, per in procs.by_pid.items()), dict(procs.faults))
 """)
 
 
@@ -228,7 +228,7 @@ def test_a_pid_with_rows_in_several_mig_instances_has_their_sum(
     fake.set_process(0, alive[1], 256, instance=(2, 0))
     nv = session(lib)
     procs = nv.processes()
-    assert procs == {alive[0]: {0: 4 * GIB}, alive[1]: {0: 256}}
+    assert procs.by_pid == {alive[0]: {0: 4 * GIB}, alive[1]: {0: 256}}
     gpus = nv.memory()
     assert gpus[0].used_mib == 4 * GIB + 256
     assert find_leaks(gpus, procs, {0}, set()) == []
@@ -240,7 +240,7 @@ def test_one_process_in_both_lists_is_counted_once(lib: Path, fake: FakeNvml,
     fake.set_process(0, alive[0], GIB, kind="compute")
     fake.set_process(0, alive[0], None, kind="graphics")
     fake.set_process(1, alive[1], None, kind="compute")
-    assert session(lib).processes() == {alive[0]: {0: GIB}, alive[1]: {1: None}}
+    assert session(lib).processes().by_pid == {alive[0]: {0: GIB}, alive[1]: {1: None}}
 
 
 def test_no_leak_is_judged_on_a_gpu_nvml_could_not_read(lib: Path, fake: FakeNvml,
@@ -296,7 +296,7 @@ def test_the_run_finds_a_holder_on_a_healthy_gpu_whatever_memory_says(
     fake.set_process(0, pid, 4 * GIB)
     fake.gpu_error(1, "memory", "UNKNOWN")
     if memory_fails == "the whole answer":
-        monkeypatch.setattr("pveclean.host.reads.w_memory", failed_memory)
+        monkeypatch.setattr("pveclean.host.runreads.w_memory", failed_memory)
     reads, (view, _others, status, _alone) = run_host(lib, _scope(tmp_path, [pid], [0]))
     assert status == "ok" and view is not None
     assert view.holders[pid].gpu_memory_mib == {0: 4 * GIB}
@@ -318,7 +318,7 @@ def test_a_lost_gpu_of_the_container_is_a_problem_of_the_run(
 
 # ---- which faulted GPU may be the container's ---------------------------------------------
 def _g(index: int, minor: int | None, status: str = "ok") -> GpuMemory:
-    return GpuMemory(index, f"GPU-{index}", "H100", 81559, 512, 0, minor, status,
+    return GpuMemory(index, f"GPU-{index}", "H100", 81559, 512, 0, minor, GpuStatus(status),
                      None if status == "ok" else "handle: GpuIsLost")
 
 
@@ -346,16 +346,14 @@ def test_config_minors() -> None:
 def test_the_worker_s_answer_pickles_with_its_faults() -> None:
     import pickle
 
-    p = nvml_mod.GpuProcesses()
-    p[5] = {0: 1}
-    p.faults[1] = ("lost", "handle: GpuIsLost")
-    q = pickle.loads(pickle.dumps(p))
-    assert q == {5: {0: 1}} and q.faults == {1: ("lost", "handle: GpuIsLost")}
+    rows: nvml_mod.ProcessRows = ({5: {0: 1}}, {1: ("lost", "handle: GpuIsLost")})
+    q = nvml_mod.gpu_processes(pickle.loads(pickle.dumps(rows)))
+    assert q == NvmlProcesses({5: {0: 1}}, {1: (GpuStatus.LOST, "handle: GpuIsLost")})
+    assert pickle.loads(pickle.dumps(q)) == q
 
 
 def test_the_leak_check_says_which_gpus_of_the_container_it_passed_over() -> None:
-    procs = nvml_mod.GpuProcesses()
-    procs.faults[2] = ("unavailable", "process list: Timeout (Timeout)")
+    procs = NvmlProcesses({}, {2: (GpuStatus.UNAVAILABLE, "process list: Timeout (Timeout)")})
     gpus = [_g(0, 0), _g(1, None, "lost"), _g(2, 2), _g(3, 3, "lost")]
     assert unchecked(gpus, procs, {0, 2}) == [
         "GPU 1 is lost (handle: GpuIsLost): its memory is not checked for leaks",

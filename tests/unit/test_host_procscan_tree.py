@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pveclean.core.discovery import merge_nvml
-from pveclean.core.records import HostView
+from pveclean.core.records import HostView, NvmlProcesses
 from pveclean.host.procscan import scan_host, w_nvml_pids
 from tests.unit.test_host_devnodes import task
 from tests.unit.test_host_reads import fake_process, scope_of
@@ -23,7 +23,7 @@ def test_an_nvml_pid_the_walk_missed_is_ours_by_its_own_cgroup(proc: Path,
                                                        (302, "/lxc/129")]
     assert named == [(301, "python3", "/lxc/1290/ns"), (303, None, None)]
     view = HostView({}, {}, {}, None)
-    others = merge_nvml(view, {300: {0: 4096}, 301: {1: 10}},
+    others = merge_nvml(view, NvmlProcesses({300: {0: 4096}, 301: {1: 10}}),
                         lambda found, unseen: w_nvml_pids(found, unseen, scope))
     assert view.holders[300].gpu_memory_mib == {0: 4096} and "nvml" in view.holders[300].sources
     assert [o["host_pid"] for o in others] == [301]

@@ -17,7 +17,8 @@ from pveclean.core.discovery import stall_problem
 from pveclean.core.records import GpuDevices, Holder, Scope
 from pveclean.host import worker
 from pveclean.host.clock import start_deadline
-from pveclean.host.reads import Reader, Reads, Unread, stalled_on
+from pveclean.host.reads import Reader, Unread, stalled_on
+from pveclean.host.runreads import Reads
 from pveclean.host.worker import Worker, WorkerError
 
 STALL = 0.3
@@ -155,7 +156,7 @@ def test_a_retry_that_cannot_be_sent_did_not_finish_in_time(reader: Reader,
     wk = reader.worker
 
     def refuse(*_a: Any, what: str, **_k: Any) -> None:
-        raise WorkerError(f"{what}: the worker did not take the request in time")
+        raise WorkerError(what, "the worker did not take the request in time")
 
     wk.send = refuse  # type: ignore[method-assign]  # the fresh worker takes nothing
     with pytest.raises(Unread) as err:
@@ -191,9 +192,9 @@ def test_forget_reads_past_the_answers_under_way(reader: Reader) -> None:
 
 
 def test_stalled_on_only_a_stall_pinned_to_a_pid() -> None:
-    assert stalled_on(WorkerError("x: stalled", ("pid", 42), stalled=True)) == 42
-    assert stalled_on(WorkerError("x: stalled", ("nvml", "init"), stalled=True)) is None
-    assert stalled_on(WorkerError("x: did not finish in time", ("pid", 42))) is None
+    assert stalled_on(WorkerError("x", "stalled", ("pid", 42), stalled=True)) == 42
+    assert stalled_on(WorkerError("x", "stalled", ("nvml", "init"), stalled=True)) is None
+    assert stalled_on(WorkerError("x", "did not finish in time", ("pid", 42))) is None
 
 
 # ---- the run's reads on a fake /proc with a read that hangs --------------------------------

@@ -194,3 +194,113 @@ def test_a_forgotten_answer_is_read_past() -> None:
         with pytest.raises(RuntimeError, match="without a send"):
             w.receive(1, "nothing")  # a bug of the caller: not a hang, nothing killed
         assert w.started == 1 and not w.killed
+
+
+# ---- errors cross the worker whole ---------------------------------------------------------
+class _Unpicklable(Exception):
+    """Holds a lock: it does not pickle, so it crosses as its name and text alone."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        import threading
+
+        self.lock = threading.Lock()
+
+
+class _NoUnpickle(Exception):
+    """Pickles, but does not come back (its __init__ wants two arguments; args has one)."""
+
+    def __init__(self, a: str, b: str) -> None:
+        super().__init__(f"{a} {b}")
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
+def _raise_unpicklable() -> None:
+    raise _Unpicklable("cannot cross")
+
+
+def _raise_no_unpickle() -> None:
+    raise _NoUnpickle("half", "way")
+
+
+def _report_error() -> None:
+    from pveclean.host.reportfiles import ReportError
+
+    raise ReportError("cannot write report in /x: No space left on device")
+
+
+def _every_error() -> list[BaseException]:
+    from pveclean.errors import ConfigError, ExitCode, PvecleanError
+    from pveclean.host.lock import Busy
+    from pveclean.host.nvml import NvmlUnavailable
+    from pveclean.host.pcibind import BindError
+    from pveclean.host.reads import Unread
+    from pveclean.host.reportfiles import ReportError
+    from pveclean.proxmox.pct import PctMissing
+
+    hung = WorkerError("host scan", "stalled", ("pid", 42), stalled=True)
+    remote = RemoteError("ValueError", "bad", ValueError("bad"))
+    return [PvecleanError("no such container", ExitCode.USAGE), ConfigError("bad key"),
+            ReportError("cannot write"), NvmlUnavailable("NVML init failed"),
+            BindError("unbind failed"), hung, remote, RemoteError("X", "y"),
+            Unread("host scan", hung), Unread("parents", remote),
+            Unread("probe", hung, resent=True), Busy("held by PID 7"), PctMissing("pct")]
+
+
+@pytest.mark.parametrize("exc", _every_error(), ids=lambda e: type(e).__name__)
+def test_pveclean_s_errors_pickle_with_their_fields(exc: BaseException) -> None:
+    import pickle
+
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is type(exc) and str(back) == str(exc)
+    fields = {k: v for k, v in vars(exc).items() if k != "exc"}
+    assert {k: v for k, v in vars(back).items() if k != "exc"} == fields
+    inner = getattr(exc, "exc", None)
+    if inner is not None:
+        assert type(back.exc) is type(inner) and str(back.exc) == str(inner)  # type: ignore[attr-defined]
+
+
+def test_an_error_crosses_whole_and_is_the_cause() -> None:
+    from pveclean.errors import ExitCode, PvecleanError
+
+    with Worker() as w:
+        with pytest.raises(RemoteError) as err:
+            w.call(_raise, PvecleanError("gone", ExitCode.BUSY), timeout=5, what="raise")
+        assert str(err.value) == "PvecleanError: gone"
+        assert isinstance(err.value.exc, PvecleanError) and err.value.exc.exit_code == 5
+        assert err.value.__cause__ is err.value.exc
+        assert (err.value.type_name, err.value.text) == ("PvecleanError", "gone")
+
+
+def test_an_error_that_cannot_cross_is_its_name_and_text() -> None:
+    with Worker() as w:
+        for fn, name, text in [(_raise_unpicklable, "_Unpicklable", "cannot cross"),
+                               (_raise_no_unpickle, "_NoUnpickle", "half way")]:
+            with pytest.raises(RemoteError) as err:
+                w.call(fn, timeout=5, what="raise")
+            assert str(err.value) == f"{name}: {text}" and err.value.exc is None
+        assert w.started == 1  # the worker lives on
+
+
+def test_an_expected_error_s_message_is_its_text_alone() -> None:
+    from pveclean.host.reportfiles import ReportError
+
+    with Worker() as w:
+        with pytest.raises(RemoteError) as err:
+            w.call(_report_error, timeout=5, what="report")
+        assert err.value.message(ReportError) == ("cannot write report in /x: No space left "
+                                                  "on device")
+        with pytest.raises(RemoteError) as other:
+            w.call(_raises, timeout=5, what="raise")
+        assert other.value.message(ReportError) == "ValueError: bad value"
+
+
+def test_a_hang_says_what_and_why_apart() -> None:
+    with Worker() as w:
+        with pytest.raises(WorkerError) as err:
+            w.call(_sleep_forever, timeout=0.2, what="gpus")
+        assert (err.value.what, err.value.why) == ("gpus", "did not finish in time")
+        assert str(err.value) == "gpus: did not finish in time"

@@ -11,34 +11,21 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pveclean.core import metrics, metrics_gpus
+from tests.gpumaps import gmap, row, use, vfio
 
 MIB = 1 << 20
 
 
-def _proc(pid: int, owner: str, vmid: int | None, mib: int | None) -> dict[str, Any]:
-    return {"host_pid": pid, "name": "python3", "owner": owner, "vmid": vmid,
-            "memory_mib": mib}
-
-
-DATA: dict[str, Any] = {
-    "gpus": [
-        {"index": 0, "name": "NVIDIA H100", "uuid": "GPU-aaa", "pci_bus_id": "0000:3b:00.0",
-         "total_mib": 81559, "used_mib": 9000, "unaccounted_mib": 0,
-         "processes": [_proc(10, "ct", 129, 4000), _proc(11, "ct", 129, 3000),
-                       _proc(12, "host", None, 300), _proc(13, "ct", 130, None),
-                       _proc(14, "unknown", None, 100)]},
-        {"index": 1, "name": "NVIDIA H100", "uuid": "GPU-bbb", "pci_bus_id": "10000:01:00.0",
-         "total_mib": 81559, "used_mib": 1500, "unaccounted_mib": 1000,
-         "processes": [_proc(15, "ct", 129, 500)]},
-        {"index": 2, "name": "NVIDIA H100", "uuid": "GPU-ccc", "pci_bus_id": None,
-         "total_mib": None, "used_mib": None, "unaccounted_mib": None, "processes": []},
-    ],
-    "vfio": [{"pci_bus_id": "0000:41:00.0", "driver": "vfio-pci", "vms": []},
-             {"pci_bus_id": "0000:43:00.0", "driver": None, "vms": []}],
-    "containers": {"129": {}, "130": {}},
-    "scan": {"seconds": 0.25},
-    "warnings": ["one"],
-}
+DATA = gmap(
+    [use(0, "0000:3b:00.0", [row(10, "ct", 129, mib=4000), row(11, "ct", 129, mib=3000),
+                             row(12, "host", None, mib=300), row(13, "ct", 130, mib=None),
+                             row(14, "unknown", None, mib=100)],
+         uuid="GPU-aaa", used=9000, unaccounted_mib=0),
+     use(1, "10000:01:00.0", [row(15, "ct", 129, mib=500)], uuid="GPU-bbb", used=1500,
+         unaccounted_mib=1000),
+     use(2, None, uuid="GPU-ccc", status="unavailable", unaccounted_mib=None)],
+    vfio=[vfio("0000:41:00.0"), vfio("0000:43:00.0", driver=None)],
+    hostnames={129: "", 130: ""}, seconds=0.25, warnings=["one"])
 REFS = [(200, "0000:41:00", True), (102, "0000:3b:00.0", False), (300, "0000:99:00.0", False)]
 
 

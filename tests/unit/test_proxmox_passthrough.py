@@ -127,7 +127,7 @@ def test_vfio_gpus_lists_nvidia_display_devices_not_on_nvidia(tmp_path: Path) ->
                             "202.conf": "name: m\nhostpci0: mapping=g\n"})
     mapping = tmp_path / "pci.cfg"
     mapping.write_text(f"g\n\tmap node={os.uname().nodename},path=0000:46:00.0\n")
-    assert passthrough.vfio_gpus(devices, qemu, mapping) == [
+    assert [v.as_dict() for v in passthrough.vfio_gpus(devices, qemu, mapping)] == [
         {"pci_bus_id": "0000:41:00.0", "device": "10de:2330", "driver": "vfio-pci",
          "vms": [{"vmid": 200, "name": "trainer"}]},
         {"pci_bus_id": "0000:43:00.0", "device": "10de:1db6", "driver": None, "vms": []},
@@ -159,7 +159,7 @@ def test_gpus_bound_to_vfio_are_shown_as_passed_to_their_vm(tmp_path: Path) -> N
     pve = tmp_path / "etc/pve"
     sysfs = fake_host_pci(tmp_path, pve)
     got = passthrough.vfio_gpus(sysfs, pve / "qemu-server", pve / "mapping/pci.cfg")
-    assert got == [
+    assert [v.as_dict() for v in got] == [
         {"pci_bus_id": "0000:41:00.0", "device": "10de:2330", "driver": "vfio-pci",
          "vms": [{"vmid": 200, "name": "trainer"}]},
         {"pci_bus_id": "0000:43:00.0", "device": "10de:2330", "driver": None, "vms": []},
