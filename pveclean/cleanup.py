@@ -11,7 +11,8 @@ from pveclean.core import policy, records, report, verdicts
 from pveclean.core.config import Config
 from pveclean.core.discovery import merge_probe, stall_for
 from pveclean.core.policy import Step
-from pveclean.core.records import Deadline, Discovery, GpuMemory, Holder, ProcIdentity, Scope
+from pveclean.core.records import Deadline, Discovery, Holder, ProcIdentity, Scope, Source
+from pveclean.core.records import SourceState as State
 from pveclean.core.report import Findings, Report, RunResult, build_report, busy_report
 from pveclean.core.run import Asked, OnlyGpus, Run, RunOptions, Stopped
 from pveclean.core.verdicts import Outcome, Verdict
@@ -31,30 +32,29 @@ from pveclean.proxmox.probe import finish_probe, start_probe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from pveclean.core.amendments import UnitStops
+    from pveclean.core.records import GpuMemory
 
 
 RESTART_WATCH = 0.3  # s after the last exit: systemd's default RestartSec (100 ms) and a start
 
 
-def _no_probe(run: Run) -> str | None:
+def _no_probe(run: Run) -> Source | None:
     """Why the run starts no probe, or None: it starts one. A dry run starts none: it shows
     what a cleanup would act on now, and the probe's findings would come in after it (a
     `pct exec` takes 0.5 s on Proxmox to start)."""
-    return ("disabled in config" if not run.cfg.probe else
-            "container not running" if not run.scope.running else
-            "not run: a dry run shows what the host view and NVML find" if run.opts.dry_run
-            else None)
+    return (Source(State.DISABLED, "disabled in config") if not run.cfg.probe else
+            Source(State.NOT_RUN, "container not running") if not run.scope.running else
+            Source(State.NOT_RUN, "not run: a dry run shows what the host view and NVML find")
+            if run.opts.dry_run else None)
 
 
 def discover(run: Run) -> Discovery:
-    """Host view and NVML decide; the probe is started here and left running (the run
-    merges it when it arrives, see stop_and_verify): it never holds up a stop or a verdict.
-    The tree is read frozen; the host scan leaves the grace and a second of the run's work
-    time (at most half of it) for stopping what NVML alone names, should the scan not
-    finish (a dry run stops nothing, so it leaves none)."""
+    """Host view and NVML decide; the probe is started and left running (merged when it
+    arrives): it never holds up a stop or a verdict. The tree is read frozen. Should the scan
+    not finish, grace + 1 s is left (at most half; a dry run: none) for what NVML alone names."""
     scope, reads, end = run.scope, run.reads, run.deadline.work_end
-    sources = {"host": "ok"}
+    sources = {"host": Source(State.OK)}
     warnings: list[str] = []
     probing: PctReader | None = None
     no_probe = _no_probe(run)
@@ -63,16 +63,16 @@ def discover(run: Run) -> Discovery:
     else:
         try:
             probing = PctReader(start_probe(scope, run.cfg.pct_command))
-            sources["probe"] = "pending"
+            sources["probe"] = Source(State.PENDING)
         except RuntimeError as exc:
-            sources["probe"] = f"failed: {exc}"
+            sources["probe"] = Source(State.FAILED, f"failed: {exc}")
             warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
     keep = 0.0 if run.opts.dry_run else run.grace + 1
     scan_end = end - min(keep, run.deadline.work_left() / 2)
     view, others, nvml_status, late = reads.host(scope, end, scan_end, run.freezer.hold)
     sources["nvml"] = nvml_status
     if view is None:
-        sources["host"] = "did not finish"
+        sources["host"] = Source(State.DID_NOT_FINISH)
         if late:
             warnings.append(f"the host scan did not finish: {len(late)} process(es) that NVML "
                             "lists in the container's cgroup tree are stopped; others may hold "
@@ -117,10 +117,10 @@ def _merge_probe(run: Run, disc: Discovery, wait: float = 0.0) -> list[Holder]:
     try:
         result = finish_probe(proc, max(wait, 0.01))
     except RuntimeError as exc:
-        disc.sources["probe"] = f"failed: {exc}"
+        disc.sources["probe"] = Source(State.FAILED, f"failed: {exc}")
         disc.warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
         return []
-    disc.sources["probe"] = "ok"
+    disc.sources["probe"] = Source(State.OK)
     if disc.view is None:
         return []
 
@@ -134,7 +134,7 @@ def _merge_probe(run: Run, disc: Discovery, wait: float = 0.0) -> list[Holder]:
     return new
 
 
-def _drop_probe(disc: Discovery, why: str) -> None:
+def _drop_probe(disc: Discovery, why: Source) -> None:
     """Kill a probe still running, its whole process group, unread (PctReader.abandon)."""
     if disc.probe is not None:
         probing, disc.probe = disc.probe, None
@@ -153,8 +153,8 @@ def _signal_round(run: Run, targets: list[Holder], term: bool) -> float | None:
         proven, rejected = pidfds.prove_all(
             targets[i:i + batch], lambda hs: reads.identities(hs, scope, end))
         for h, why in rejected:
-            h.outcome = Outcome.EXITED if why.startswith("exited") else Outcome.SKIPPED
-            h.signals.append(why)
+            h.outcome = why.outcome
+            h.signals.append(why.note)
         if proven:
             exited = pidfds.stop(
                 proven, run.grace, end, run.opts.progress,
@@ -168,8 +168,7 @@ def _signal_round(run: Run, targets: list[Holder], term: bool) -> float | None:
 
 @dataclass
 class _Loop:
-    """The stop loop's record: the holders it handled, the PIDs known at the round's start,
-    the processes known to hold nothing, and where the policy says it stands."""
+    """The stop loop's holders, PIDs known at the round's start, and where policy says it is."""
 
     holders: list[Holder]
     handled: set[ProcIdentity]
@@ -205,8 +204,8 @@ def _verify(run: Run, disc: Discovery, loop: _Loop) -> tuple[policy.Decision, li
             parents = _parents(run, new)
             for h in new:
                 h.outcome, h.respawned_by = Outcome.SURVIVED, parents.get(h.ppid)
-                h.signals.append(f"appeared after the last of {run.cfg.chase_rounds} rounds; "
-                                 "not signalled")
+                h.note(f"appeared after the last of {run.cfg.chase_rounds} rounds; "
+                       "not signalled")
                 loop.add(h)
         if d.step not in (Step.POLL, Step.FULL_LOOK):
             return d, []  # frozen still after a partial look: the next round holds anyway
@@ -239,7 +238,7 @@ def stop_and_verify(run: Run, disc: Discovery) -> Stopped:
         loop.at = policy.after(loop.at, d)
         if not term:
             for h in chase:
-                h.signals.append(policy.NO_GRACE)
+                h.note(policy.NO_GRACE)
         run.say(f"round {loop.at.rounds_used}: {len(chase)} new holder(s) appeared; "
                 "stopping them")
         parents = _parents(run, chase)
@@ -339,7 +338,7 @@ class _Acted:
 
     disc: Discovery
     before: list[GpuMemory] | None
-    unit_stops: dict[str, Any] | None
+    unit_stops: UnitStops | None
     verdict: Verdict
     stopped: Stopped
 
@@ -350,7 +349,8 @@ def _act(run: Run, idle: bool) -> _Acted:
     before = run.reads.before  # asked with the host scan
     disc.warnings += run.ctconf.unapplied()  # lines Proxmox does not apply either
     if idle:
-        disc.sources["nvml"] = "not needed: container stopped, its cgroup tree is empty"
+        disc.sources["nvml"] = Source(State.NOT_RUN, "not needed: container stopped, its "
+                                      "cgroup tree is empty")
     run.say(f"found {len(disc.holders)} GPU holder(s) in CT {run.vmid}")
     unit_stops = None
     if run.opts.stop_units:
@@ -374,20 +374,21 @@ def _act(run: Run, idle: bool) -> _Acted:
 def _conclude(run: Run, acted: _Acted, idle: bool) -> RunResult:
     """Thawed: the freezer's and the probe's last word, GPU memory after, the report."""
     disc, reads, holders = acted.disc, run.reads, acted.stopped.holders
-    disc.sources["freeze"] = run.freezer.summary()
+    disc.sources["freeze"] = Source(State.OK if run.freezer.holds else State.NOT_RUN,
+                                    run.freezer.summary())
     disc.warnings += run.freezer.warnings
     if disc.probe is not None:
-        late = ("not waited for: the host view and NVML found nothing to clean"
-                if not holders else
-                f"late: not finished when the run ended ({run.deadline.elapsed():.2f} s); "
-                "its findings were not used")
+        late = (Source(State.NOT_RUN, "not waited for: the host view and NVML found nothing "
+                       "to clean") if not holders else
+                Source(State.LATE, f"late: not finished when the run ended "
+                       f"({run.deadline.elapsed():.2f} s); its findings were not used"))
         _drop_probe(disc, late)
     asked = not (run.opts.dry_run or idle) and (disc.scanned or bool(holders))
     after = reads.memory(run.deadline.work_end) if asked else acted.before
     problems = list(dict.fromkeys(reads.problems))
     errors = list(problems)
     verdict = verdicts.with_problems(acted.verdict, problems)
-    if reads.nvml_error and not idle and disc.sources.get("nvml") == "ok":
+    if reads.nvml_error and not idle and disc.sources["nvml"].ok:
         errors.append(reads.nvml_error)
     found = Findings(verdict, holders, disc, acted.before, after, acted.stopped.rounds, errors,
                      acted.stopped.verify_s, len(reads.killed))
@@ -406,15 +407,15 @@ def _conclude(run: Run, acted: _Acted, idle: bool) -> RunResult:
 REPORT_WAIT = 0.5  # s: writing the report may take at least this, even at the deadline
 
 
-def _write_report(rep: dict[str, Any], cfg: Config) -> str:
+def _write_report(rep: Report, cfg: Config) -> str:
     """In a worker (a report dir or metrics file on a hung NFS mount blocks here, not in the
     run): publish first, naming the file about to be written, so that what could not be
     logged or written as metrics is recorded in the report itself; then write, prune."""
-    name = reportfiles.report_name(int(rep["vmid"]), str(rep["phase"]), float(rep["_started"]))
+    name = reportfiles.report_name(rep.vmid, rep.phase, rep.started)
     failed = notify.publish(rep, str(Path(cfg.report_dir) / name), cfg.syslog,
                             cfg.syslog_socket, cfg.metrics_path, cfg.journal_socket)
-    path = reportfiles.write({**rep, "notify_errors": failed} if failed else rep, cfg.report_dir)
-    reportfiles.prune(cfg.report_dir, int(rep["vmid"]), cfg.keep_reports, cfg.max_report_age_days)
+    path = reportfiles.write_report(rep.with_notify_errors(failed), cfg.report_dir)
+    reportfiles.prune(cfg.report_dir, rep.vmid, cfg.keep_reports, cfg.max_report_age_days)
     return str(path)
 
 
@@ -431,7 +432,7 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
     with contextlib.nullcontext(writer) if writer else Worker() as wk:
         try:
-            return RunResult(rep, Path(wk.call(_write_report, rep.as_dict(), cfg, timeout=wait,
+            return RunResult(rep, Path(wk.call(_write_report, rep, cfg, timeout=wait,
                                                what="report")), code)
         except RemoteError as exc:
             why = exc.message(reportfiles.ReportError)
@@ -439,8 +440,8 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
             why = (f"writing the report to {cfg.report_dir} did not finish within {wait:.1f} s "
                    "(a hung file system?)")
     rep = rep.with_error(why)
-    spare = reportfiles.write_spare(rep.as_dict(), max(cfg.keep_reports, 1))
+    spare = reportfiles.write_spare(rep, max(cfg.keep_reports, 1))
     notify.publish(  # syslog only: metrics on the same hung file system would block here
-        rep.as_dict(), None if spare is None else str(spare), cfg.syslog, cfg.syslog_socket,
+        rep, None if spare is None else str(spare), cfg.syslog, cfg.syslog_socket,
         None, cfg.journal_socket)
     return RunResult(rep, None, max(code, ExitCode.REPORT), why, spare=spare)

@@ -20,7 +20,8 @@ from pveclean.proxmox.pveconf import parse_vmid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from pveclean.core.amendments import NotListed
+    from pveclean.core.report import Report
 
 
 @dataclass
@@ -34,7 +35,7 @@ class CtArgs:
     report_file: str | None = None
 
 
-def save_to(path: str, rep: dict[str, Any]) -> str | None:
+def save_to(path: str, rep: Report) -> str | None:
     """The report as YAML in a new file `path` (0600, never over another file), where the
     admin asks for it (--report-file); the error, in one line, or None."""
     try:
@@ -42,26 +43,21 @@ def save_to(path: str, rep: dict[str, Any]) -> str | None:
     except OSError as exc:
         return f"cannot write the report to {path}: {exc.strerror}"
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(to_yaml(public(rep)))
+        fh.write(to_yaml(rep.as_dict()))
     return None
 
 
-def not_listed_line(more: dict[str, Any]) -> str:
+def not_listed_line(more: NotListed) -> str:
     """The holders past the report's caps (core/bounds.py), in one line."""
-    outcomes = ", ".join(f"{safe(k, 20)} {safe(v, 12)}" for k, v in more["outcomes"].items())
-    names = ", ".join(f"{safe(k, 40)} ({safe(v, 12)})" for k, v in more["names"].items())
-    return (f"... and {safe(more['count'], 12)} more holder(s) not listed ({outcomes}): host "
-            f"PIDs {safe(more['host_pids'], 400)}; names {safe(names, 400)}")
+    outcomes = ", ".join(f"{safe(k, 20)} {safe(v, 12)}" for k, v in more.outcomes.items())
+    names = ", ".join(f"{safe(k, 40)} ({safe(v, 12)})" for k, v in more.names.items())
+    return (f"... and {safe(more.count, 12)} more holder(s) not listed ({outcomes}): host "
+            f"PIDs {safe(more.host_pids, 400)}; names {safe(names, 400)}")
 
 
 def terminal_columns() -> int:
     """The terminal's width; 80 when stdout is not a terminal (a pipe, a log)."""
     return shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80
-
-
-def public(rep: dict[str, Any]) -> dict[str, Any]:
-    """A report as shown: without the keys the program keeps for itself (`_started`)."""
-    return {k: v for k, v in rep.items() if not k.startswith("_")}
 
 
 def run(args: CtArgs, nvml: NvmlWorker) -> int:
@@ -82,16 +78,15 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
                    progress=progress, stop_units=args.stop_units,
                    write_report=not args.dry_run))
     if args.as_json:
-        print(json.dumps(public(result.report.as_dict()), indent=2, default=str))
+        print(json.dumps(result.report.as_dict(), indent=2, default=str))
     else:
-
-        rep = result.report.as_dict()
+        rep = result.report
         if args.dry_run:
             print(render_dry_run(rep, terminal_columns(), args.grace if args.grace is not None
                                  else cfg.grace_seconds))
         else:
             print(render_run(rep))
-        more = rep.get("holders_not_listed")
+        more = rep.holders_not_listed
         if more:
             print(not_listed_line(more))
         if result.path:
@@ -99,7 +94,7 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
     sys.stdout.flush()
     code = result.exit_code
     if args.report_file:
-        failed = save_to(args.report_file, result.report.as_dict())
+        failed = save_to(args.report_file, result.report)
         if failed:
             print(f"pveclean: {failed}", file=sys.stderr)
             code = max(code, ExitCode.REPORT)
@@ -108,7 +103,7 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
         if not args.as_json:
 
             print("--- report (not saved) ---", file=sys.stderr)
-            print(unsaved_text(result.report.as_dict(), result.spare), file=sys.stderr)
+            print(unsaved_text(result.report, result.spare), file=sys.stderr)
         elif result.spare:
             print(f"pveclean: the whole report is in {result.spare}", file=sys.stderr)
     return code

@@ -5,73 +5,68 @@ not touch, and why."""
 
 from __future__ import annotations
 
-import re
 import shlex
 
 from pveclean.commands.render import unit_lines
-from pveclean.core.text import ljust, safe, width
+from pveclean.commands.table import table
+from pveclean.core.text import safe
 from pveclean.core.units import unit_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from pveclean.core.records import Holder, OtherUser
+    from pveclean.core.report import Report
 
 COLUMNS = 80  # the width when the terminal's is unknown or narrower
-_CT_CGROUP = re.compile(r"^/lxc(?:\.payload|\.monitor)?[./](\d+)(?:/|$)")
 
 
-def command_text(h: dict[str, Any]) -> str:
+def command_text(h: Holder) -> str:
     """The holder's command line, each argument shell-quoted (so that spaces and quotes in
     one show where it ends); its name when the command line is empty (a kernel thread, a
     zombie)."""
-    argv = h.get("cmdline")
-    if isinstance(argv, list | tuple) and argv:
-        return shlex.join(str(a) for a in argv)
-    if isinstance(argv, str) and argv:
-        return argv
-    return f"[{h.get('name') or '?'}]"
+    if h.argv:
+        return shlex.join(h.argv)
+    return f"[{h.name or '?'}]"
 
 
-def gpu_text(mib: dict[Any, Any] | None) -> str:
+def gpu_text(mib: dict[int, int | None] | None) -> str:
     """`0:18000 1:512`: the GPU index and the MiB the process holds there; `?` unknown,
     `-` no memory (it holds GPU nodes only)."""
-    parts = [f"{g}:{'?' if m is None else m}" for g, m in sorted((mib or {}).items(),
-                                                                   key=lambda i: int(i[0]))]
+    parts = [f"{g}:{'?' if m is None else m}" for g, m in sorted((mib or {}).items())]
     return " ".join(parts) or "-"
 
 
 def owner_of(cgroup: str | None) -> str:
-    """Why a GPU user outside the container is left alone: whose it is."""
-    m = _CT_CGROUP.match(cgroup or "")
-    if m:
-        return f"another container (CT {m.group(1)})"
+    """Why a GPU user outside the container is left alone: whose it is (core/owners.py reads
+    the path; a container's monitor and a plain LXC container's count as a container)."""
+    from pveclean.core.owners import Owner, OwnerKind, place  # only when there are others
+
+    where = place(cgroup or "")
+    if where.number is not None:
+        return f"another container ({Owner(OwnerKind.CT, where.number).label})"
     unit = unit_of(cgroup)
     return f"a host process ({safe(unit, 40)})" if unit else "a host process"
 
 
 def _table(rows: list[tuple[str, ...]], commands: list[str], columns: int) -> list[str]:
-    """Columns two spaces apart, each row followed by its command line on a line of its own,
-    cut to `columns` (a command line is what tells four `python3` ranks apart)."""
-    widths = [max(width(r[i]) for r in rows) for i in range(len(rows[0]))]
+    """The one table (commands/table.py), each row followed by its command line on a line
+    of its own, cut to `columns` (a command line is what tells four `python3` ranks apart)."""
     out = []
-    for n, r in enumerate(rows):
-        out.append(("  " + "  ".join(ljust(c, w) for c, w in zip(r, widths, strict=True)))
-                   .rstrip())
+    for n, line in enumerate(table(rows, "  ")):
+        out.append(line)
         if n:
             out.append("      " + safe(commands[n - 1], columns - 6))
     return out
 
 
-def render_dry_run(rep: dict[str, Any], columns: int = COLUMNS,
-                   grace: float | None = None) -> str:
+def render_dry_run(rep: Report, columns: int = COLUMNS, grace: float | None = None) -> str:
     """The dry run's view. `columns`: the terminal's width (never under 80); `grace`: the
     grace this run would give (the config's, or --grace)."""
     columns = max(columns, COLUMNS)
-    holders = rep.get("holders") or []
-    stop = [h for h in holders if not h.get("protected")]
-    spared = [h for h in holders if h.get("protected")]
-    g = grace if grace is not None else (rep.get("settings") or {}).get("grace_seconds")
-    head = f"CT {safe(rep['vmid'], 20)}: dry run, nothing signalled, no report written"
+    stop = [h for h in rep.holders if not h.protected]
+    spared = [h for h in rep.holders if h.protected]
+    g = grace if grace is not None else (rep.settings.grace_seconds if rep.settings else None)
+    head = f"CT {safe(rep.vmid, 20)}: dry run, nothing signalled, no report written"
     lines = [head]
     if not stop:
         lines.append("would stop nothing: no GPU holder to stop")
@@ -81,35 +76,36 @@ def render_dry_run(rep: dict[str, Any], columns: int = COLUMNS,
                      f"left{after}")
         rows: list[tuple[str, ...]] = [("HOST PID", "CT PID", "NAME", "GPU:MiB", "UNIT")]
         for h in stop:
-            rows.append((safe(h["host_pid"], 12), safe(h.get("ct_pid") or "-", 12),
-                         safe(h.get("name"), 16), safe(gpu_text(h.get("gpu_memory_mib")), 24),
-                         safe(h.get("unit") or "-", 24 if columns <= COLUMNS else 48)))
+            rows.append((safe(h.host_pid, 12), safe(h.ct_pid or "-", 12),
+                         safe(h.name, 16), safe(gpu_text(h.gpu_memory_mib), 24),
+                         safe(h.unit or "-", 24 if columns <= COLUMNS else 48)))
         lines += _table(rows, [command_text(h) for h in stop], columns)
         lines.append(free_line(stop))
-    bystanders = [(o, owner_of(o.get("cgroup"))) for o in rep.get("other_gpu_users") or []]
-    bystanders += [(h, f"protected: {safe(h['protected'], 60)}") for h in spared]
+    bystanders: list[tuple[OtherUser | Holder, str]] = [
+        (o, owner_of(o.cgroup)) for o in rep.other_gpu_users]
+    bystanders += [(h, f"protected: {safe(h.protected, 60)}") for h in spared]
     if bystanders:
         lines.append(f"will not touch {len(bystanders)} other GPU user(s):")
         for p, why in bystanders:
-            lines.append(safe(f"  PID {p['host_pid']} {safe(p.get('name'), 16)}, "
-                              f"GPU:MiB {gpu_text(p.get('gpu_memory_mib'))}: {why}", columns))
-    for gpu in rep.get("gpus") or []:
-        used = gpu.get("used_before_mib")
-        lines.append(safe(f"GPU {gpu['index']} {safe(gpu.get('name'), 40)}: "
-                          f"{'?' if used is None else used} of {gpu.get('total_mib') or '?'} "
+            lines.append(safe(f"  PID {p.host_pid} {safe(p.name, 16)}, "
+                              f"GPU:MiB {gpu_text(p.gpu_memory_mib)}: {why}", columns))
+    for gpu in rep.gpus:
+        used = gpu.used_before_mib
+        lines.append(safe(f"GPU {gpu.index} {safe(gpu.name, 40)}: "
+                          f"{'?' if used is None else used} of {gpu.total_mib or '?'} "
                           "MiB used now", columns))
     lines += [safe(line, columns) for line in unit_lines(rep)]
-    lines += [safe(f"warning: {safe(w, None)}", columns) for w in rep.get("warnings", [])]
-    lines += [safe(f"error: {safe(e, None)}", columns) for e in rep.get("errors", [])]
+    lines += [safe(f"warning: {safe(w, None)}", columns) for w in rep.warnings]
+    lines += [safe(f"error: {safe(e, None)}", columns) for e in rep.errors]
     return "\n".join(lines)
 
 
-def free_line(stop: list[dict[str, Any]]) -> str:
+def free_line(stop: list[Holder]) -> str:
     """`would free 26348 MiB on GPUs 0, 1, 2, 3` (what NVML says these processes hold)."""
     per: dict[int, int] = {}
     unknown = False
     for h in stop:
-        for g, m in (h.get("gpu_memory_mib") or {}).items():
+        for g, m in h.gpu_memory_mib.items():
             per[int(g)] = per.get(int(g), 0) + (m or 0)
             unknown |= m is None
     if not per:

@@ -18,7 +18,7 @@ from pveclean.cleanup import RunOptions, cgroup_root, clean, finish, reserve_for
 from pveclean.core.config import PHASES, Config
 from pveclean.core.discovery import stall_for
 from pveclean.core.gpufaults import unchecked
-from pveclean.core.report import Report, RunResult, find_leaks, gpus_used
+from pveclean.core.report import Report, RunResult, find_leaks
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
@@ -32,8 +32,7 @@ from pveclean.proxmox import chain, pveconf, startrecord, tasks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
+    from pveclean.core.amendments import Leak, PreStopBrief
 
 Sink = Callable[[str, str], None]  # (text, priority: info, warning or err)
 _sink: Sink | None = None  # where a phase's lines go instead of stdout (the drop-in's journal)
@@ -109,7 +108,7 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     else:
         left = rep.remaining()
         names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} ({h.outcome}, "
-                          f"state {safe(h.state, 4)})" for h in left[:5])
+                          f"state {safe(h.shown_state, 4)})" for h in left[:5])
         why = f": {names}" if left else f" or cannot be ruled out: {_first_error(rep)}"
         say(f"pveclean: WARNING: CT {vmid} pre-stop: {rep.remaining_count()} GPU holder(s) "
             f"REMAIN after "
@@ -147,7 +146,7 @@ def _unsaved(res: RunResult) -> None:
     named in syslog."""
     if res.report_error:
         text = ("--- pveclean report (not saved) ---\n"
-                + reportfiles.unsaved_text(res.report.as_dict(), res.spare))
+                + reportfiles.unsaved_text(res.report, res.spare))
         if _sink is not None:
             _sink(text, "err")
             return
@@ -155,17 +154,14 @@ def _unsaved(res: RunResult) -> None:
         sys.stderr.flush()
 
 
-def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> dict[str, Any] | None:
-    for path in reversed(reportfiles.list_reports(cfg.report_dir, vmid)):
-        if f"-{phase}-" not in path.name:
-            continue
-        try:
-            if time.time() - path.stat().st_mtime > max_age:
-                return None
-            return reportfiles.load(path)
-        except (OSError, reportfiles.ReportError):
-            return None
-    return None
+def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> Report | None:
+    """The last report of `phase` on this container, written within `max_age` s, typed
+    (reportfiles.load_report); None when there is none or it cannot be read."""
+    path = reportfiles.latest(cfg.report_dir, vmid, phase, max_age, time.time())
+    try:
+        return reportfiles.load_report(path) if path is not None else None
+    except (OSError, reportfiles.ReportError):
+        return None
 
 
 def _container_minors(ctconf: pveconf.CtConfig | None) -> set[int]:
@@ -176,19 +172,29 @@ def _container_minors(ctconf: pveconf.CtConfig | None) -> set[int]:
     return set(minors or ())
 
 
-def _pre_stop_config(pre: dict[str, Any] | None, vmid: int) -> pveconf.CtConfig | None:
-    """The GPU lines the pre-stop report of this stop read (the config before post-stop's
-    pending changes were applied)."""
-    lines = ((pre or {}).get("container") or {}).get("gpu_config")
-    if not isinstance(lines, list):
+def _pre_stop_config(pre: Report | None, vmid: int) -> pveconf.CtConfig | None:
+    """The container's GPU lines as the pre-stop run of this stop read them (the config
+    before post-stop's pending changes were applied), read as Proxmox's config syntax."""
+    if pre is None:
         return None
-    return pveconf.parse_config("\n".join(str(x) for x in lines), vmid)
+    return pveconf.parse_config("\n".join(pre.container.gpu_config), vmid)
+
+
+def _brief(pre: Report | None) -> PreStopBrief | None:
+    """What a post-stop's report says of the pre-stop run."""
+    from pveclean.core.amendments import PreStopBrief
+
+    if pre is None:
+        return None
+    return PreStopBrief(pre.start, str(pre.verdict), pre.summary.freed_mib)
 
 
 def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) -> int:
     """The container's processes are gone: is the GPU memory they had released?
     NVML is asked in the run's worker, within the run's deadline (see worker.py). `via`:
     what ran it, in its report, when not the hookscript (the systemd drop-in)."""
+    from pveclean.core.reportread import gpus_used  # post-stop's alone: not on every start
+
     deadline = start_deadline(cfg.deadline_seconds)
     # its settings, no init for a stopped container; closed once NVML has answered, before
     # the report is written
@@ -199,7 +205,7 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
         if rep.busy:
             return _busy(vmid, "post-stop", res)
         pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
-        leaks: list[dict[str, Any]] = []
+        leaks: list[Leak] = []
         end = deadline.keeping(reserve_for(cfg)).work_end
         with Reads(wk, deadline, stall_for(cfg), True,
                    Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout) as reads:
@@ -213,14 +219,14 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
             grant = ran_with.gpu() if ran_with is not None else None
             if grant is None or grant.any or grant.allow_all:  # else it had no GPU to leak
                 minors = _container_minors(ran_with)
-                leaks = find_leaks(memory, procs, minors, gpus_used(pre))
+                leaks = find_leaks(memory, procs, minors, gpus_used(pre) if pre else set())
                 for why in unchecked(memory, procs, minors):
                     rep = rep.with_warning(why)  # a GPU NVML could not answer for: not judged
-    rep = rep.with_leaks(leaks, pre)
+    rep = rep.with_leaks(leaks, _brief(pre))
     res = finish(rep, cfg, deadline=deadline)
     _unsaved(res)
     if rep.verdict == Verdict.LEAKED:
-        desc = ", ".join(f"GPU {x['index']} {x['unaccounted_mib']} MiB" for x in leaks)
+        desc = ", ".join(f"GPU {x.index} {x.unaccounted_mib} MiB" for x in leaks)
         say(f"pveclean: CT {vmid} post-stop: leaked {desc}; see {res.path}")
     elif rep.verdict == Verdict.RESIDUAL:
         say(f"pveclean: CT {vmid} post-stop: GPU holders remain; see {res.path}")
@@ -260,7 +266,7 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
             f"holder(s) of an earlier run; {_where(res)}")
         return 0
     left = rep.remaining()
-    names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} (state {safe(h.state, 4)})"
+    names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} (state {safe(h.shown_state, 4)})"
                       for h in left[:5])
     if not left:  # nothing seen that stays: not knowing is no reason to refuse
         say(f"pveclean: WARNING: CT {vmid} pre-start: could not check every leftover process: "

@@ -6,13 +6,15 @@ quoting them) goes through `text.safe`: escaped, cut, and measured by displayed 
 
 from __future__ import annotations
 
-from pveclean.commands.table import table as _table
+from pveclean.commands.table import table
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from pveclean.core.records import Holder
+    from pveclean.core.report import Report
+    from pveclean.core.reportread import ReportRow
 
 
 LONG = 300  # cut for free-text values (cmdline, warnings) on their own line
@@ -26,8 +28,8 @@ def command_line(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def _mib(h: dict[str, Any]) -> str:
-    vals = [v for v in (h.get("gpu_memory_mib") or {}).values() if v is not None]
+def _mib(h: Holder) -> str:
+    vals = [v for v in h.gpu_memory_mib.values() if v is not None]
     return str(sum(vals)) if vals else "-"
 
 
@@ -40,130 +42,129 @@ def short_node(path: str) -> str:
     return rest.lstrip("-")
 
 
-def holders_table(rep: dict[str, Any]) -> list[str]:
+def holders_table(rep: Report) -> list[str]:
     rows = [("HOST PID", "CT PID", "NAME", "UNIT", "GPU MiB", "DEVICES", "OUTCOME", "SIGNALS")]
-    for h in rep.get("holders", []):
-        devs = ",".join(short_node(d.split(" ")[0]) for d in h.get("devices", [])) or "-"
-        sigs = ",".join(s.split(" ")[0].removeprefix("SIG") for s in h.get("signals", [])
-                        if s.startswith("SIG"))
-        outcome = str(h.get("outcome"))
-        if h.get("protected"):
-            outcome += f" ({h['protected']})"
+    for h in rep.holders:
+        devs = ",".join(short_node(d.split(" ")[0]) for d in h.devices) or "-"
+        sigs = ",".join(s.signal.name for s in h.signals if s.signal is not None)
+        outcome = str(h.outcome)
+        if h.protected:
+            outcome += f" ({h.protected})"
         rows.append((
-            safe(h["host_pid"], 12),
-            safe(h.get("ct_pid") or "-", 12),
-            safe(h.get("name"), 16),
-            safe(h.get("unit") or "-", 32),
+            safe(h.host_pid, 12),
+            safe(h.ct_pid or "-", 12),
+            safe(h.name, 16),
+            safe(h.unit or "-", 32),
             safe(_mib(h), 12),
             safe(devs, 40),
             safe(outcome, 80),
             safe(sigs or "-", 40),
         ))
-    return _table(rows, "  ")
+    return table(rows, "  ")
 
 
-def summary_line(rep: dict[str, Any]) -> str:
-    s = rep.get("summary", {})
-    verdict = rep.get("verdict")
-    n = s.get("holders", 0)
-    stopped = s.get("stopped", 0)
-    head = f"CT {safe(rep['vmid'], 20)} {safe(rep['phase'], 20)}"
+def summary_line(rep: Report) -> str:
+    s = rep.summary
+    verdict = rep.verdict
+    n = s.holders
+    head = f"CT {safe(rep.vmid, 20)} {safe(rep.phase, 20)}"
     if verdict == Verdict.NOTHING_TO_DO:
-        return f"{head}: no GPU holders ({rep['duration_s']:.2f} s)"
+        return f"{head}: no GPU holders ({rep.duration_s:.2f} s)"
     if verdict == Verdict.BUSY:
-        return f"{head}: busy: {safe('; '.join(rep.get('errors', [])), LONG)}"
+        return f"{head}: busy: {safe('; '.join(rep.errors), LONG)}"
     if verdict == Verdict.DRY_RUN:
         return f"{head}: dry run, {n} GPU holder(s) would be stopped, nothing signalled"
-    freed = s.get("freed_mib", 0)
-    text = f"{head}: stopped {stopped} of {n} GPU holder(s) ({freed} MiB freed) in " \
-           f"{rep['duration_s']:.2f} s, verdict {safe(verdict, 20)}"
-    if s.get("units_stopped"):
-        text += f"; units stopped first: {safe(', '.join(s['units_stopped']), 120)}"
+    text = f"{head}: stopped {s.stopped} of {n} GPU holder(s) ({s.freed_mib} MiB freed) in " \
+           f"{rep.duration_s:.2f} s, verdict {safe(verdict, 20)}"
+    if s.units_stopped:
+        text += f"; units stopped first: {safe(', '.join(s.units_stopped), 120)}"
     return text
 
 
-def memory_lines(rep: dict[str, Any]) -> list[str]:
+def memory_lines(rep: Report) -> list[str]:
     out = []
-    for g in rep.get("gpus", []):
-        after, before = g.get("used_after_mib"), g.get("used_before_mib")
+    for g in rep.gpus:
+        after, before = g.used_after_mib, g.used_before_mib
         out.append(
-            f"  GPU {g['index']} {safe(g['name'], 40)}: used "
+            f"  GPU {g.index} {safe(g.name, 40)}: used "
             f"{before if before is not None else '?'} -> "
-            f"{after if after is not None else '?'} MiB of {g['total_mib'] or '?'}"
-            + (f" ({safe(g['status'], 20)}: {safe(g.get('reason'), LONG)})"
-               if g.get("status") else ""))
+            f"{after if after is not None else '?'} MiB of {g.total_mib or '?'}"
+            + (f" ({safe(g.status, 20)}: {safe(g.reason, LONG)})" if g.status else ""))
     return out
 
 
-def unit_lines(rep: dict[str, Any]) -> list[str]:
+def unit_lines(rep: Report) -> list[str]:
     """What --stop-units did per unit, and the commands that stop units still at work."""
     out = []
-    stops = rep.get("unit_stops") or {}
-    for u in stops.get("units", []):
-        left = u.get("processes_left")
-        out.append(f"  unit {safe(u.get('unit'), 64)}: {u.get('action')}"
-                   + (f" ({safe(u.get('detail'), 200)})" if u.get("detail") else "")
+    stops = rep.unit_stops
+    for u in stops.units if stops else []:
+        left = u.processes_left
+        out.append(f"  unit {safe(u.unit, 64)}: {u.action}"
+                   + (f" ({safe(u.detail, 200)})" if u.detail else "")
                    + (f", {left} process(es) left" if left else ""))
-    if stops.get("note"):
-        out.append(f"units: {safe(stops['note'], 300)}")
-    out += [f"hint: {safe(h, 300)}" for h in rep.get("hints", [])]
+    if stops and stops.note:
+        out.append(f"units: {safe(stops.note, 300)}")
+    out += [f"hint: {safe(h, 300)}" for h in rep.hints]
     return out
 
 
-def render_run(rep: dict[str, Any]) -> str:
+def render_run(rep: Report) -> str:
     lines = [summary_line(rep)]
-    if rep.get("holders"):
+    if rep.holders:
         lines += holders_table(rep)
     lines += memory_lines(rep)
     lines += unit_lines(rep)
-    for w in rep.get("warnings", []):
+    for w in rep.warnings:
         lines.append(f"warning: {safe(w, LONG)}")
-    for e in rep.get("errors", []):
+    for e in rep.errors:
         lines.append(f"error: {safe(e, LONG)}")
-    for n in rep.get("notify_errors") or []:  # the run's syslog/journal line or metrics
+    for n in rep.notify_errors or []:  # the run's syslog/journal line or metrics
         lines.append(f"not said: {safe(n, LONG)}")
     return "\n".join(lines)
 
 
-def reports_table(reps: list[tuple[str, dict[str, Any]]]) -> list[str]:
+def reports_table(reps: list[ReportRow]) -> list[str]:
     """One line per past run: time, vmid, phase, verdict, stopped, MiB freed, duration."""
     rows = [("TIME (UTC)", "VMID", "PHASE", "VERDICT", "STOPPED", "MIB FREED", "SECONDS",
              "REPORT")]
-    for name, r in reps:
-        s = r.get("summary") or {}
+    for r in reps:
         rows.append((
-            safe(str(r.get("start", "?"))[:19].replace("T", " "), 19),
-            safe(r.get("vmid", "?"), 12),
-            safe(r.get("phase", "?"), 12),
-            safe(r.get("verdict", "?"), 16),
-            safe(f"{s.get('stopped', 0)}/{s.get('holders', 0)}", 16),
-            safe(s.get("freed_mib", 0), 12),
-            f"{float(r.get('duration_s', 0)):.2f}",
-            safe(name, 80),
+            safe(str(_known(r.start))[:19].replace("T", " "), 19),
+            safe(_known(r.vmid), 12),
+            safe(_known(r.phase), 12),
+            safe(_known(r.verdict), 16),
+            safe(f"{r.stopped}/{r.holders}", 16),
+            safe(r.freed_mib, 12),
+            f"{r.duration_s:.2f}",
+            safe(r.name, 80),
         ))
-    return _table(rows)
+    return table(rows)
 
 
-def render_report(r: dict[str, Any]) -> str:
+def _known(value: object) -> object:
+    return "?" if value is None else value
+
+
+def render_report(r: Report) -> str:
     """A whole report, readably: the run's summary, holders, memory, sources, problems."""
     lines = [render_run(r), ""]
-    lines.append(f"started {safe(r.get('start'), 40)} on {safe(r.get('host'), 64)}, "
-                 f"pveclean {safe(r.get('pveclean'), 20)}")
-    srcs = r.get("sources") or {}
-    if srcs:
-        lines.append("sources: " + "; ".join(f"{safe(k, 20)} {safe(v, LONG)}"
-                                             for k, v in srcs.items()))
-    for h in r.get("holders", []):
-        lines.append(f"  PID {safe(h['host_pid'], 12)} ({safe(h.get('name'), 16)}): "
-                     f"{safe(command_line(h.get('cmdline')), LONG)}")
-        lines.append(f"      cgroup {safe(h.get('cgroup'), 120)}, "
-                     f"unit {safe(h.get('unit') or '-', 64)}, user {safe(h.get('user'), 32)}"
-                     f", seen by {safe(', '.join(h.get('sources', [])), 40)}, signals: "
-                     f"{safe(', '.join(h.get('signals', [])) or 'none', LONG)}")
-    for o in r.get("other_gpu_users", []):
-        lines.append(f"  other GPU user (not signalled): PID {safe(o['host_pid'], 12)} "
-                     f"{safe(o.get('name'), 16)} in {safe(o.get('cgroup'), 120)}")
-    for leak in r.get("leaks", []):
-        lines.append(f"  leak: GPU {safe(leak['index'], 8)} {safe(leak['unaccounted_mib'], 12)}"
-                     f" MiB: {safe(leak['hint'], LONG)}")
+    lines.append(f"started {safe(r.start, 40)} on {safe(r.host, 64)}, "
+                 f"pveclean {safe(r.version, 20)}")
+    if r.sources:
+        lines.append("sources: " + "; ".join(f"{safe(k, 20)} {safe(str(v), LONG)}"
+                                             for k, v in r.sources.items()))
+    for h in r.holders:
+        lines.append(f"  PID {safe(h.host_pid, 12)} ({safe(h.name, 16)}): "
+                     f"{safe(command_line(h.argv), LONG)}")
+        signals = ", ".join(str(s) for s in h.signals)
+        lines.append(f"      cgroup {safe(h.cgroup, 120)}, "
+                     f"unit {safe(h.unit or '-', 64)}, user {safe(h.user, 32)}"
+                     f", seen by {safe(', '.join(h.sources), 40)}, signals: "
+                     f"{safe(signals or 'none', LONG)}")
+    for o in r.other_gpu_users:
+        lines.append(f"  other GPU user (not signalled): PID {safe(o.host_pid, 12)} "
+                     f"{safe(o.name, 16)} in {safe(o.cgroup, 120)}")
+    for leak in r.leaks or []:
+        lines.append(f"  leak: GPU {safe(leak.index, 8)} {safe(leak.unaccounted_mib, 12)}"
+                     f" MiB: {safe(leak.hint, LONG)}")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pveclean.commands.render import render_report, reports_table
 from pveclean.core.config import Config
+from pveclean.core.reportread import row_of
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import reportfiles
 from pveclean.proxmox.pveconf import parse_vmid
@@ -30,12 +31,14 @@ def show_one(cfg: Config, args: list[str], as_json: bool, echo: Callable[[str, b
     else:
         path = Path(which) if "/" in which else Path(cfg.report_dir) / which
     try:
-        data = reportfiles.load(path)
+        # --json: the file's own values, as they are (a VM's report too); else typed
+        text = (json.dumps(reportfiles.load(path), indent=2, default=str) if as_json
+                else render_report(reportfiles.load_report(path)))
     except (OSError, reportfiles.ReportError) as exc:
         raise PvecleanError(f"cannot read report {path}: {exc}", ExitCode.USAGE) from None
     except Exception as exc:  # a corrupt file: one line, not a traceback
         raise PvecleanError(f"{path} is not a readable report: {exc}", ExitCode.USAGE) from None
-    echo(json.dumps(data, indent=2, default=str) if as_json else render_report(data), False)
+    echo(text, False)
     echo(f"report: {path}", True)
 
 
@@ -58,7 +61,7 @@ def list_runs(cfg: Config, args: list[str], last: int, verdict: str | None, as_j
         if verdict is None or data.get("verdict") == verdict:
             rows.append((path.name, data))
     rows = rows[-last:]
-    if as_json:
+    if as_json:  # the files' own values, as they are
         echo(json.dumps([{"file": n, **{k: d.get(k) for k in (
             "start", "vmid", "phase", "verdict", "duration_s", "summary")}} for n, d in rows],
             indent=2, default=str), False)
@@ -66,4 +69,4 @@ def list_runs(cfg: Config, args: list[str], last: int, verdict: str | None, as_j
         what = (f" for CT {vid}" if vid else "") + (f" with verdict {verdict}" if verdict else "")
         echo(f"no reports in {cfg.report_dir}{what}", False)
     else:
-        echo("\n".join(reports_table(rows)), False)
+        echo("\n".join(reports_table([row_of(n, d) for n, d in rows])), False)

@@ -132,10 +132,10 @@ def last_report(cfg: Config, vmid: int) -> LastReport | None:
     if not paths:
         return None
     try:
-        rep = reportfiles.load(paths[-1])
+        rep = reportfiles.load_row(paths[-1])
     except Exception as exc:  # a broken file (OSError, ReportError, anything) is shown, not fatal
         return LastReport(str(paths[-1]), error=f"unreadable: {type(exc).__name__}")
-    return LastReport(str(paths[-1]), rep.get("verdict"), rep.get("phase"), rep.get("start"))
+    return LastReport(str(paths[-1]), rep.verdict, rep.phase, rep.start)
 
 
 def holders(cfg: Config, e: CtView) -> None:

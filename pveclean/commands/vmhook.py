@@ -265,8 +265,9 @@ def _finish(cfg: Config, record: VmReport, outcome: VmVerdict, code: int,
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
     with Worker() as wk:
         try:
-            path = wk.call(reportfiles.write, rep.as_dict(), cfg.report_dir, rep.started,
-                           timeout=wait, what="writing the report")
+            path = wk.call(reportfiles.write, rep.as_dict(), cfg.report_dir,
+                           reportfiles.report_name(vmid, phase, rep.started), timeout=wait,
+                           what="writing the report")
             say(f"pveclean: VM {vmid} {phase}: {outcome}; report {path}")
         except (RemoteError, WorkerError) as exc:
             why = exc.message(reportfiles.ReportError) if isinstance(exc, RemoteError) else exc

@@ -14,13 +14,23 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar, cast
 
-from pveclean.core.records import Holder
+from pveclean.core.records import Holder, Sent
 from pveclean.core.verdicts import REMAINING, Outcome
+
+
+class Plain(Protocol):
+    def as_dict(self) -> dict[str, object]: ...
+
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from pveclean.core.amendments import NotListed, UnitStop, UnitStops
+
+P = TypeVar("P", bound=Plain)
+T = TypeVar("T")
 
 MAX_REPORT_BYTES = 1 << 20  # the report file, at most
 HOLDERS = 100  # holders listed in full
@@ -43,7 +53,7 @@ UNSAVED_SHOWN = 16 << 10  # characters of an unsaved report shown on stderr (the
 MORE = "…"
 
 
-def size(v: Any) -> int:
+def size(v: object) -> int:
     """An upper bound on the bytes of `v` in the report's YAML: printable ASCII as is (a
     quote doubled), other printable text as its escapes (\\u202e: never shorter than its
     UTF-8), text with anything unprintable at the longest escape per character (\\U000e0001)
@@ -75,18 +85,23 @@ def cut_middle(s: str, limit: int = DEVICE_CHARS) -> str:
     return s[:half] + MORE + s[len(s) - (limit - 1 - half):]
 
 
-def clip(v: Any, budget: int, text: int = TEXT) -> Any:
-    """`v` with every string cut to `text` characters and every list cut where the estimated
-    YAML passes `budget`; a cut list ends with how many entries were left out."""
+def clip(v: T, budget: int, text: int = TEXT) -> T:
+    """`v` (a list of strings, or any plain value) with every string cut to `text` characters
+    and every list cut where the estimated YAML passes `budget`; a cut list ends with how
+    many entries were left out."""
+    return cast("T", _clip(v, budget, text))
+
+
+def _clip(v: object, budget: int, text: int) -> object:
     if isinstance(v, str):
         return cut(v, text)
     if isinstance(v, dict):
-        return {k: clip(x, budget, text) for k, x in v.items()}
+        return {k: _clip(x, budget, text) for k, x in v.items()}
     if isinstance(v, list | tuple):
-        out: list[Any] = []
+        out: list[object] = []
         used = 0
         for i, x in enumerate(v):
-            x = clip(x, budget, text)
+            x = _clip(x, budget, text)
             used += size(x) + 8
             if used > budget:
                 out.append(f"{MORE} {len(v) - i} more not listed")
@@ -94,6 +109,53 @@ def clip(v: Any, budget: int, text: int = TEXT) -> Any:
             out.append(x)
         return out
     return v
+
+
+def clip_strings(v: P, text: int = TEXT) -> P:
+    """A record with each of its strings cut to `text` characters (those of its dicts'
+    values too); its lists are the caller's (clip_list)."""
+    changes: dict[str, object] = {}
+    for f in dataclasses.fields(v):  # type: ignore[arg-type]
+        x = getattr(v, f.name)
+        if isinstance(x, str) and len(x) > text:
+            changes[f.name] = cut(x, text)
+        elif isinstance(x, dict):
+            changes[f.name] = {k: cut(y, text) if isinstance(y, str) else y
+                               for k, y in x.items()}
+    return dataclasses.replace(v, **changes) if changes else v  # type: ignore[type-var]
+
+
+def clip_list(items: Sequence[P], budget: int, text: int = TEXT) -> tuple[list[P], int]:
+    """The records of a list, strings cut, as many as fit in `budget` (their estimated
+    YAML, as clip() counts it); and how many more were left out."""
+    out: list[P] = []
+    used = 0
+    for i, x in enumerate(items):
+        x = clip_strings(x, text)
+        used += size(x.as_dict()) + 8
+        if used > budget:
+            return out, len(items) - i
+        out.append(x)
+    return out, 0
+
+
+def _clip_ints(items: list[int], budget: int) -> tuple[list[int], int]:
+    """As clip() cuts a list of numbers: each counts size(0) + 8 bytes."""
+    fit = min(len(items), budget // (size(0) + 8))
+    return items[:fit], len(items) - fit
+
+
+def clip_unit_stops(stops: UnitStops, budget: int, text: int = TEXT) -> UnitStops:
+    """What --stop-units did, within its share: each unit's PIDs and the units cut where
+    they pass `budget`, strings cut to `text`."""
+    units: list[UnitStop] = []
+    for u in stops.units:
+        pids, more = _clip_ints(u.holders, budget)
+        units.append(dataclasses.replace(clip_strings(u, text), holders=pids,
+                                         holders_more=u.holders_more + more))
+    kept, more = clip_list(units, budget, text)
+    return dataclasses.replace(clip_strings(stops, text), units=kept,
+                               units_more=stops.units_more + more)
 
 
 _RDEV = re.compile(r" \((?:mmap )?(\d+:\d+)\)$")
@@ -142,6 +204,10 @@ def bound_holder(h: Holder, text: int = TEXT, items: int = ITEMS, devices: int =
             v = [cut_middle(x, device_chars) for x in cap_devices(v, devices)]
         elif isinstance(v, str) and len(v) > text:
             v = cut(v, text)
+        elif f.name == "signals" and (len(v) > items or any(len(str(x)) > text for x in v)):
+            v = [x if len(str(x)) <= text else Sent(note=cut(str(x), text)) for x in v[:items]]
+            if len(h.signals) > items:
+                v.append(Sent(note=f"{MORE} {len(h.signals) - items} more not listed"))
         elif isinstance(v, list) and (len(v) > items or any(
                 isinstance(x, str) and len(x) > text for x in v)):
             v = [cut(x, text) if isinstance(x, str) else x for x in v[:items]]
@@ -205,10 +271,12 @@ def pid_ranges(pids: list[int], limit: int = PID_RANGES) -> str:
     return ", ".join(shown) + (f", {MORE} {more} more" if more else "")
 
 
-def not_listed(rest: list[Holder]) -> dict[str, Any] | None:
+def not_listed(rest: list[Holder]) -> NotListed | None:
     """What a report says of the holders it does not list in full."""
     if not rest:
         return None
+    from pveclean.core.amendments import NotListed  # past the caps only
+
     outcomes = Counter(str(h.outcome) if h.outcome else "unknown" for h in rest)
     names = Counter(cut(h.name, NAME_CHARS) for h in rest)
     top = dict(names.most_common(NAMES))
@@ -218,9 +286,9 @@ def not_listed(rest: list[Holder]) -> dict[str, Any] | None:
     for h in rest:
         for gpu, mib in h.gpu_memory_mib.items():
             memory[int(gpu)] = memory.get(int(gpu), 0) + (mib or 0)
-    return {"count": len(rest), "outcomes": dict(sorted(outcomes.items())),
-            "host_pids": pid_ranges([h.host_pid for h in rest]), "names": top,
-            "gpu_memory_mib": dict(sorted(memory.items())),
-            "why": f"a report lists at most {HOLDERS} holders in full, in at most "
-                   f"{HOLDERS_BYTES >> 10} KiB (those left behind first); `pveclean ct VMID "
-                   "--dry-run` shows what is there now"}
+    return NotListed(count=len(rest), outcomes=dict(sorted(outcomes.items())),
+                     host_pids=pid_ranges([h.host_pid for h in rest]), names=top,
+                     gpu_memory_mib=dict(sorted(memory.items())),
+                     why=f"a report lists at most {HOLDERS} holders in full, in at most "
+                         f"{HOLDERS_BYTES >> 10} KiB (those left behind first); `pveclean ct "
+                         "VMID --dry-run` shows what is there now")

@@ -120,22 +120,23 @@ def only_gpus(procs: NvmlProcesses | None, scope: Scope) -> NvmlProcesses | None
 
 
 def nvml_source(answered: bool, on: bool, error: str | None, scan_failed: str | None
-                ) -> str:
+                ) -> records.Source:
     """The report's `nvml` source: ok, disabled, or unavailable and why; not asked when the
     host scan failed (`scan_failed`: how) before NVML was asked at all."""
+    state = records.SourceState
     if answered:
-        return "ok"
+        return records.Source(state.OK)
     if not on:
-        return "disabled"
+        return records.Source(state.DISABLED)
     if scan_failed is not None and not error:
-        return f"not asked: the host scan {scan_failed}"
-    return f"unavailable: {error}"
+        return records.Source(state.NOT_RUN, f"not asked: the host scan {scan_failed}")
+    return records.Source(state.UNAVAILABLE, f"unavailable: {error}")
 
 
 def merge_nvml(view: HostView, procs: NvmlProcesses,
                read: Callable[[list[tuple[records.ProcStatus, str]], list[int]],
                               tuple[list[Holder], list[tuple[int, str | None, str | None]]]]
-               ) -> list[dict[str, object]]:
+               ) -> list[records.OtherUser]:
     """Attach NVML memory to the container's holders; return GPU users outside it. `read`
     makes holders of the container's other NVML processes, those the walk saw and those it
     did not whose own cgroup is in the container's tree (membership is the process's own
@@ -160,8 +161,7 @@ def merge_nvml(view: HostView, procs: NvmlProcesses,
         h.gpu_memory_mib.update(by_pid[h.host_pid])
         h.add_source("nvml")
         view.holders[h.host_pid] = h
-    return [{"host_pid": pid, "name": name, "cgroup": cgroup,
-             "gpu_memory_mib": {int(k): v for k, v in by_pid[pid].items()}}
+    return [records.OtherUser(pid, name, cgroup, {int(k): v for k, v in by_pid[pid].items()})
             for pid, name, cgroup in named]
 
 

@@ -136,11 +136,21 @@ class Holder:
     sources: list[str] = field(default_factory=list)
     protected: str | None = None  # reason this one is never signalled
     outcome: Outcome | None = None
-    signals: list[str] = field(default_factory=list)
+    signals: list[Sent] = field(default_factory=list)
     wchan: str | None = None
     respawned_by: str | None = None
     round: int = 0
     unit: str | None = None  # systemd unit in its container (from the cgroup path; untrusted)
+    frozen: bool = False  # its cgroup was frozen when it was last seen (a survivor's)
+
+    @property
+    def shown_state(self) -> str:
+        """Its state as a report shows it: `D`, or `D (frozen)`."""
+        return f"{self.state} (frozen)" if self.frozen else self.state
+
+    def note(self, text: str) -> None:
+        """Record in its signal record why it was not signalled (or not given a grace)."""
+        self.signals.append(Sent(note=text))
 
     @property
     def identity(self) -> ProcIdentity:
@@ -150,15 +160,15 @@ class Holder:
         if source not in self.sources:
             self.sources.append(source)
 
-    def as_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
+    def as_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {
             "host_pid": self.host_pid,
             "ct_pid": self.ct_pid,
             "name": self.name,
             "exe": self.exe,
             "cmdline": list(self.argv),
             "user": self.user,
-            "state": self.state,
+            "state": self.shown_state,
             "ppid": self.ppid,
             "cgroup": self.cgroup,
             "unit": self.unit,
@@ -166,7 +176,7 @@ class Holder:
             "gpu_memory_mib": {int(k): v for k, v in sorted(self.gpu_memory_mib.items())},
             "sources": self.sources,
             "outcome": str(self.outcome) if self.outcome is not None else None,
-            "signals": self.signals,
+            "signals": [str(s) for s in self.signals],
         }
         if self.protected:
             d["protected"] = self.protected
@@ -236,6 +246,35 @@ class Sent:
         return f"{text} failed: {self.error}" if self.error is not None else text
 
 
+class NotProven(StrEnum):
+    """Why a holder was not signalled: it could not be proven the process that was found."""
+
+    EXITED = "exited"  # gone before it was signalled: nothing to signal
+    REUSED = "reused"  # its PID is another process's now
+    LEFT_TREE = "left tree"  # no longer in the container's cgroup tree
+    HOST_NAMESPACE = "host namespace"
+    INIT = "init"  # the container's PID 1
+    NO_DEVICE = "no device"  # no longer holds a GPU device
+    UNCHECKED = "unchecked"  # its identity could not be checked (a read failed or hung)
+    PIDFD = "pidfd"  # its pidfd could not be opened or signalled
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why one holder was not signalled, and the line its signal record shows for it."""
+
+    reason: NotProven
+    text: str
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.EXITED if self.reason is NotProven.EXITED else Outcome.SKIPPED
+
+    @property
+    def note(self) -> Sent:
+        return Sent(note=self.text)
+
+
 @dataclass
 class GpuMemory:
     index: int
@@ -268,6 +307,20 @@ class NvmlProcesses:
     faults: Mapping[int, GpuFault] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class OtherUser:
+    """A GPU user outside the container: named in the report, never signalled."""
+
+    host_pid: int
+    name: str | None
+    cgroup: str | None
+    gpu_memory_mib: dict[int, int | None]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"host_pid": self.host_pid, "name": self.name, "cgroup": self.cgroup,
+                "gpu_memory_mib": {int(k): v for k, v in self.gpu_memory_mib.items()}}
+
+
 @dataclass
 class Discovery:
     """The result of one discovery pass over one container."""
@@ -276,15 +329,15 @@ class Discovery:
     running: bool
     init_pid: int | None
     tree_pids: int
-    sources: dict[str, str]  # source -> "ok" or why it did not run
+    sources: dict[str, Source]  # source (host, nvml, probe, freeze) -> how far it got
     warnings: list[str] = field(default_factory=list)
-    other_holders: list[dict[str, Any]] = field(default_factory=list)
+    other_holders: list[OtherUser] = field(default_factory=list)
     # Why the run cannot vouch for the whole tree: PIDs whose /proc reads hung, a scan that
     # did not finish. Any entry rules out a `clean` verdict.
     problems: list[str] = field(default_factory=list)
     probe: Any = None  # the in-namespace probe, still running (merged when it arrives)
     scanned: bool = True  # False: the host scan did not finish; the holders are unknown
-    view: Any = None  # the HostView of the first scan (maps probe PIDs to host PIDs)
+    view: HostView | None = None  # the HostView of the first scan (maps probe PIDs to host PIDs)
 
 
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pveclean.core import metrics
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 from pveclean.host import journal
@@ -22,7 +21,7 @@ from pveclean.host.reportfiles import exclusive_temp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from pveclean.core.report import Report
 
 LOG_USER = 1
 PRI = {"info": 6, "warning": 4, "err": 3}
@@ -30,41 +29,41 @@ LOCK_WAIT = 2.0  # seconds to wait for the metrics lock: a hook never hangs on i
 MAX_METRICS = 4 << 20  # bytes of an existing textfile read back
 
 
-def survived(rep: dict[str, Any]) -> int:
-    return metrics.survived(rep)
+def survived(rep: Report) -> int:
+    return rep.survived()
 
 
-def log_line(rep: dict[str, Any], path: str | None) -> str:
-    s = rep.get("summary", {})
+def log_line(rep: Report, path: str | None) -> str:
+    s = rep.summary
     residual = survived(rep)
     return (
-        f"vmid={safe(rep['vmid'], 12)} phase={safe(rep['phase'], 20)} "
-        f"verdict={safe(rep['verdict'], 20)} "
-        f"holders={safe(s.get('holders', 0), 12)} stopped={safe(s.get('stopped', 0), 12)} "
-        f"residual={residual} freed_mib={safe(s.get('freed_mib', 0), 20)} "
-        f"duration_s={safe(rep.get('duration_s', 0), 20)} report={safe(path or '-', 300)}"
+        f"vmid={safe(rep.vmid, 12)} phase={safe(rep.phase, 20)} "
+        f"verdict={safe(rep.verdict, 20)} "
+        f"holders={safe(s.holders, 12)} stopped={safe(s.stopped, 12)} "
+        f"residual={residual} freed_mib={safe(s.freed_mib, 20)} "
+        f"duration_s={safe(rep.duration_s, 20)} report={safe(path or '-', 300)}"
     )
 
 
-def level(rep: dict[str, Any]) -> str:
-    verdict = rep.get("verdict")
+def level(rep: Report) -> str:
+    verdict = rep.verdict
     if verdict == Verdict.ERROR:
         return "err"
     return "info" if verdict in (Verdict.CLEAN, Verdict.NOTHING_TO_DO, Verdict.DRY_RUN) \
         else "warning"
 
 
-def fields(rep: dict[str, Any], path: str | None) -> dict[str, str]:
+def fields(rep: Report, path: str | None) -> dict[str, str]:
     """The journal fields a run is filtered on (journalctl PVECLEAN_VMID=129
     PVECLEAN_VERDICT=residual)."""
-    out = {"PVECLEAN_VMID": safe(rep["vmid"], 12), "PVECLEAN_PHASE": safe(rep["phase"], 20),
-           "PVECLEAN_VERDICT": safe(rep["verdict"], 20)}
+    out = {"PVECLEAN_VMID": safe(rep.vmid, 12), "PVECLEAN_PHASE": safe(rep.phase, 20),
+           "PVECLEAN_VERDICT": safe(str(rep.verdict), 20)}
     if path:
         out["PVECLEAN_REPORT"] = path
     return out
 
 
-def syslog(rep: dict[str, Any], path: str | None, socket_path: str = "/dev/log") -> bool:
+def syslog(rep: Report, path: str | None, socket_path: str = "/dev/log") -> bool:
     """Send one RFC 3164 line with identifier `pveclean` (journalctl -t pveclean) to a
     datagram socket, else to a stream socket (rsyslog's or syslog-ng's /dev/log may be
     either); False when neither took it."""
@@ -88,7 +87,7 @@ def syslog(rep: dict[str, Any], path: str | None, socket_path: str = "/dev/log")
     return False
 
 
-def log(rep: dict[str, Any], path: str | None, syslog_socket: str,
+def log(rep: Report, path: str | None, syslog_socket: str,
         journal_socket: str | None) -> str | None:
     """The run's line with its fields in the journal (native protocol), else in syslog;
     the reason when neither took it."""
@@ -171,15 +170,17 @@ def update_textfile(metrics_path: str, make: Callable[[str], str],
         os.close(fd)
 
 
-def write_metrics(rep: dict[str, Any], metrics_path: str, lock_wait: float = LOCK_WAIT,
+def write_metrics(rep: Report, metrics_path: str, lock_wait: float = LOCK_WAIT,
                   now: float | None = None) -> None:
     """This run's counters added, its container's last-run gauges for its phase replaced."""
+    from pveclean.core import metrics  # in the report's worker, not on every run's start-up
+
     when = time.time() if now is None else now
     update_textfile(metrics_path, lambda old: metrics.render(
         metrics.run_families(rep, when, metrics.parse(old))), lock_wait)
 
 
-def publish(rep: dict[str, Any], path: str | None, cfg_syslog: bool, syslog_socket: str,
+def publish(rep: Report, path: str | None, cfg_syslog: bool, syslog_socket: str,
             metrics_path: str | None, journal_socket: str | None = None) -> list[str]:
     """Best effort; returns what failed, for the caller to record in the report."""
     warnings = []

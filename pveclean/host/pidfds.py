@@ -21,6 +21,10 @@ from pveclean.core import records
 from pveclean.core.records import (
     GpuDevices,
     Holder,
+    NotProven,
+    Rejection,
+    Sent,
+    Sig,
 )
 from pveclean.core.verdicts import Outcome
 from pveclean.host import cgroupfs, devnodes, procfs, worker
@@ -53,13 +57,16 @@ class Target:
     exited_at: float | None = None
 
 
+EXITED = Rejection(NotProven.EXITED, "exited before it was signalled")
+
+
 def prove(holder: Holder, vmid: int, devices: GpuDevices, running: bool = True
           ) -> tuple[int | None, str]:
     """Open a pidfd for the holder if, and only if, it is still the same GPU holder."""
     try:
         fd = os.pidfd_open(holder.host_pid)
     except ProcessLookupError:
-        return None, "exited before it was signalled"
+        return None, EXITED.text
     except OSError as exc:
         return None, f"pidfd_open failed: {exc.strerror}"
     reason = _check_identity(holder, vmid, devices, running)
@@ -68,29 +75,30 @@ def prove(holder: Holder, vmid: int, devices: GpuDevices, running: bool = True
             signal.pidfd_send_signal(fd, 0)
             return fd, "proven"
         except ProcessLookupError:
-            reason = "exited before it was signalled"
+            reason = EXITED
         except OSError as exc:
-            reason = f"pidfd signal check failed: {exc.strerror}"
+            reason = Rejection(NotProven.PIDFD, f"pidfd signal check failed: {exc.strerror}")
     os.close(fd)
-    return None, reason
+    return None, reason.text
 
 
 def prove_all(
     holders: list[Holder],
-    check: Callable[[list[Holder]], list[str | None]],
-) -> tuple[list[Target], list[tuple[Holder, str]]]:
+    check: Callable[[list[Holder]], list[Rejection | None]],
+) -> tuple[list[Target], list[tuple[Holder, Rejection]]]:
     """prove() for many: every pidfd is opened first, then `check` (the identity checks, run
     in the worker because they read /proc) says for each holder why not, or None; then a null
     signal through each pidfd proves the process lived across its check."""
     opened: list[tuple[Holder, int]] = []
-    rejected: list[tuple[Holder, str]] = []
+    rejected: list[tuple[Holder, Rejection]] = []
     for h in holders:
         try:
             opened.append((h, os.pidfd_open(h.host_pid)))
         except ProcessLookupError:
-            rejected.append((h, "exited before it was signalled"))
+            rejected.append((h, EXITED))
         except OSError as exc:
-            rejected.append((h, f"pidfd_open failed: {exc.strerror}"))
+            rejected.append((h, Rejection(NotProven.PIDFD,
+                                          f"pidfd_open failed: {exc.strerror}")))
     reasons = check([h for h, _fd in opened]) if opened else []
     targets: list[Target] = []
     for (h, fd), reason in zip(opened, reasons, strict=True):
@@ -100,9 +108,10 @@ def prove_all(
                 targets.append(Target(h, fd))
                 continue
             except ProcessLookupError:
-                reason = "exited before it was signalled"
+                reason = EXITED
             except OSError as exc:
-                reason = f"pidfd signal check failed: {exc.strerror}"
+                reason = Rejection(NotProven.PIDFD,
+                                   f"pidfd signal check failed: {exc.strerror}")
         os.close(fd)
         rejected.append((h, reason))
     return targets, rejected
@@ -110,13 +119,14 @@ def prove_all(
 
 def check_identities(holders: list[Holder], vmid: int, devices: GpuDevices, running: bool,
                      skip: frozenset[int] = frozenset(), stall: float | None = None
-                     ) -> list[str | None]:
+                     ) -> list[Rejection | None]:
     """_check_identity for each (in the worker: each PID announced first, see worker.py); a
     PID in `skip` hung in an earlier read and is not looked at again."""
-    out: list[str | None] = []
+    out: list[Rejection | None] = []
     for h in holders:
         if h.host_pid in skip:
-            out.append("reading its /proc files hung; not signalled")
+            out.append(Rejection(NotProven.UNCHECKED,
+                                 "reading its /proc files hung; not signalled"))
             continue
         worker.note(("pid", h.host_pid), stall)
         out.append(_check_identity(h, vmid, devices, running))
@@ -134,22 +144,22 @@ def describe(pids: list[int]) -> dict[int, tuple[str | None, str | None, bool]]:
 
 
 def _check_identity(holder: Holder, vmid: int, devices: GpuDevices, running: bool
-                    ) -> str | None:
+                    ) -> Rejection | None:
     st = procfs.read_status(holder.host_pid)
     if st is None:
-        return "exited before it was signalled"
+        return EXITED
     if st.starttime != holder.starttime:
-        return "PID was reused by another process; not signalled"
+        return Rejection(NotProven.REUSED, "PID was reused by another process; not signalled")
     if not records.in_tree(cgroupfs.pid_cgroup(holder.host_pid), vmid):
-        return "left the container's cgroup tree; not signalled"
+        return Rejection(NotProven.LEFT_TREE, "left the container's cgroup tree; not signalled")
     if len(st.nspid) < 2:
-        return "in the host's PID namespace; not signalled"
+        return Rejection(NotProven.HOST_NAMESPACE, "in the host's PID namespace; not signalled")
     if running and st.nspid[1] == 1:
-        return "is the container's PID 1; not signalled"
+        return Rejection(NotProven.INIT, "is the container's PID 1; not signalled")
     if "host" in holder.sources or "probe" in holder.sources:
         holds = devnodes.still_holds(holder.host_pid, devices)  # or cannot be ruled out
         if not holds and "nvml" not in holder.sources:
-            return "no longer holds a GPU device; not signalled"
+            return Rejection(NotProven.NO_DEVICE, "no longer holds a GPU device; not signalled")
     return None
 
 
@@ -171,17 +181,17 @@ def wait_exits(targets: list[Target], until: float) -> None:
                 poller.unregister(fd)
 
 
-def _send(t: Target, sig: signal.Signals, t0: float) -> bool:
-    stamp = f"{sig.name} +{time.monotonic() - t0:.3f}s"
+def _send(t: Target, sig: Sig, t0: float) -> bool:
+    at = time.monotonic() - t0
     try:
-        signal.pidfd_send_signal(t.pidfd, sig)
+        signal.pidfd_send_signal(t.pidfd, signal.Signals[sig])
     except ProcessLookupError:
         t.exited_at = t.exited_at or time.monotonic()
         return False
     except OSError as exc:
-        t.holder.signals.append(f"{stamp} failed: {exc.strerror}")
+        t.holder.signals.append(Sent(sig, at, error=str(exc.strerror)))
         return False
-    t.holder.signals.append(stamp)
+    t.holder.signals.append(Sent(sig, at))
     return True
 
 
@@ -203,7 +213,7 @@ def stop(
     no SIGTERM and no grace (processes that multiply when asked to stop)."""
     hold = hold or (lambda _on: None)
     t0 = time.monotonic()
-    termed = [t for t in targets if _send(t, signal.SIGTERM, t0)] if term else []
+    termed = [t for t in targets if _send(t, Sig.TERM, t0)] if term else []
     if progress and termed:
         left = deadline_at - time.monotonic()
         progress(f"SIGTERM sent to {len(termed)}; waiting up to {min(grace, left):.1f} s for "
@@ -216,7 +226,7 @@ def stop(
         hold(True)
     rest = [t for t in targets if t.exited_at is None]
     for t in rest:
-        _send(t, signal.SIGKILL, t0)
+        _send(t, Sig.KILL, t0)
     hold(False)
     if rest:
         if progress:
@@ -233,9 +243,8 @@ def stop(
             state, wch, is_frozen = info.get(h.host_pid, (None, None, False))
             h.state = state or h.state
             h.wchan = wch
-            if is_frozen:
-                h.state += " (frozen)"
-        elif t.exited_at <= after_term and not any(s.startswith("SIGKILL") for s in h.signals):
+            h.frozen = h.frozen or is_frozen
+        elif t.exited_at <= after_term and not any(s.signal is Sig.KILL for s in h.signals):
             h.outcome = Outcome.TERMINATED
         else:
             h.outcome = Outcome.KILLED

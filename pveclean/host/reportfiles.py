@@ -14,11 +14,23 @@ from pveclean.core.bounds import UNSAVED_SHOWN
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
+
+    from pveclean.core.report import Report
+    from pveclean.core.reportread import ReportRow
 
 
 class ReportError(Exception):
-    pass
+    """A report that could not be written or read: `str()` is the whole line. Its one
+    argument is its message, so it pickles whole across the worker (as psutil's do)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def utc_stamp(t: float) -> str:
@@ -31,7 +43,7 @@ _SURROGATES = re.compile("[\ud800-\udfff]")  # os.fsdecode's stand-ins for undec
 _BREAKS = re.compile("[\r\x85\u2028\u2029]")  # line breaks besides \n
 
 
-def to_yaml(report: dict[str, Any], terminal: bool = False) -> str:
+def to_yaml(report: Mapping[str, object], terminal: bool = False) -> str:
     """The report as YAML in block layout (PyYAML's safe dumper, libyaml's where present);
     multi-line text as a literal block where it can be one verbatim. For a terminal
     everything but printable ASCII is escaped: bidi overrides and other format characters
@@ -97,14 +109,16 @@ def exclusive_temp(d: os.PathLike[str] | str, prefix: str, suffix: str,
     raise FileExistsError(f"no free temporary name in {d}")
 
 
-def write(report: dict[str, Any], report_dir: str, started: float | None = None) -> Path:
-    """Write atomically: temp file in the same dir, fsync, rename. Never overwrites.
-    `started`: the run's start (default: the report's `_started`), for the file's name."""
+def write_report(rep: Report, report_dir: str) -> Path:
+    """A run's report, named by its container, phase and start (report_name)."""
+    return write(rep.as_dict(), report_dir, report_name(rep.vmid, rep.phase, rep.started))
+
+
+def write(report: Mapping[str, object], report_dir: str, name: str) -> Path:
+    """Write atomically as `name` (or `name` with -1, -2... when that is taken): temp file in
+    the same dir, fsync, rename. Never overwrites."""
     d = ensure_dir(report_dir)
-    when = float(report["_started"]) if started is None else started
-    name = report_name(int(report["vmid"]), str(report["phase"]), when)
-    body = {k: v for k, v in report.items() if not k.startswith("_")}
-    text = to_yaml(body)
+    text = to_yaml(report)
     try:
         fd, tmp = exclusive_temp(d, ".tmp-", ".yaml")
     except OSError as exc:
@@ -134,26 +148,25 @@ SPARE_DIR = "/run/pveclean/unsaved"  # tmpfs: writable when the report dir is no
 SPARE_KEEP = 20  # per container
 
 
-def write_spare(report: dict[str, Any], keep: int = SPARE_KEEP,
+def write_spare(report: Report, keep: int = SPARE_KEEP,
                 spare_dir: str = SPARE_DIR) -> Path | None:
     """A report that could not be written to the report dir, written whole to SPARE_DIR
     (0600 in 0700, named as in the report dir; at most `keep` per container, the oldest
     go); None when even that failed. /run is a tmpfs on Proxmox: it cannot hang, and it is
     gone after a reboot (the syslog line names the file, the report is bounded in size)."""
     try:
-        path = write(report, spare_dir)
+        path = write_report(report, spare_dir)
     except ReportError:
         return None
-    prune(spare_dir, int(report["vmid"]), keep, max_age_days=365)
+    prune(spare_dir, report.vmid, keep, max_age_days=365)
     return path
 
 
-def unsaved_text(report: dict[str, Any], spare: Path | None, limit: int = UNSAVED_SHOWN
-                 ) -> str:
+def unsaved_text(report: Report, spare: Path | None, limit: int = UNSAVED_SHOWN) -> str:
     """An unsaved report for stderr (the task log, a terminal): its YAML with everything but
     printable ASCII escaped, cut at a line break within `limit` characters, and where the
     whole one is."""
-    text = to_yaml({k: v for k, v in report.items() if not k.startswith("_")}, terminal=True)
+    text = to_yaml(report.as_dict(), terminal=True)
     where = (f"the whole report is in {spare}" if spare is not None else
              "the whole report could not be kept anywhere; see the journal: journalctl -t "
              "pveclean")
@@ -178,7 +191,9 @@ def list_reports(report_dir: str, vmid: int | None = None) -> list[Path]:
     return [d / n for n in sorted(names, key=lambda n: (n.split("-")[-1], n))]
 
 
-def load(path: Path) -> dict[str, Any]:
+def load(path: Path) -> dict[str, object]:
+    """A report file's plain values, as YAML gives them (read as a report by
+    core/reportread.py); ReportError naming the file when it is no YAML mapping."""
     import yaml
 
     try:
@@ -193,6 +208,38 @@ def load(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ReportError(f"{path}: not a pveclean report")
     return data
+
+
+def load_report(path: Path) -> Report:
+    """A report file as a typed Report (core/reportread.py); ReportError naming the file
+    when it is unreadable or no container's report."""
+    from pveclean.core.reportread import UnreadableReport, from_dict
+
+    try:
+        return from_dict(load(path))
+    except UnreadableReport as exc:
+        raise ReportError(f"{path}: {exc}") from None
+
+
+def load_row(path: Path) -> ReportRow:
+    """A report file as `pveclean reports` lists it (any report: a VM's too)."""
+    from pveclean.core.reportread import row_of
+
+    return row_of(path.name, load(path))
+
+
+def latest(report_dir: str, vmid: int, phase: str, max_age: float, now: float
+           ) -> Path | None:
+    """The newest report of container `vmid` in `phase`, by its name (report_name), when it
+    was written within `max_age` s of `now`."""
+    for path in reversed(list_reports(report_dir, vmid)):
+        if not path.name.startswith(f"{vmid}-{phase}-"):
+            continue
+        try:
+            return path if now - path.stat().st_mtime <= max_age else None
+        except OSError:
+            return None
+    return None
 
 
 def prune(report_dir: str, vmid: int, keep: int, max_age_days: float) -> int:

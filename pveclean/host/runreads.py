@@ -18,8 +18,11 @@ from pveclean.core.records import (
     GpuMemory,
     Holder,
     HostView,
+    NotProven,
     NvmlProcesses,
+    Rejection,
     Scope,
+    Source,
 )
 from pveclean.host import pidfds, worker
 from pveclean.host.nvml import gpu_memory, gpu_processes, w_memory, w_processes
@@ -150,26 +153,27 @@ class Reads:
             return "did not finish"
 
     def identities(self, holders: list[Holder], scope: Scope, end: float
-                   ) -> list[str | None]:
+                   ) -> list[Rejection | None]:
         """pidfds.check_identities of `holders`: why each may not be signalled, or None; a
         PID whose reads hang is not signalled."""
         try:
-            out: list[str | None] = self.scan.call(
+            out: list[Rejection | None] = self.scan.call(
                 pidfds.check_identities, holders, scope.vmid, scope.devices, scope.running,
                 end=end, what="identity check")
             return out
         except Unread as unread:
             if not unread.hung:
                 self.problems.append(str(unread))
-                return [f"identity check failed ({unread.exc}); not signalled"] * len(holders)
+                return [Rejection(NotProven.UNCHECKED, f"identity check failed ({unread.exc}); "
+                                  "not signalled")] * len(holders)
             self.problems.append(f"identity check did not finish before the deadline: "
                                  f"{unread.doing}")
-            return ["identity check did not finish before the deadline; not signalled"
-                    ] * len(holders)
+            return [Rejection(NotProven.UNCHECKED, "identity check did not finish before the "
+                              "deadline; not signalled")] * len(holders)
 
     def host(self, scope: Scope, end: float, scan_end: float | None = None,
              hold: Callable[[], None] | None = None
-             ) -> tuple[HostView | None, list[dict[str, object]], str, list[Holder]]:
+             ) -> tuple[HostView | None, list[records.OtherUser], Source, list[Holder]]:
         """(host view with NVML merged, other GPU users, NVML status, holders NVML alone
         names). NVML's memory (kept in `before`) and process lists are read first, then
         `hold()` (the freezer) and the scan: the container is frozen while its tree is read,
@@ -203,7 +207,7 @@ class Reads:
         self.problems += self.gpus.note(self.before, procs.faults)
         if self.before is not None and procs.faults:
             self.before = with_faults(self.before, procs.faults)
-        return view, merge_nvml(view, procs, self._nvml_reader(scope, end)), "ok", []
+        return view, merge_nvml(view, procs, self._nvml_reader(scope, end)), status, []
 
     def _nvml_reader(self, scope: Scope, end: float
                      ) -> Callable[[list[tuple[records.ProcStatus, str]], list[int]], Answer]:

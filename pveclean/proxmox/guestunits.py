@@ -3,11 +3,11 @@ from the host through their cgroups, and the hints that name them in a report.""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pveclean.core.report import stopped_units
 from pveclean.core.text import safe
 from pveclean.core.units import shell_command, stop_command, unit_cgroup, unit_of, units_of
 from pveclean.core.verdicts import STOPPED, Outcome
@@ -16,8 +16,7 @@ from pveclean.proxmox.pct import PctMissing, run_pct
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
-
+    from pveclean.core.amendments import UnitStop, UnitStops
     from pveclean.core.config import Config
     from pveclean.core.records import Deadline, Discovery, Holder, Scope
     from pveclean.core.report import Report
@@ -56,66 +55,64 @@ def init_unit_of(init_pid: int | None) -> str | None:
 
 
 def stop_units(vmid: int, holders: list[Holder], init_pid: int | None, cgroup_root: Path,
-               pct_command: str, timeout: float, dry_run: bool = False) -> dict[str, Any]:
+               pct_command: str, timeout: float, dry_run: bool = False) -> UnitStops:
     """Stop the systemd units of the container's GPU holders with one
     `pct exec VMID -- systemctl stop -- UNIT...`, bounded by `timeout`, and say per unit
     what happened (judged from the host: is the unit's cgroup empty now?)."""
+    from pveclean.core.amendments import UnitStop, UnitStops  # --stop-units only
+
     init_unit = init_unit_of(init_pid)
     infos = units_of(holders, init_unit)
-    out: dict[str, Any] = {"units": [], "command": None, "note": None}
     if not holders:
-        out["note"] = f"CT {vmid} has no GPU holders: no unit to stop"
-        return out
+        return UnitStops(note=f"CT {vmid} has no GPU holders: no unit to stop")
     if not infos:
-        out["note"] = (f"no GPU holder of CT {vmid} runs in a systemd unit (no systemd in the "
-                       "container, or its holders run outside units): nothing to stop; "
-                       "cleaning up as usual")
-        return out
+        return UnitStops(note=f"no GPU holder of CT {vmid} runs in a systemd unit (no systemd "
+                              "in the container, or its holders run outside units): nothing to "
+                              "stop; cleaning up as usual")
     wanted = sorted(u for u, i in infos.items() if i.refused is None)
+    units: list[UnitStop] = []
     for unit in sorted(infos):
         i = infos[unit]
-        entry: dict[str, Any] = {"unit": unit, "holders": sorted(i.pids)}
+        entry = UnitStop(unit, sorted(i.pids))
         if i.refused:
-            entry.update(action="not stopped", detail=i.refused)
+            entry = dataclasses.replace(entry, action="not stopped", detail=i.refused)
         elif dry_run:
-            entry.update(action="would stop", detail="dry run")
-        out["units"].append(entry)
+            entry = dataclasses.replace(entry, action="would stop", detail="dry run")
+        units.append(entry)
+    command = shell_command(vmid, wanted) if wanted else None
     if not wanted or dry_run:
-        if wanted:
-            out["command"] = shell_command(vmid, wanted)
-        return out
-    out["command"] = shell_command(vmid, wanted)
-
+        return UnitStops(units, command)
     try:
         res = run_pct(pct_command, stop_command(vmid, wanted), timeout)
         rc, err = res.returncode, (res.stderr.strip().splitlines() or [""])[-1]
     except PctMissing as exc:
         rc, err = -1, str(exc)
-    out["exit"] = rc
-    for entry in out["units"]:
-        if entry.get("action"):
-            continue
-        left = processes_in(cgroup_root, infos[entry["unit"]].cgroup)
-        entry["processes_left"] = left
-        if rc is None:
-            entry.update(action="timed out",
-                         detail=f"systemctl stop did not finish within {timeout:.1f} s")
-        elif left == 0:
-            entry.update(action="stopped", detail="its cgroup is empty")
-        elif rc == 0 and left is None:
-            entry.update(action="unverified", detail="systemctl stop succeeded; its cgroup "
-                                                     "could not be read")
-        elif rc == 0:
-            entry.update(action="incomplete", detail=f"{left} process(es) left in its cgroup")
-        else:
-            entry.update(action="failed",
-                         detail=f"systemctl stop failed in CT {vmid} (exit {rc}): "
-                                f"{safe(err, 160)}; cleaning up as usual")
-    if rc not in (0, None) and all(e.get("action") == "failed" for e in out["units"]
-                                   if e["unit"] in wanted):
-        out["note"] = (f"systemctl stop failed in CT {vmid} (exit {rc}: {safe(err, 160)}); "
-                       "no systemd there? cleaning up as usual")
-    return out
+    units = [u if u.action else _judged(u, processes_in(cgroup_root, infos[u.unit].cgroup),
+                                         rc, err, vmid, timeout) for u in units]
+    note = None
+    if rc not in (0, None) and all(u.action == "failed" for u in units if u.unit in wanted):
+        note = (f"systemctl stop failed in CT {vmid} (exit {rc}: {safe(err, 160)}); "
+                "no systemd there? cleaning up as usual")
+    return UnitStops(units, command, note, ran=True, exit=rc)
+
+
+def _judged(u: UnitStop, left: int | None, rc: int | None, err: str, vmid: int,
+            timeout: float) -> UnitStop:
+    """One unit after `systemctl stop` (exit `rc`, None: timed out), `left` processes in
+    its cgroup (None: not known)."""
+    if rc is None:
+        action, detail = "timed out", f"systemctl stop did not finish within {timeout:.1f} s"
+    elif left == 0:
+        action, detail = "stopped", "its cgroup is empty"
+    elif rc == 0 and left is None:
+        action, detail = "unverified", "systemctl stop succeeded; its cgroup could not be read"
+    elif rc == 0:
+        action, detail = "incomplete", f"{left} process(es) left in its cgroup"
+    else:
+        action, detail = "failed", (f"systemctl stop failed in CT {vmid} (exit {rc}): "
+                                    f"{safe(err, 160)}; cleaning up as usual")
+    return dataclasses.replace(u, action=action, detail=detail, processes_left=left,
+                               looked=True)
 
 
 def hints(vmid: int, holders: list[Holder], cgroup_root: Path, dry_run: bool,
@@ -152,12 +149,14 @@ def hints(vmid: int, holders: list[Holder], cgroup_root: Path, dry_run: bool,
 
 
 def before_stop(vmid: int, cfg: Config, scope: Scope, disc: Discovery, deadline: Deadline,
-                dry_run: bool, progress: Callable[[str], None] | None) -> dict[str, Any]:
+                dry_run: bool, progress: Callable[[str], None] | None) -> UnitStops:
     """`pveclean ct --stop-units`: stop the discovered holders' units before any signal,
     within half of what is left of the run (at most STOP_MAX_SECONDS)."""
+    from pveclean.core.amendments import UnitStops
+
     if not scope.running:
-        return {"units": [], "command": None,
-                "note": f"CT {vmid} is not running: no systemd to ask; cleaning up as usual"}
+        return UnitStops(note=f"CT {vmid} is not running: no systemd to ask; cleaning up as "
+                              "usual")
     timeout = max(min(deadline.remaining() / 2, STOP_MAX_SECONDS), 0.5)
     if progress and not dry_run and any(h.unit for h in disc.holders):
         progress(f"stopping the holders' systemd units in CT {vmid} (at most {timeout:.0f} s)")
@@ -165,9 +164,9 @@ def before_stop(vmid: int, cfg: Config, scope: Scope, disc: Discovery, deadline:
                       cfg.pct_command, timeout, dry_run)
 
 
-def annotate(rep: Report, scope: Scope, unit_stops: dict[str, Any] | None) -> Report:
+def annotate(rep: Report, scope: Scope, unit_stops: UnitStops | None) -> Report:
     """The report with what --stop-units did, and hints naming the units still at work."""
-    stopped = stopped_units(unit_stops) if unit_stops is not None else set()
+    stopped = unit_stops.stopped() if unit_stops is not None else set()
     found = hints(rep.vmid, rep.holders, scope.cgroup_dir.parent.parent, rep.dry_run, stopped,
                   manual=rep.phase == "manual")
     return rep.with_units(unit_stops, found)

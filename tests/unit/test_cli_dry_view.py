@@ -4,47 +4,49 @@ left alone and why; 80 columns unless the terminal is wider; one number format."
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from pveclean.commands.dryview import render_dry_run
 from pveclean.commands.gpuview import render_gpus
+from pveclean.core.records import Holder, OtherUser
+from pveclean.core.report import Report
+from pveclean.core.reportparts import GpuRow, Settings
 from pveclean.core.text import width
+from tests.reportkit import holder, report, summary
 
 MODEL = "/models/" + "meta-llama/Llama-3.1-70B-Instruct-with-a-very-long-name" * 2
 DEVICES = [f"/dev/nvidia{i} (195:{i})" for i in range(4)] + ["/dev/nvidiactl (195:255)",
                                                               "/dev/nvidia-uvm (508:0)"]
 
 
-def _holder(pid: int, argv: list[str], mib: dict[int, int | None], **kw: Any) -> dict[str, Any]:
-    return {"host_pid": pid, "ct_pid": pid - 4000, "name": "python3", "cmdline": argv,
-            "unit": "vllm.service", "devices": DEVICES, "gpu_memory_mib": mib,
-            "outcome": "would-stop", "signals": [], **kw}
+def _holder(pid: int, argv: list[str], mib: dict[int, int | None], **kw: Any) -> Holder:
+    return holder(pid, kw.pop("outcome", "would-stop"), ct_pid=pid - 4000, name="python3",
+                  argv=tuple(argv), unit=kw.pop("unit", "vllm.service"), devices=DEVICES,
+                  gpu_memory_mib=mib, **kw)
 
 
-def seeds_report() -> dict[str, Any]:
+def seeds_report() -> Report:
     """CT 129 as the seeds have it: four tensor-parallel ranks, a vLLM server, NCCL's helper,
     its init; CT 130's worker and the host's nvidia-persistenced use the GPUs too."""
     ranks = [_holder(4100 + r, ["python3", "-m", "torch.distributed.run", f"--rank={r}",
                                 "--model", MODEL], {r: 6000}) for r in range(4)]
-    return {
-        "vmid": 129, "phase": "manual", "verdict": "dry-run", "duration_s": 0.1,
-        "summary": {"holders": 7, "stopped": 0},
-        "holders": [*ranks,
+    return report(
+        129, "dry-run", duration_s=0.1, summary=summary(holders=7),
+        holders=[*ranks,
                     _holder(4200, ["vllm", "serve", "it's \x1b[31mred\x1b[0m"], {0: 2048}),
                     _holder(4201, ["nccl-helper"], {1: None, 2: 300}, unit=None),
                     _holder(4001, ["/sbin/init"], {}, protected="the container's init "
                                                                 "(PID 1)", outcome="protected")],
-        "other_gpu_users": [
-            {"host_pid": 5100, "name": "python3", "cgroup": "/lxc/130/ns/user.slice",
-             "gpu_memory_mib": {3: 1500}},
-            {"host_pid": 900, "name": "nvidia-persiste",
-             "cgroup": "/system.slice/nvidia-persistenced.service", "gpu_memory_mib": {0: 0}}],
-        "gpus": [{"index": i, "name": "NVIDIA H100 80GB HBM3", "used_before_mib": 7000,
-                  "used_after_mib": 7000, "total_mib": 81559} for i in range(4)],
-        "settings": {"grace_seconds": 10}, "warnings": [], "errors": [],
-    }
+        other_gpu_users=[
+            OtherUser(5100, "python3", "/lxc/130/ns/user.slice", {3: 1500}),
+            OtherUser(900, "nvidia-persiste", "/system.slice/nvidia-persistenced.service",
+                      {0: 0})],
+        gpus=[GpuRow(i, None, "", "NVIDIA H100 80GB HBM3", 81559, None, 7000, 7000, None)
+              for i in range(4)],
+        settings=Settings(10, 60, None))
 
 
 def test_the_dry_run_shows_what_an_admin_decides_on() -> None:
@@ -79,7 +81,7 @@ def test_wider_only_when_the_terminal_is_wider() -> None:
 
 
 def test_nothing_to_stop() -> None:
-    rep = {**seeds_report(), "holders": [], "other_gpu_users": []}
+    rep = dataclasses.replace(seeds_report(), holders=[], other_gpu_users=[])
     text = render_dry_run(rep)
     assert "would stop nothing" in text and "would free" not in text
 

@@ -10,6 +10,7 @@ import pytest
 from pveclean.commands import hook
 from pveclean.core.report import RunResult
 from pveclean.core.verdicts import Outcome
+from tests.reportkit import report
 from tests.unit.test_core_bounds_caps import holder, make_report
 
 TASK_LOG = 64 << 10
@@ -38,7 +39,9 @@ def test_ct_says_how_many_holders_are_not_listed_in_one_safe_line() -> None:
     hs = [holder(1000 + i) for i in range(300)]
     for h in hs[:5]:
         h.name = "\x1b[2Jevil"
-    line = not_listed_line(bounds.not_listed(hs) or {})
+    more = bounds.not_listed(hs)
+    assert more is not None
+    line = not_listed_line(more)
     assert line.startswith("... and 300 more holder(s) not listed (killed 300): host PIDs "
                            "1000-1299; names ")
     assert "\x1b" not in line and "\\x1b[2Jevil (5)" in line
@@ -48,7 +51,7 @@ def test_syslog_and_metrics_count_every_survivor_listed_or_not() -> None:
     from pveclean.host import notify
 
     hs = [holder(1000 + i, Outcome.SURVIVED) for i in range(300)]
-    d = make_report(hs).bounded().as_dict()
-    assert len(d["holders"]) < 300
-    assert " residual=300 " in notify.log_line(d, None)
-    assert notify.survived({"holders": [{"outcome": "survived"}]}) == 1
+    b = make_report(hs).bounded()
+    assert len(b.holders) < 300
+    assert " residual=300 " in notify.log_line(b, None)
+    assert notify.survived(report(holders=[holder(1, Outcome.SURVIVED)])) == 1

@@ -6,16 +6,16 @@ from __future__ import annotations
 from pveclean.commands import gpuview
 from pveclean.commands.render import holders_table
 from pveclean.commands.table import table
+from pveclean.core.records import Sent, Sig
 from pveclean.core.text import width
+from tests.reportkit import holder, report
 
 
 def test_table_alignment_counts_displayed_width() -> None:
-    rep = {"holders": [
-        {"host_pid": 1, "ct_pid": 2, "name": "日本語", "devices": ["/dev/nvidia0 (195:0)"],
-         "outcome": "killed", "signals": []},
-        {"host_pid": 3, "ct_pid": 4, "name": "a\x1bb", "devices": ["/dev/nvidia1 (195:1)"],
-         "outcome": "killed", "signals": []},
-    ]}
+    rep = report(holders=[
+        holder(1, "killed", ct_pid=2, name="日本語", devices=["/dev/nvidia0 (195:0)"]),
+        holder(3, "killed", ct_pid=4, name="a\x1bb", devices=["/dev/nvidia1 (195:1)"]),
+    ])
     lines = holders_table(rep)
     # each row's DEVICES value is one character ("0", "1"): where it starts
     cols = [width(ln[: ln.index(" killed")].rstrip()[:-1]) for ln in lines[1:]]
@@ -23,11 +23,11 @@ def test_table_alignment_counts_displayed_width() -> None:
 
 
 def test_the_table_names_nvidia_nodes_short_and_other_paths_whole() -> None:
-    h = {"host_pid": 7, "ct_pid": 8, "name": "python3", "outcome": "killed",
-         "devices": ["/dev/nvidia0 (195:0)", "/dev/nvidiactl (195:255)",
-                     "/dev/nvidia-uvm (511:0)", "/opt/g (mmap 195:1)"],
-         "signals": ["SIGTERM at 0.00 s", "SIGKILL at 2.00 s", "null signal"]}
-    _head, row = holders_table({"holders": [h]})
+    h = holder(7, "killed", ct_pid=8, name="python3",
+               devices=["/dev/nvidia0 (195:0)", "/dev/nvidiactl (195:255)",
+                        "/dev/nvidia-uvm (511:0)", "/opt/g (mmap 195:1)"],
+               signals=[Sent(Sig.TERM, 0.0), Sent(Sig.KILL, 2.0), Sent(note="null signal")])
+    _head, row = holders_table(report(holders=[h]))
     assert row.split()[-3:] == ["0,ctl,uvm,/opt/g", "killed", "TERM,KILL"], row
     assert len(row) <= 80
 

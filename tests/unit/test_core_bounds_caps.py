@@ -10,8 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pveclean.core import bounds, report
+from pveclean.core.amendments import Leak, UnitStop, UnitStops
 from pveclean.core.config import Config
-from pveclean.core.records import Discovery, Holder
+from pveclean.core.records import Discovery, Holder, OtherUser, Sent, Source, SourceState
+from pveclean.core.reportread import gpus_used
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.host.reportfiles import to_yaml
 
@@ -28,7 +30,7 @@ def holder(pid: int, outcome: Outcome = Outcome.KILLED, paths: int = 64, text: s
 
 
 def make_report(holders: list[Holder], **extra: object) -> report.Report:
-    disc = Discovery(holders, True, 1, len(holders), {"host": "ok"})
+    disc = Discovery(holders, True, 1, len(holders), {"host": Source(SourceState.OK)})
     found = report.Findings(Verdict.CLEAN, holders, disc, None, None, 1, [])
     rep = report.build_report(report.Stamp("t", "h", 0.0, 1.0), 129, "manual", False, found,
                               [], Config())
@@ -50,8 +52,8 @@ def test_four_hundred_holders_of_64_long_paths_stay_under_a_megabyte_and_are_cou
     assert took < 2.0  # bounding, redaction and the dump: about 0.1 s here
     assert len(b.holders) == bounds.HOLDERS
     more = b.holders_not_listed
-    assert more is not None and more["count"] == 300 and more["outcomes"] == {"killed": 300}
-    assert more["host_pids"] == "1100-1399"
+    assert more is not None and more.count == 300 and more.outcomes == {"killed": 300}
+    assert more.host_pids == "1100-1399"
     assert b.summary.holders == 400 and b.summary.outcomes == {"killed": 400}
     for h in b.holders:  # each device kept (195:0 and 195:1), then up to the cap, then a count
         assert len(h.devices) == bounds.DEVICES + 1
@@ -70,8 +72,8 @@ def test_the_holders_left_behind_are_listed_first_and_the_order_is_kept() -> Non
     pids = [h.host_pid for h in b.holders]
     assert {1250, 1260, 1270, 1280} <= set(pids) and pids == sorted(pids)
     assert b.remaining_count() == 2 and len(b.remaining()) == 2
-    assert report.gpus_used(b.as_dict()) == {0}
-    assert report.gpus_used(make_report([holder(1, mib=5)] * 1).as_dict()) == {0}
+    assert gpus_used(b) == {0}
+    assert gpus_used(make_report([holder(1, mib=5)] * 1)) == {0}
 
 
 def test_unlisted_memory_still_names_the_gpus_a_post_stop_checks() -> None:
@@ -81,8 +83,8 @@ def test_unlisted_memory_still_names_the_gpus_a_post_stop_checks() -> None:
     b = make_report(hs).bounded()
     assert 2000 not in [h.host_pid for h in b.holders]
     assert b.holders_not_listed is not None
-    assert b.holders_not_listed["gpu_memory_mib"] == {0: 500, 1: 77}
-    assert report.gpus_used(b.as_dict()) == {0, 1}
+    assert b.holders_not_listed.gpu_memory_mib == {0: 500, 1: 77}
+    assert gpus_used(b) == {0, 1}
 
 
 def test_bounding_twice_changes_nothing() -> None:
@@ -95,18 +97,19 @@ def test_worst_case_text_everywhere_stays_under_a_megabyte() -> None:
     nasty = "\x01\n\u202e\U000e0001\"\\'é" * 10_000
     hs = [Holder(host_pid=i, starttime=1, ct_pid=i, name=nasty, exe=nasty, argv=(nasty, nasty),
                  uid=0, user=nasty, state="S", ppid=1, cgroup=nasty, unit=nasty,
-                 devices=[nasty] * 200, signals=[nasty] * 200, protected=nasty,
+                 devices=[nasty] * 200, signals=[Sent(note=nasty)] * 200, protected=nasty,
                  wchan=nasty, respawned_by=nasty, outcome=Outcome.SURVIVED)
           for i in range(1, 300)]
     rep = make_report(hs, warnings=[nasty] * 100, errors=[nasty] * 100, hints=[nasty] * 100,
-                      other_gpu_users=[{"name": nasty}] * 1000,
-                      removed_cgroups=[nasty] * 1000, leaks=[{"hint": nasty}] * 100,
-                      unit_stops={"units": [{"unit": nasty, "action": "stopped"}] * 1000})
+                      other_gpu_users=[OtherUser(0, nasty, None, {})] * 1000,
+                      removed_cgroups=[nasty] * 1000, leaks=[Leak(0, "", 0, nasty)] * 100,
+                      unit_stops=UnitStops([UnitStop(nasty, [], "stopped")] * 1000))
     b = rep.bounded()
     for terminal in (False, True):
         assert yaml_bytes(b, terminal) <= bounds.MAX_REPORT_BYTES
     assert b.warnings[-1].endswith("more not listed")
-    assert report.stopped_units(b.unit_stops or {}) == {bounds.cut(nasty)}
+    assert b.unit_stops is not None and b.unit_stops.stopped() == {bounds.cut(nasty)}
+    assert b.more_other_gpu_users and b.more_leaks and b.unit_stops.units_more
 
 
 def test_cap_devices_keeps_each_device_and_is_idempotent() -> None:

@@ -16,6 +16,7 @@ from pveclean.core.records import (
     NvmlProcesses,
     ProcStatus,
     Scope,
+    SourceState,
     in_tree,
 )
 from pveclean.proxmox.probe import ProbeResult
@@ -93,8 +94,9 @@ def test_nvml_memory_goes_to_the_holders_and_outsiders_are_named() -> None:
     assert v.holders[1001].sources == ["host", "nvml"]
     assert v.holders[1003].gpu_memory_mib == {1: None} and v.holders[1003].sources == [
         "host", "nvml"]
-    assert others == [{"host_pid": 77, "name": "Xorg", "cgroup": "/system.slice/x.service",
-                       "gpu_memory_mib": {0: 300}}]
+    assert [o.as_dict() for o in others] == [
+        {"host_pid": 77, "name": "Xorg", "cgroup": "/system.slice/x.service",
+         "gpu_memory_mib": {0: 300}}]
 
 
 def test_nvml_asks_no_reads_when_every_process_is_a_known_holder() -> None:
@@ -174,11 +176,16 @@ def test_only_gpus_keeps_the_scope_s_gpus_and_their_faults() -> None:
 def test_nvml_source_says_why_nvml_has_no_answer() -> None:
     from pveclean.core.discovery import nvml_source
 
-    assert nvml_source(True, True, "an earlier error", "failed") == "ok"
-    assert nvml_source(False, False, "disabled", None) == "disabled"
-    assert nvml_source(False, True, "NVML init failed: x", None) == (
+    def said(answered: bool, on: bool, error: str | None, failed: str | None) -> str:
+        return str(nvml_source(answered, on, error, failed))  # as the report shows it
+
+    assert nvml_source(True, True, "an earlier error", "failed").ok
+    assert said(True, True, "an earlier error", "failed") == "ok"
+    assert said(False, False, "disabled", None) == "disabled"
+    assert said(False, True, "NVML init failed: x", None) == (
         "unavailable: NVML init failed: x")
-    assert nvml_source(False, True, "NVML init failed: x", "failed") == (
+    assert said(False, True, "NVML init failed: x", "failed") == (
         "unavailable: NVML init failed: x")
-    assert nvml_source(False, True, None, "did not finish") == (
+    assert said(False, True, None, "did not finish") == (
         "not asked: the host scan did not finish")
+    assert nvml_source(False, True, None, "did not finish").state is SourceState.NOT_RUN

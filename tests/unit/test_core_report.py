@@ -15,8 +15,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pveclean.core import config, gpumap
+from pveclean.core.amendments import Leak, PreStopBrief, UnitStop, UnitStops
 from pveclean.core.config import Config
-from pveclean.core.records import Discovery, GpuMemory, Holder, NvmlProcesses
+from pveclean.core.records import (
+    Discovery,
+    GpuMemory,
+    Holder,
+    NvmlProcesses,
+    Source,
+    SourceState,
+)
 from pveclean.core.report import (
     LEAK_SLACK_MIB,
     MAX_VALUE,
@@ -27,17 +35,18 @@ from pveclean.core.report import (
     build_report,
     busy_report,
     find_leaks,
-    gpus_used,
     iso,
     memory_table,
 )
+from pveclean.core.reportread import from_dict, gpus_used
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.host import reportfiles
 
+OK = Source(SourceState.OK)
 STAMP = Stamp("9.9.9", "node1", 1_780_000_000.25, 1.234)
 TOP = ["pveclean", "vmid", "phase", "host", "start", "duration_s", "dry_run", "verdict",
        "summary", "container", "holders", "gpus", "other_gpu_users", "sources", "settings",
-       "warnings", "errors", "_started"]
+       "warnings", "errors"]
 
 
 def holder(pid: int, outcome: Outcome | None = None, **kw: Any) -> Holder:
@@ -50,7 +59,7 @@ def holder(pid: int, outcome: Outcome | None = None, **kw: Any) -> Holder:
 
 def discovery(**kw: Any) -> Discovery:
     base: dict[str, Any] = dict(holders=[], running=True, init_pid=4242, tree_pids=7,
-                                sources={"host": "ok", "nvml": "ok", "probe": "ok"})
+                                sources={k: OK for k in ("host", "nvml", "probe")})
     base.update(kw)
     return Discovery(**base)
 
@@ -103,9 +112,11 @@ def test_summary_counts_outcomes_and_stopped_and_freed() -> None:
 
 
 def test_values_come_from_the_stamp_the_discovery_and_the_config() -> None:
-    d = full_report().as_dict()
-    assert (d["pveclean"], d["host"], d["duration_s"], d["_started"]) == \
+    rep = full_report()
+    d = rep.as_dict()
+    assert (d["pveclean"], d["host"], d["duration_s"], rep.started) == \
         ("9.9.9", "node1", 1.234, 1_780_000_000.25)
+    assert "_started" not in d  # the file's name takes it from the typed report
     assert d["start"] == "2026-05-28T20:26:40.250+00:00"
     assert d["container"] == {"running": True, "init_pid": 4242, "processes_in_cgroup_tree": 7,
                               "gpu_config": ["dev0: /dev/nvidia0"]}
@@ -116,13 +127,15 @@ def test_values_come_from_the_stamp_the_discovery_and_the_config() -> None:
 
 
 def test_warnings_say_nvml_was_not_used_and_who_respawned() -> None:
-    disc = discovery(sources={"host": "ok", "nvml": "failed: no library"},
+    disc = discovery(sources={"host": OK,
+                              "nvml": Source(SourceState.FAILED, "failed: no library")},
                      warnings=["probe found PID 5"])
     w = full_report(disc=disc).warnings
     assert w == ["probe found PID 5",
                  "NVML not used (failed: no library); verified by rescanning only",
                  "holders were respawned by: systemd (host PID 9)"]
-    quiet = discovery(sources={"host": "ok", "nvml": "not needed: container stopped"})
+    quiet = discovery(sources={"host": OK, "nvml": Source(SourceState.NOT_RUN,
+                                                          "not needed: container stopped")})
     assert full_report(disc=quiet, holders=[]).warnings == []
 
 
@@ -134,10 +147,14 @@ def test_optional_summary_keys_appear_only_when_they_say_something() -> None:
 
 
 def test_units_add_unit_stops_hints_and_units_stopped_at_the_end() -> None:
-    stops = {"units": [{"unit": "a.service", "action": "stopped"},
-                       {"unit": "b.service", "action": "failed"}], "command": "x", "note": None}
+    stops = UnitStops([UnitStop("a.service", [], "stopped"), UnitStop("b.service", [], "failed")],
+                      "x")
     d = full_report().with_units(stops, ["b.service in CT 129 ..."]).as_dict()
-    assert list(d)[-3:] == ["_started", "unit_stops", "hints"]
+    assert list(d)[-3:] == ["errors", "unit_stops", "hints"]
+    assert d["unit_stops"] == {"units": [
+        {"unit": "a.service", "holders": [], "action": "stopped", "detail": None},
+        {"unit": "b.service", "holders": [], "action": "failed", "detail": None}],
+        "command": "x", "note": None}
     assert d["summary"]["units_stopped"] == ["a.service"]
     assert list(d["summary"])[-1] == "units_stopped"
     plain = full_report().with_units(None, []).as_dict()
@@ -158,7 +175,7 @@ def test_a_busy_report_says_less() -> None:
     d = rep.as_dict()
     assert list(d) == ["pveclean", "vmid", "phase", "host", "start", "duration_s", "dry_run",
                        "verdict", "summary", "container", "holders", "gpus", "warnings",
-                       "errors", "_started"]
+                       "errors"]
     assert d["verdict"] == "busy" and rep.busy
     assert d["summary"] == {"holders": 0, "stopped": 0, "outcomes": {}, "freed_mib": 0,
                             "rounds": 0}
@@ -170,16 +187,16 @@ def test_a_busy_report_says_less() -> None:
 
 
 def test_post_stop_leaks_flip_clean_and_empty_to_leaked_only() -> None:
-    leak = [{"index": 0, "uuid": "GPU-a", "unaccounted_mib": 900, "hint": "reset"}]
-    pre = {"start": "2026-05-28T20:00:00.000+00:00", "verdict": "clean",
-           "summary": {"freed_mib": 1200}, "holders": []}
+    leak = [Leak(0, "GPU-a", 900, "reset")]
+    pre = PreStopBrief("2026-05-28T20:00:00.000+00:00", "clean", 1200)
     for verdict, want in [(Verdict.CLEAN, Verdict.LEAKED), (Verdict.NOTHING_TO_DO,
                           Verdict.LEAKED), (Verdict.RESIDUAL, Verdict.RESIDUAL)]:
         rep = full_report(verdict).with_leaks(leak, pre)
         assert rep.verdict == want
     d = full_report().with_leaks(leak, pre).as_dict()
-    assert list(d)[-3:] == ["_started", "leaks", "pre_stop_report"]
-    assert d["pre_stop_report"] == {"start": pre["start"], "verdict": "clean",
+    assert list(d)[-3:] == ["errors", "leaks", "pre_stop_report"]
+    assert d["leaks"] == [{"index": 0, "uuid": "GPU-a", "unaccounted_mib": 900, "hint": "reset"}]
+    assert d["pre_stop_report"] == {"start": pre.start, "verdict": "clean",
                                     "freed_mib": 1200}
     none = full_report(Verdict.NOTHING_TO_DO).with_leaks([], None).as_dict()
     assert none["verdict"] == "nothing-to-do" and none["leaks"] == []
@@ -189,7 +206,7 @@ def test_post_stop_leaks_flip_clean_and_empty_to_leaked_only() -> None:
 def test_the_amendments_make_new_reports_and_leave_the_old_one_alone() -> None:
     rep = full_report()
     before = rep.as_dict()
-    rep.with_warning("w").with_error("e").with_leaks([{"index": 1}], None)
+    rep.with_warning("w").with_error("e").with_leaks([Leak(1, "", 0, "")], None)
     rep.with_removed_cgroups(["/lxc/129/ns"]).ran_by("x").with_units(None, ["h"])
     assert rep.as_dict() == before
     assert rep.with_warning("w").warnings[-1] == "w" and rep.with_error("e").errors == ["e"]
@@ -197,7 +214,7 @@ def test_the_amendments_make_new_reports_and_leave_the_old_one_alone() -> None:
 
 def test_removed_cgroups_only_when_some_were_removed() -> None:
     d = full_report(Verdict.NOTHING_TO_DO).with_removed_cgroups(["/lxc/129/ns/a"]).as_dict()
-    assert list(d)[-2:] == ["_started", "removed_cgroups"]
+    assert list(d)[-2:] == ["errors", "removed_cgroups"]
     assert "removed_cgroups" not in full_report().with_removed_cgroups([]).as_dict()
 
 
@@ -236,8 +253,8 @@ def test_start_is_utc_to_the_millisecond() -> None:
 def test_memory_table_pairs_before_and_after_by_index() -> None:
     gone = GpuMemory(1, "GPU-b", "H100", 81559, 500, 600, minor=1)
     rows = memory_table([GPU0, gone], [GPU0_AFTER])
-    assert [r["freed_mib"] for r in rows] == [500, None]
-    assert rows[1]["used_after_mib"] is None and rows[0]["used_before_mib"] == 1200
+    assert [r.freed_mib for r in rows] == [500, None]
+    assert rows[1].used_after_mib is None and rows[0].used_before_mib == 1200
     assert memory_table(None, [GPU0]) == []
 
 
@@ -252,15 +269,15 @@ def test_find_leaks_counts_only_memory_no_process_holds_beyond_the_slack() -> No
     at_slack = gpu(0, 1000 + LEAK_SLACK_MIB)
     over = gpu(1, 50 + LEAK_SLACK_MIB + 1)
     leaks = find_leaks([at_slack, over], procs, set(), set())
-    assert [(x["index"], x["unaccounted_mib"]) for x in leaks] == [(1, LEAK_SLACK_MIB + 1)]
-    assert leaks[0]["hint"].endswith("nvidia-smi -r -i 1")
+    assert [(x.index, x.unaccounted_mib) for x in leaks] == [(1, LEAK_SLACK_MIB + 1)]
+    assert leaks[0].hint.endswith("nvidia-smi -r -i 1")
 
 
 def test_find_leaks_looks_only_at_the_containers_gpus() -> None:
     gs = [gpu(0, 5000), gpu(1, 5000), gpu(2, 5000, minor=None)]
     gs[2] = GpuMemory(2, "GPU-2", "H100", 81559, 500, 5000, minor=None)
-    assert [x["index"] for x in find_leaks(gs, NvmlProcesses(), {1}, set())] == [1, 2]
-    assert [x["index"] for x in find_leaks(gs, NvmlProcesses(), set(), {0, 2})] == [0, 2]
+    assert [x.index for x in find_leaks(gs, NvmlProcesses(), {1}, set())] == [1, 2]
+    assert [x.index for x in find_leaks(gs, NvmlProcesses(), set(), {0, 2})] == [0, 2]
     assert find_leaks([gpu(0, 5000, reserved=None)], NvmlProcesses(), set(), set()) == []
 
 
@@ -269,15 +286,23 @@ def test_gpumap_and_the_post_stop_share_one_slack() -> None:
 
 
 def test_gpus_used_reads_a_pre_stop_reports_holders() -> None:
-    pre = {"holders": [{"gpu_memory_mib": {0: 100, "3": None}}, {"gpu_memory_mib": None}, {}]}
+    head = {"vmid": 129, "phase": "pre-stop", "verdict": "clean", "start": "x"}
+    pre = from_dict({**head, "holders": [{"gpu_memory_mib": {0: 100, "3": None}},
+                                         {"gpu_memory_mib": None}, {}]})
     assert gpus_used(pre) == {0, 3}
-    assert gpus_used(None) == set() and gpus_used({}) == set()
+    assert gpus_used(from_dict(head)) == set()
 
 
 def test_a_written_report_reads_back_equal(tmp_path: Path) -> None:
-    d = full_report().with_leaks([], None).as_dict()
-    path = reportfiles.write(d, str(tmp_path))
-    assert reportfiles.load(path) == {k: v for k, v in d.items() if k != "_started"}
+    rep = full_report().with_leaks([], None)
+    rep = rep.with_units(UnitStops([UnitStop("a.service", [1, 2], "stopped", "its cgroup is "
+                                             "empty", 0, True)], "pct exec", None, True, 0),
+                         ["h"]).with_notify_errors(["not logged"])
+    d = rep.as_dict()
+    path = reportfiles.write_report(rep, str(tmp_path))
+    assert path.name == reportfiles.report_name(129, "manual", rep.started)
+    assert reportfiles.load(path) == d
+    assert reportfiles.load_report(path).as_dict() == d  # the one reader gives it back whole
 
 
 def test_leaks_only_on_the_containers_gpus() -> None:
@@ -285,9 +310,9 @@ def test_leaks_only_on_the_containers_gpus() -> None:
             for i, used in enumerate([5000, 3000, 2000])]
     procs = NvmlProcesses({111: {0: 5000}, 222: {1: 1000}})  # GPU 1, 2: 2000 unaccounted
     leaks = find_leaks(gpus, procs, minors={1}, used_by_ct=set())
-    assert [(x["index"], x["unaccounted_mib"]) for x in leaks] == [(1, 2000)]
-    assert {x["index"] for x in find_leaks(gpus, procs, set(), set())} == {1, 2}
-    assert [x["index"] for x in find_leaks(gpus, procs, set(), {2})] == [2]
+    assert [(x.index, x.unaccounted_mib) for x in leaks] == [(1, 2000)]
+    assert {x.index for x in find_leaks(gpus, procs, set(), set())} == {1, 2}
+    assert [x.index for x in find_leaks(gpus, procs, set(), {2})] == [2]
     v1 = [GpuMemory(0, "GPU-0", "H100", 81559, None, 9000, minor=0)]
     assert find_leaks(v1, NvmlProcesses(), {0}, set()) == []  # v1: reserved is in used
 

@@ -14,6 +14,7 @@ from pveclean.core.config import DEFAULT_REDACT
 from pveclean.core.discovery import protect_reason
 from pveclean.core.records import GpuDevices, Holder, ProcStatus, Scope
 from pveclean.core.report import MAX_VALUE, Redactor
+from pveclean.core.reportread import from_dict
 
 SCOPE = Scope(129, Path("/sys/fs/cgroup/lxc/129"), GpuDevices({}, frozenset()),
               frozenset({"nvidia-persistenced"}))
@@ -58,9 +59,16 @@ def test_displays_join_the_arguments_and_read_older_reports() -> None:
     assert command_line("python3 -m x") == "python3 -m x"  # a report from before the list
     assert command_line(None) == ""
     h = dict(holder(("python3", "a\tb", "\x1b[2J")).as_dict(), sources=["host"], signals=[])
-    rep = {"vmid": 129, "phase": "manual", "duration_s": 0.5, "holders": [h]}
-    shown = render_report(rep)
+    rep = {"vmid": 129, "phase": "manual", "verdict": "clean", "start": "x", "duration_s": 0.5,
+           "holders": [h]}
+    shown = render_report(from_dict(rep))
     assert "python3 a\\x09b \\x1b[2J" in shown and "\x1b" not in shown
+    older = {**rep, "holders": [{**h, "cmdline": "python3 -m x", "signals": [
+        "SIGTERM +0.001s", "SIGKILL +10.002s failed: No such process", "a note"]}]}
+    shown = render_report(from_dict(older))  # a report from before the list: its line whole
+    assert "python3 -m x" in shown
+    assert ("signals: SIGTERM +0.001s, SIGKILL +10.002s failed: No such process, a note"
+            in shown)
 
 
 def test_a_refused_status_protects_and_says_why() -> None:

@@ -9,21 +9,19 @@ import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from pveclean.core.report import Report
 from pveclean.host import journal, notify
+from tests.reportkit import holder, report, summary
 
 
-def _rep(vmid: Any = 129, verdict: str = "clean", **extra: Any) -> dict[str, Any]:
-    rep: dict[str, Any] = {
-        "vmid": vmid, "phase": "manual", "verdict": verdict, "duration_s": 1.25,
-        "summary": {"holders": 3, "stopped": 2, "freed_mib": 1234},
-        "holders": [{"outcome": "killed"}, {"outcome": "survived"}, {"outcome": "terminated"}],
-    }
-    rep.update(extra)
-    return rep
+def _rep(vmid: int = 129, verdict: str = "clean", **extra: object) -> Report:
+    return report(vmid, verdict, duration_s=1.25,
+                  summary=summary(holders=3, stopped=2, freed_mib=1234),
+                  holders=[holder(outcome=o) for o in ("killed", "survived", "terminated")],
+                  **extra)
 
 
 # ---- the log line ---------------------------------------------------------------------------
@@ -34,7 +32,7 @@ def test_log_line() -> None:
 
 
 def test_log_line_of_a_minimal_report() -> None:
-    rep = {"vmid": 5, "phase": "pre-start", "verdict": "nothing-to-do"}
+    rep = report(5, "nothing-to-do", phase="pre-start", duration_s=0)
     assert notify.log_line(rep, None) == (
         "vmid=5 phase=pre-start verdict=nothing-to-do holders=0 stopped=0 residual=0 "
         "freed_mib=0 duration_s=0 report=-")

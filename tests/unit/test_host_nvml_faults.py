@@ -115,7 +115,7 @@ def test_a_gpu_lost_between_the_reads_keeps_the_others_after_figures(
     fake.lose(1)  # its handle was given: every getter now answers GPU_IS_LOST
     fake.remove_process(0, alive[0])
     after = gpu_memory(nv.memory_rows())
-    table = {r["index"]: r for r in memory_table(before, after)}
+    table = {r.index: r.as_dict() for r in memory_table(before, after)}
     assert table[0]["freed_mib"] == GIB and "status" not in table[0]
     assert table[2]["used_after_mib"] == 0
     assert table[1]["used_after_mib"] is None and table[1]["status"] == "lost"
@@ -298,7 +298,7 @@ def test_the_run_finds_a_holder_on_a_healthy_gpu_whatever_memory_says(
     if memory_fails == "the whole answer":
         monkeypatch.setattr("pveclean.host.runreads.w_memory", failed_memory)
     reads, (view, _others, status, _alone) = run_host(lib, _scope(tmp_path, [pid], [0]))
-    assert status == "ok" and view is not None
+    assert status.ok and view is not None
     assert view.holders[pid].gpu_memory_mib == {0: 4 * GIB}
     assert reads.problems == []  # GPU 1 is not the container's (it names /dev/nvidia0)
 
@@ -310,7 +310,7 @@ def test_a_lost_gpu_of_the_container_is_a_problem_of_the_run(
     fake.set_process(0, pid, 4 * GIB)
     fake.lose(1)
     reads, (view, _others, status, _alone) = run_host(lib, _scope(tmp_path, [pid], [0, 1]))
-    assert status == "ok" and view.holders[pid].gpu_memory_mib == {0: 4 * GIB}
+    assert status.ok and view.holders[pid].gpu_memory_mib == {0: 4 * GIB}
     (problem,) = reads.problems
     assert problem.startswith("GPU 1 is lost (handle: GpuIsLost") and "not verified" in problem
     assert reads.before is not None and reads.before[1].status == "lost"

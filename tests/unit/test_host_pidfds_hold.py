@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from pveclean.core.records import Holder
+from pveclean.core.records import Holder, Sig
 from pveclean.core.verdicts import Outcome
 from pveclean.host import pidfds
 
@@ -53,6 +53,6 @@ def test_no_term_is_sigkill_at_once_frozen() -> None:
     pidfds.stop([t], 5.0, time.monotonic() + 5, hold=calls.append, term=False,
                 describe_fn=lambda _pids: {})
     assert calls == [False]  # frozen all along until the SIGKILLs are out
-    assert [s.split()[0] for s in t.holder.signals] == ["SIGKILL"]
+    assert [s.signal for s in t.holder.signals] == [Sig.KILL]
     assert t.holder.outcome is Outcome.KILLED
     p.wait(5)

@@ -26,7 +26,7 @@ def test_an_nvml_pid_the_walk_missed_is_ours_by_its_own_cgroup(proc: Path,
     others = merge_nvml(view, NvmlProcesses({300: {0: 4096}, 301: {1: 10}}),
                         lambda found, unseen: w_nvml_pids(found, unseen, scope))
     assert view.holders[300].gpu_memory_mib == {0: 4096} and "nvml" in view.holders[300].sources
-    assert [o["host_pid"] for o in others] == [301]
+    assert [o.host_pid for o in others] == [301]
 
 
 def test_a_look_skips_the_fds_of_known_non_holders_only(proc: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pveclean.core.discovery import stall_problem
-from pveclean.core.records import GpuDevices, Holder, Scope
+from pveclean.core.records import GpuDevices, Holder, NotProven, Scope
 from pveclean.host import worker
 from pveclean.host.clock import start_deadline
 from pveclean.host.reads import Reader, Unread, stalled_on
@@ -246,9 +246,12 @@ def test_identities_skip_a_wedged_pid_and_check_the_rest(proc: Path, tmp_path: P
     fake_process(proc, 104, cgroup="/system.slice/x.service")
     hs = [holder(100), holder(101), holder(102), holder(103), holder(104)]
     got = reads.identities(hs, scope_of(tmp_path, []), time.monotonic() + 10)
-    assert got == [None, "reading its /proc files hung; not signalled", None,
-                   "PID was reused by another process; not signalled",
-                   "left the container's cgroup tree; not signalled"]
+    assert [None if r is None else r.text for r in got] == [
+        None, "reading its /proc files hung; not signalled", None,
+        "PID was reused by another process; not signalled",
+        "left the container's cgroup tree; not signalled"]
+    assert [None if r is None else r.reason for r in got] == [
+        None, NotProven.UNCHECKED, None, NotProven.REUSED, NotProven.LEFT_TREE]
     assert reads.problems == [stall_problem(101, STALL, "not scanned, not signalled")]
 
 
@@ -256,7 +259,8 @@ def test_identities_past_the_deadline_signal_nobody(proc: Path, tmp_path: Path,
                                                     reads: Reads) -> None:
     fake_process(proc, 100)
     got = reads.identities([holder(100)], scope_of(tmp_path, []), time.monotonic() - 1)
-    assert got == ["identity check did not finish before the deadline; not signalled"]
+    assert [r and r.text for r in got] == [
+        "identity check did not finish before the deadline; not signalled"]
     assert reads.problems == ["identity check did not finish before the deadline: "
                               "it was starting"]
 

@@ -32,6 +32,14 @@ def _report(vmid: int = 129, phase: str = "manual", started: float = T0,
     return rep
 
 
+def _write(rep: dict[str, Any], report_dir: str) -> Path:
+    """A plain document written as a report named by its container, phase and start (the
+    keys starting with `_` stand for what a Report keeps and does not write)."""
+    body = {k: v for k, v in rep.items() if not k.startswith("_")}
+    return reportfiles.write(body, report_dir,
+                             reportfiles.report_name(rep["vmid"], rep["phase"], rep["_started"]))
+
+
 def test_names_carry_the_utc_time() -> None:
     assert reportfiles.utc_stamp(T0) == datetime.fromtimestamp(T0, UTC).strftime(
         "%Y%m%dT%H%M%S.%fZ")
@@ -42,7 +50,7 @@ def test_names_carry_the_utc_time() -> None:
 
 def test_write_and_load_round_trip(tmp_path: Path) -> None:
     rep = _report()
-    path = reportfiles.write(rep, str(tmp_path / "reports"))
+    path = _write(rep, str(tmp_path / "reports"))
     assert path.name == reportfiles.report_name(129, "manual", T0)
     loaded = reportfiles.load(path)
     assert loaded == {k: v for k, v in rep.items() if not k.startswith("_")}
@@ -51,13 +59,13 @@ def test_write_and_load_round_trip(tmp_path: Path) -> None:
 def test_a_report_is_valid_yaml_for_any_reader(tmp_path: Path) -> None:
     rep = _report(holders=[{"name": "evil\x1b[2J\u202e", "cmdline": "a: b\n- c\n'\"",
                             "empty": "", "num_like": "0129", "bool_like": "yes"}])
-    path = reportfiles.write(rep, str(tmp_path))
+    path = _write(rep, str(tmp_path))
     assert yaml.safe_load(path.read_text(encoding="utf-8"))["holders"] == rep["holders"]
 
 
 def test_reports_are_0600_in_a_created_0700_directory(tmp_path: Path) -> None:
     d = tmp_path / "a/reports"
-    path = reportfiles.write(_report(), str(d))
+    path = _write(_report(), str(d))
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
     assert [p.name for p in d.iterdir()] == [path.name]  # no temp file left
@@ -78,9 +86,9 @@ def test_ensure_dir_failure_is_a_report_error(tmp_path: Path) -> None:
 
 
 def test_the_same_name_twice_never_overwrites(tmp_path: Path) -> None:
-    first = reportfiles.write(_report(verdict="clean"), str(tmp_path))
-    second = reportfiles.write(_report(verdict="residual"), str(tmp_path))
-    third = reportfiles.write(_report(verdict="error"), str(tmp_path))
+    first = _write(_report(verdict="clean"), str(tmp_path))
+    second = _write(_report(verdict="residual"), str(tmp_path))
+    third = _write(_report(verdict="error"), str(tmp_path))
     assert second.name == first.name.replace(".yaml", "-1.yaml")
     assert third.name == first.name.replace(".yaml", "-2.yaml")
     assert [reportfiles.load(p)["verdict"] for p in (first, second, third)] == [
@@ -94,7 +102,7 @@ def test_a_symlink_at_the_name_is_not_followed(tmp_path: Path) -> None:
     d.mkdir()
     name = reportfiles.report_name(129, "manual", T0)
     (d / name).symlink_to(victim)
-    path = reportfiles.write(_report(), str(d))
+    path = _write(_report(), str(d))
     assert path.name != name and victim.read_text() == "precious\n"
 
 
@@ -126,7 +134,7 @@ def test_exclusive_temp_gives_up_when_every_name_is_taken(
 
 def test_write_into_a_directory_it_cannot_write_is_a_report_error(tmp_path: Path) -> None:
     with pytest.raises(ReportError, match="cannot write report in"):
-        reportfiles.write(_report(), "/proc/1")
+        _write(_report(), "/proc/1")
 
 
 def test_list_reports_by_time_in_the_name(tmp_path: Path) -> None:
@@ -146,8 +154,8 @@ def test_list_reports_by_time_in_the_name(tmp_path: Path) -> None:
 
 
 def test_list_reports_after_a_collision_keeps_both(tmp_path: Path) -> None:
-    a = reportfiles.write(_report(), str(tmp_path))
-    b = reportfiles.write(_report(), str(tmp_path))
+    a = _write(_report(), str(tmp_path))
+    b = _write(_report(), str(tmp_path))
     assert reportfiles.list_reports(str(tmp_path), 129) == sorted([a, b], key=lambda p: p.name)
 
 
@@ -179,10 +187,10 @@ def test_prune_by_count_and_age(tmp_path: Path) -> None:
     paths = []
     for i in range(5):  # one a day, the oldest four days old
         started = now - 86400 * (4 - i)
-        p = reportfiles.write(_report(started=started), str(tmp_path))
+        p = _write(_report(started=started), str(tmp_path))
         os.utime(p, (started, started))
         paths.append(p)
-    other = reportfiles.write(_report(vmid=130, started=now - 86400 * 30), str(tmp_path))
+    other = _write(_report(vmid=130, started=now - 86400 * 30), str(tmp_path))
     os.utime(other, (now - 86400 * 30,) * 2)
     assert reportfiles.prune(str(tmp_path), 129, keep=10, max_age_days=2.5) == 2
     assert reportfiles.list_reports(str(tmp_path), 129) == paths[2:]
@@ -217,7 +225,7 @@ def test_retention_covers_every_container_a_destroyed_ones_too(tmp_path: Path) -
         (tmp_path / name).write_text("vmid: 1\n")
     (tmp_path / "notes.yaml").write_text("mine\n")
     (tmp_path / "130-manual-garbled.yaml").write_text("x\n")
-    reportfiles.write(_report(started=now), str(tmp_path))
+    _write(_report(started=now), str(tmp_path))
     assert reportfiles.prune(str(tmp_path), 129, keep=4, max_age_days=30) == 0
     left = {p.name for p in tmp_path.iterdir()}
     assert not left & set(old)  # aged out although CT 130 never ran again

@@ -9,13 +9,14 @@ from pathlib import Path
 import yaml
 
 from pveclean.core import bounds
+from pveclean.core.report import Report
 from pveclean.host import reportfiles
+from tests.reportkit import holder, report
 
 
-def rep(vmid: int = 129, started: float = 1_700_000_000.0, n: int = 5000) -> dict[str, object]:
-    return {"pveclean": "t", "vmid": vmid, "phase": "pre-stop", "verdict": "clean",
-            "holders": [{"host_pid": i, "devices": ["/dev/nvidia0 (195:0)"]} for i in range(n)],
-            "_started": started}
+def rep(vmid: int = 129, started: float = 1_700_000_000.0, n: int = 5000) -> Report:
+    return report(vmid, phase="pre-stop", started=started,
+                  holders=[holder(i, devices=["/dev/nvidia0 (195:0)"]) for i in range(n)])
 
 
 def test_the_whole_report_goes_to_a_spare_file_pruned_per_container(tmp_path: Path) -> None:
@@ -47,7 +48,6 @@ def test_the_text_shown_is_cut_at_a_line_and_says_where_the_whole_one_is() -> No
 
 
 def test_the_text_shown_is_printable_ascii() -> None:
-    r = rep(n=1)
-    r["holders"] = [{"name": "\x1b[31mevil\u202e"}]
+    r = report(holders=[holder(name="\x1b[31mevil\u202e")])
     text = reportfiles.unsaved_text(r, None)
     assert text.isascii() and "\x1b" not in text

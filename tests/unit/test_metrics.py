@@ -12,21 +12,21 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pveclean.core import metrics
+from pveclean.core.amendments import Leak
+from pveclean.core.report import Report
 from pveclean.core.verdicts import VERDICTS
 from pveclean.host import notify
+from tests.reportkit import holder, report, summary
 
 MIB = 1 << 20
 
 
 def _rep(vmid: Any = 129, verdict: str = "clean", phase: str = "manual", **extra: Any
-         ) -> dict[str, Any]:
-    rep: dict[str, Any] = {
-        "vmid": vmid, "phase": phase, "verdict": verdict, "duration_s": 1.25,
-        "summary": {"holders": 3, "stopped": 2, "freed_mib": 1234},
-        "holders": [{"outcome": "killed"}, {"outcome": "survived"}, {"outcome": "terminated"}],
-    }
-    rep.update(extra)
-    return rep
+         ) -> Report:
+    return report(vmid, verdict, phase, duration_s=1.25,
+                  summary=summary(holders=3, stopped=2, freed_mib=1234),
+                  holders=[holder(outcome=o) for o in ("killed", "survived", "terminated")],
+                  **extra)
 
 
 def _families(text: str) -> dict[str, Any]:
@@ -45,7 +45,7 @@ def _value(fams: dict[str, Any], name: str, **labels: str) -> float:
 def test_the_parser_reads_each_family_once_typed_with_its_samples(tmp_path: Path) -> None:
     prom = tmp_path / "pveclean.prom"
     notify.write_metrics(_rep(12, "residual"), str(prom))
-    notify.write_metrics(_rep(129, "leaked", leaks=[{"unaccounted_mib": 100}]), str(prom))
+    notify.write_metrics(_rep(129, "leaked", leaks=[Leak(0, "", 100, "")]), str(prom))
     fams = _families(prom.read_text())
     # main wrote all HELP/TYPE lines first: the parser read 20 families, 13 of them untyped
     assert len(fams) == len(metrics.RUN_FAMILIES)

@@ -35,7 +35,7 @@ def test_stop_units_stops_only_stoppable_units_and_judges_from_the_host(tmp_path
           unit_holder(12, "/lxc/129/ns/init.scope"),
           unit_holder(13, "/lxc/129/ns/system.slice/p.service", protected="protected name 'x'"),
           unit_holder(14, "/lxc/129/ns/.lxc")]
-    out = guestunits.stop_units(129, hs, None, root, _fake_pct(tmp_path, "exit 0"), 5)
+    out = guestunits.stop_units(129, hs, None, root, _fake_pct(tmp_path, "exit 0"), 5).as_dict()
     assert (tmp_path / "argv").read_text() == \
         "exec 129 -- systemctl stop -- a.service b.service\n"
     by = {u["unit"]: u for u in out["units"]}
@@ -50,7 +50,7 @@ def test_stop_units_is_bounded_and_says_so(tmp_path: Path) -> None:
     root = _cgroups(tmp_path, {"lxc/129/ns/system.slice/a.service": "77\n"})
     t0 = time.monotonic()
     out = guestunits.stop_units(129, [unit_holder(10, "/lxc/129/ns/system.slice/a.service")], None,
-                           root, _fake_pct(tmp_path, "exec sleep 30"), 0.5)
+                           root, _fake_pct(tmp_path, "exec sleep 30"), 0.5).as_dict()
     assert time.monotonic() - t0 < 5
     assert out["units"][0]["action"] == "timed out"
 
@@ -60,12 +60,12 @@ def test_a_container_without_systemctl_gets_one_clear_line(tmp_path: Path) -> No
     pct = _fake_pct(tmp_path, "echo 'lxc-attach: 129: attach.c: Failed to exec \"systemctl\"' "
                               ">&2; exit 127")
     out = guestunits.stop_units(129, [unit_holder(10, "/lxc/129/ns/system.slice/a.service")], None,
-                           root, pct, 5)
+                           root, pct, 5).as_dict()
     assert out["units"][0]["action"] == "failed" and "exit 127" in out["note"]
     assert "cleaning up as usual" in out["note"]
-    out = guestunits.stop_units(129, [unit_holder(10, "/lxc/129/ns")], None, root, pct, 5)
+    out = guestunits.stop_units(129, [unit_holder(10, "/lxc/129/ns")], None, root, pct, 5).as_dict()
     assert out["units"] == [] and "no GPU holder of CT 129 runs in a systemd unit" in out["note"]
-    out = guestunits.stop_units(129, [], None, root, pct, 5)
+    out = guestunits.stop_units(129, [], None, root, pct, 5).as_dict()
     assert out["units"] == [] and out["note"] == "CT 129 has no GPU holders: no unit to stop"
 
 

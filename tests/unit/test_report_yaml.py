@@ -150,9 +150,10 @@ def test_what_is_not_plain_data_is_refused() -> None:
 
 
 def test_a_written_report_reads_back_as_pveclean_reports_reads_it(tmp_path: Path) -> None:
-    rep = {"pveclean": 1, "vmid": 129, "phase": "manual", "_started": 1764669456.0,
+    rep = {"pveclean": 1, "vmid": 129, "phase": "manual",
            "holders": [{"name": "\u202eevil\udc80", "gpu_memory_mib": {0: 1}}]}
-    path = reportfiles.write(rep, str(tmp_path))
+    path = reportfiles.write(rep, str(tmp_path), reportfiles.report_name(129, "manual",
+                                                                        1764669456.0))
     assert reportfiles.load(path) == {"pveclean": 1, "vmid": 129, "phase": "manual",
                                       "holders": [{"name": "\u202eevil\ufffd",
                                                    "gpu_memory_mib": {0: 1}}]}
