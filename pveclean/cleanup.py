@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pveclean.core import policy, records, report, verdicts
@@ -14,6 +14,7 @@ from pveclean.core.policy import Step
 from pveclean.core.records import Deadline, Discovery, Holder, ProcIdentity, Scope, Source
 from pveclean.core.records import SourceState as State
 from pveclean.core.report import Findings, Report, RunResult, build_report, busy_report
+from pveclean.core.run import Asked, OnlyGpus, Run, RunOptions, Stopped
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, devnodes, notify, pidfds, reportfiles
@@ -29,39 +30,46 @@ from pveclean.proxmox import guestunits, pveconf
 from pveclean.proxmox.pct import PctReader
 from pveclean.proxmox.probe import finish_probe, start_probe
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pveclean.core.amendments import UnitStops
+    from pveclean.core.records import GpuMemory
 
-def discover(
-    scope: Scope,
-    reads: Reads,
-    pct_command: str | None,
-    deadline: Deadline,
-    end: float,
-    no_probe: Source = Source(State.DISABLED, "disabled in config"),
-    fz: Freezer | None = None,
-    keep: float = 0.0,
-) -> Discovery:
-    """Host view and NVML decide; the probe is started here and left running (the run
-    merges it when it arrives, see stop_and_verify): it never holds up a stop or a verdict.
-    The tree is read frozen (`fz`); the host scan leaves `keep` s of the time to `end` (at
-    most half of it) for stopping what NVML alone names, should the scan not finish."""
+
+RESTART_WATCH = 0.3  # s after the last exit: systemd's default RestartSec (100 ms) and a start
+
+
+def _no_probe(run: Run) -> Source | None:
+    """Why the run starts no probe, or None: it starts one. A dry run starts none: it shows
+    what a cleanup would act on now, and the probe's findings would come in after it (a
+    `pct exec` takes 0.5 s on Proxmox to start)."""
+    return (Source(State.DISABLED, "disabled in config") if not run.cfg.probe else
+            Source(State.NOT_RUN, "container not running") if not run.scope.running else
+            Source(State.NOT_RUN, "not run: a dry run shows what the host view and NVML find")
+            if run.opts.dry_run else None)
+
+
+def discover(run: Run) -> Discovery:
+    """Host view and NVML decide; the probe is started and left running (merged when it
+    arrives): it never holds up a stop or a verdict. The tree is read frozen. Should the scan
+    not finish, grace + 1 s is left (at most half; a dry run: none) for what NVML alone names."""
+    scope, reads, end = run.scope, run.reads, run.deadline.work_end
     sources = {"host": Source(State.OK)}
     warnings: list[str] = []
-    running = scope.running
     probing: PctReader | None = None
-    if pct_command is None:
+    no_probe = _no_probe(run)
+    if no_probe is not None:
         sources["probe"] = no_probe
-    elif not running:
-        sources["probe"] = Source(State.NOT_RUN, "container not running")
     else:
         try:
-            probing = PctReader(start_probe(scope, pct_command))
+            probing = PctReader(start_probe(scope, run.cfg.pct_command))
             sources["probe"] = Source(State.PENDING)
         except RuntimeError as exc:
             sources["probe"] = Source(State.FAILED, f"failed: {exc}")
             warnings.append(f"in-namespace probe did not run: {exc}; using the host view")
-    scan_end = end - min(keep, max(end - time.monotonic(), 0.0) / 2)
-    view, others, nvml_status, late = reads.host(scope, end, scan_end,
-                                                   None if fz is None else fz.hold)
+    keep = 0.0 if run.opts.dry_run else run.grace + 1
+    scan_end = end - min(keep, run.deadline.work_left() / 2)
+    view, others, nvml_status, late = reads.host(scope, end, scan_end, run.freezer.hold)
     sources["nvml"] = nvml_status
     if view is None:
         sources["host"] = Source(State.DID_NOT_FINISH)
@@ -69,16 +77,11 @@ def discover(
             warnings.append(f"the host scan did not finish: {len(late)} process(es) that NVML "
                             "lists in the container's cgroup tree are stopped; others may hold "
                             "GPU nodes unseen")
-        return Discovery(late, running, None, len(cgroupfs.tree_pids(scope.cgroup_dir)),
+        return Discovery(late, scope.running, None, len(cgroupfs.tree_pids(scope.cgroup_dir)),
                          sources, warnings, others, list(reads.problems), probing, scanned=False)
     holders = sorted(view.holders.values(), key=lambda h: h.host_pid)
-    return Discovery(holders, running, view.init_pid, len(view.tree), sources, warnings, others,
-                     list(reads.problems), probing, view=view)
-
-
-Progress = Callable[[str], None]
-OnlyGpus = tuple[frozenset[int], frozenset[int]]  # (NVML indices, /dev/nvidiaN minors)
-RESTART_WATCH = 0.3  # s after the last exit: systemd's default RestartSec (100 ms) and a start
+    return Discovery(holders, scope.running, view.init_pid, len(view.tree), sources, warnings,
+                     others, list(reads.problems), probing, view=view)
 
 
 def cgroup_root(cfg: Config) -> str:
@@ -104,8 +107,7 @@ def reserve_for(cfg: Config) -> float:
     return min(0.5, cfg.deadline_seconds * 0.1)
 
 
-def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
-                 wait: float = 0.0) -> list[Holder]:
+def _merge_probe(run: Run, disc: Discovery, wait: float = 0.0) -> list[Holder]:
     """Merge the probe if it has arrived (or arrives within `wait`); returns holders only it
     saw. A probe still running stays pending."""
     proc = disc.probe
@@ -123,10 +125,11 @@ def _merge_probe(disc: Discovery, scope: Scope, reads: Reads, end: float,
         return []
 
     def make(found: list[tuple[records.ProcStatus, str]]) -> list[Holder]:
-        got = reads.call(w_make_holders, found, scope, end=end, what="probe holders")
+        got = run.reads.call(w_make_holders, found, run.scope, end=run.deadline.work_end,
+                             what="probe holders")
         return got if isinstance(got, list) else []
 
-    warnings, new = merge_probe(disc.view, result, scope, make)
+    warnings, new = merge_probe(disc.view, result, run.scope, make)
     disc.warnings += warnings
     return new
 
@@ -139,153 +142,155 @@ def _drop_probe(disc: Discovery, why: Source) -> None:
         probing.abandon()
 
 
-def stop_and_verify(
-    disc: Discovery,
-    scope: Scope,
-    cfg: Config,
-    grace: float,
-    reads: Reads,
-    deadline: Deadline,
-    progress: Progress | None,
-    fz: Freezer,
-) -> tuple[list[Holder], bool, int, float | None]:
-    """Returns (all holders handled, verified-free, rounds used, last exit, monotonic).
-    Every read goes through the worker; the parent holds the pidfds and signals. Proofs and
-    signals are decided and sent frozen (`fz`); the SIGTERM grace and the waits run thawed.
-    A look is frozen and reads the fds and maps of the holders and of processes new since
-    discovery; the settling look reads them all, thawed (docs/security.md)."""
-    all_holders = list(disc.holders)
-    handled: set[ProcIdentity] = {h.identity for h in all_holders}
-    targets = [h for h in all_holders if not h.protected]
-    round_no = 0
-    end = deadline.end - reserve_for(cfg)
+def _signal_round(run: Run, targets: list[Holder], term: bool) -> float | None:
+    """Prove and stop one round's targets, frozen (the freezer's protocol); when (monotonic)
+    the last of them exited, None if none did."""
+    reads, scope, end = run.reads, run.scope, run.deadline.work_end
     last_exit: float | None = None
-    quiet = policy.known_idle(disc.view)
-    full, term = False, True
+    run.freezer.hold()
+    batch = fd_budget()
+    for i in range(0, len(targets), batch):  # one batch unless the hard limit is low
+        proven, rejected = pidfds.prove_all(
+            targets[i:i + batch], lambda hs: reads.identities(hs, scope, end))
+        for h, why in rejected:
+            h.outcome = why.outcome
+            h.signals.append(why.note)
+        if proven:
+            exited = pidfds.stop(
+                proven, run.grace, end, run.opts.progress,
+                lambda pids: reads.call(pidfds.describe, pids,
+                                        end=run.deadline.end, what="survivors' state"),
+                run.freezer.set, term)
+            if exited is not None:
+                last_exit = max(last_exit or exited, exited)
+    return last_exit
+
+
+@dataclass
+class _Loop:
+    """The stop loop's holders, PIDs known at the round's start, and where policy says it is."""
+
+    holders: list[Holder]
+    handled: set[ProcIdentity]
+    known: set[int]
+    quiet: dict[int, int] | None
+    at: policy.Verifying = field(default_factory=policy.Verifying)
+
+    def add(self, h: Holder) -> None:
+        self.handled.add(h.identity)
+        self.holders.append(h)
+
+
+def _verify(run: Run, disc: Discovery, loop: _Loop) -> tuple[policy.Decision, list[Holder]]:
+    """Looks, each decided by core/policy.py, until a step other than POLL or FULL_LOOK: that
+    decision and the holders to chase next. The tree is frozen as host/freezer.py says."""
+    reads, scope, end = run.reads, run.scope, run.deadline.work_end
+    limits = policy.Limits(run.cfg.chase_rounds, end, partial_looks=bool(loop.quiet))
+    chase: list[Holder] = []
     while True:
-        fz.hold()
-        batch = fd_budget()
-        for i in range(0, len(targets), batch):  # one batch unless the hard limit is low
-            proven, rejected = pidfds.prove_all(
-                targets[i:i + batch], lambda hs: reads.identities(hs, scope, end))
-            for h, why in rejected:
-                h.outcome = why.outcome
-                h.signals.append(why.note)
-            if proven:
-                exited = pidfds.stop(
-                    proven, grace, end, progress,
-                    lambda pids: reads.call(pidfds.describe, pids,
-                                            end=deadline.end, what="survivors' state"),
-                    fz.set, term)
-                if exited is not None:
-                    last_exit = max(last_exit or exited, exited)
-        known = {h.host_pid for h in all_holders}
-        clean_since: float | None = None
-        chase: list[Holder] = []
-        term = True
-        while True:  # thawed here; a look freezes (the settling one aside: docs/security.md)
-            chase += _late_holders(disc, scope, reads, end, handled, all_holders)
-            if policy.chase_late(len(chase), deadline.expired()):
-                break
-            rescan = reads.rescan(scope, known, end, None if full else quiet, disc.scanned,
-                                  None if full else fz.hold)
-            look, new = policy.look_at(rescan, handled)
-            step = policy.next_step(look, round_no, cfg.chase_rounds, deadline.expired(),
-                                    deadline.clock(), end, clean_since)
-            clean_since = step.clean_since
-            if step.step is Step.SETTLED and step.verified and quiet and not full:
-                full = True  # a non-holder may have been passed a GPU fd (SCM_RIGHTS)
-                fz.release()
-                continue
-            if step.step is Step.CHASE:
-                chase, full = new, False
-                term = policy.with_grace(len(new), len(targets))
-                break
-            if step.step is Step.RESPAWNED:  # they keep coming back: report them
-                parents = _parents(reads, new, end)
-                for h in new:
-                    h.outcome, h.respawned_by = Outcome.SURVIVED, parents.get(h.ppid)
-                    h.note(f"appeared after the last of {cfg.chase_rounds} rounds; "
-                           "not signalled")
-                    handled.add(h.identity)
-                    all_holders.append(h)
-            if step.step is not Step.POLL:
-                return all_holders, step.verified, round_no, last_exit
-            fz.release()
-            full = False
-            time.sleep(step.wait)
-        round_no += 1
+        chase += _late_holders(run, disc, loop)
+        late = policy.late_chase(len(chase), run.deadline.expired())
+        if late is not None:
+            return late, chase
+        partial = not loop.at.full
+        rescan = reads.rescan(scope, loop.known, end, loop.quiet if partial else None,
+                              disc.scanned, run.freezer.hold if partial else None)
+        look, new = policy.look_at(rescan, loop.handled)
+        d, at = policy.decide(look, loop.at, limits, expired=run.deadline.expired(),
+                              now=run.deadline.clock())
+        if d.step is Step.CHASE:
+            return d, new
+        if d.step is Step.RESPAWNED:  # they keep coming back: report them
+            parents = _parents(run, new)
+            for h in new:
+                h.outcome, h.respawned_by = Outcome.SURVIVED, parents.get(h.ppid)
+                h.note(f"appeared after the last of {run.cfg.chase_rounds} rounds; "
+                       "not signalled")
+                loop.add(h)
+        if d.step not in (Step.POLL, Step.FULL_LOOK):
+            return d, []  # frozen still after a partial look: the next round holds anyway
+        run.freezer.release()
+        loop.at = at
+        if d.step is Step.POLL:
+            time.sleep(d.wait)
+
+
+def stop_and_verify(run: Run, disc: Discovery) -> Stopped:
+    """Stop the holders, then verify, chasing new ones for `chase_rounds` rounds. Every read
+    goes through the worker; the parent holds the pidfds and signals. Each step is decided
+    by core/policy.py; the freezer's protocol (host/freezer.py) says when the tree is held."""
+    loop = _Loop(list(disc.holders), {h.identity for h in disc.holders}, set(),
+                 policy.known_idle(disc.view))
+    targets = [h for h in loop.holders if not h.protected]
+    last_exit: float | None = None
+    term = True
+    while True:
+        exited = _signal_round(run, targets, term)
+        if exited is not None:
+            last_exit = max(last_exit or exited, exited)
+        loop.known = {h.host_pid for h in loop.holders}
+        d, chase = _verify(run, disc, loop)
+        if d.step not in (Step.CHASE, Step.LATE_CHASE):
+            # how long verification took after the last holder was gone (pidfd readable)
+            verify_s = None if last_exit is None else round(time.monotonic() - last_exit, 3)
+            return Stopped(loop.holders, d.verified, loop.at.rounds_used, last_exit, verify_s)
+        term = policy.gets_grace(d, len(chase), len(targets))
+        loop.at = policy.after(loop.at, d)
         if not term:
             for h in chase:
                 h.note(policy.NO_GRACE)
-        if progress:
-            progress(f"round {round_no}: {len(chase)} new holder(s) appeared; stopping them")
-        parents = _parents(reads, chase, end)
+        run.say(f"round {loop.at.rounds_used}: {len(chase)} new holder(s) appeared; "
+                "stopping them")
+        parents = _parents(run, chase)
         for h in chase:
-            h.round = round_no
+            h.round = loop.at.rounds_used
             h.respawned_by = parents.get(h.ppid)
-            handled.add(h.identity)
-            all_holders.append(h)
+            loop.add(h)
         targets = chase
 
 
-def _late_holders(disc: Discovery, scope: Scope, reads: Reads, end: float,
-                  handled: set[ProcIdentity], all_holders: list[Holder]) -> list[Holder]:
+def _late_holders(run: Run, disc: Discovery, loop: _Loop) -> list[Holder]:
     """The late probe's new holders to chase; its protected ones are recorded as such."""
     chase = []
-    for h in _merge_probe(disc, scope, reads, end):
-        if h.identity not in handled and not h.protected:
+    for h in _merge_probe(run, disc):
+        if h.identity not in loop.handled and not h.protected:
             chase.append(h)
-        elif h.identity not in handled:
+        elif h.identity not in loop.handled:
             h.outcome = Outcome.PROTECTED
-            handled.add(h.identity)
-            all_holders.append(h)
+            loop.add(h)
     return chase
 
 
-def _parents(reads: Reads, hs: list[Holder], end: float) -> dict[int, str]:
-    got = reads.call(w_parents, sorted({h.ppid for h in hs}), end=end, what="parents")
+def _parents(run: Run, hs: list[Holder]) -> dict[int, str]:
+    got = run.reads.call(w_parents, sorted({h.ppid for h in hs}), end=run.deadline.work_end,
+                         what="parents")
     return got if isinstance(got, dict) else {}
 
 
-def clean(
-    vmid: int,
-    cfg: Config,
-    worker: Worker,
-    phase: str = "manual",
-    dry_run: bool = False,
-    grace: float | None = None,
-    progress: Progress | None = None,
-    write_report: bool = True,
-    deadline: Deadline | None = None,
-    stop_units: bool = False,
-    only: OnlyGpus | None = None,
-) -> RunResult:
+def clean(vmid: int, cfg: Config, worker: Worker, opts: RunOptions = RunOptions(),
+          deadline: Deadline | None = None) -> RunResult:
     """One run. A cleanup holds the container's lock (a second one reports `busy`); a dry run
-    only reads and takes no lock. One deadline covers the run, the lock wait included. With
-    `stop_units`, the holders' units are stopped before any signal; with `only`, only holders
-    of those GPUs count (make_scope). `worker`: NVML's (host/prelude.py)."""
+    only reads and takes no lock. One deadline covers the run, the lock wait included; it
+    keeps reserve_for(cfg) back for the report. `worker`: NVML's (host/prelude.py)."""
     started = time.time()
-    deadline = deadline or start_deadline(cfg.deadline_seconds)
+    deadline = (deadline or start_deadline(cfg.deadline_seconds)).keeping(reserve_for(cfg))
     raise_open_files_limit()
-    scan = Worker()  # the run's reads of /proc and /etc/pve (host/reads.Reads)
-    wk = worker
+    scan = Worker()  # the run's reads of /proc and /etc/pve (host/runreads.Reads)
     try:
-        ctconf = read_ct_config(cfg, vmid, scan, deadline)
-        if dry_run:
-            res = _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress, write_report, wk,
-                         deadline, started, stop_units, scan, only)
+        asked = Asked(vmid, cfg, opts, read_ct_config(cfg, vmid, scan, deadline), deadline,
+                      started)
+        if opts.dry_run:
+            res = _clean(asked, worker, scan)
         else:
-            wait = min(cfg.lock_wait_seconds, max(0.0, deadline.remaining() - reserve_for(cfg)))
+            wait = min(cfg.lock_wait_seconds, deadline.work_left())
             try:
-                with container_lock(cfg.state_dir, vmid, wait, f"{phase} run"):
-                    res = _clean(vmid, cfg, ctconf, phase, dry_run, grace, progress,
-                                 write_report, wk, deadline, started, stop_units, scan, only)
+                with container_lock(cfg.state_dir, vmid, wait, f"{opts.phase} run"):
+                    res = _clean(asked, worker, scan)
             except Busy as exc:
-                busy = busy_report(stamp(started, time.time() - started), vmid, phase,
-                                   dry_run, ctconf.gpu_lines(), str(exc))
-                res = finish(busy, cfg, write_report, deadline, scan)
-        res.ctconf = ctconf
+                busy = busy_report(stamp(started, time.time() - started), vmid, opts.phase,
+                                   opts.dry_run, asked.ctconf.gpu_lines(), str(exc))
+                res = finish(busy, cfg, opts.write_report, deadline, scan)
+        res.ctconf = asked.ctconf
         return res
     finally:
         scan.close()
@@ -294,7 +299,7 @@ def clean(
 def read_ct_config(cfg: Config, vmid: int, wk: Worker, deadline: Deadline) -> pveconf.CtConfig:
     """The container's config, read in the worker: /etc/pve is pmxcfs, a FUSE file system,
     and a pmxcfs that stopped answering must not hold a run past its deadline."""
-    left = max(deadline.remaining() - reserve_for(cfg), 0.05)
+    left = max(deadline.work_left(), 0.05)
     path = pveconf.config_path(cfg.pve_config_dir, vmid)
     try:
         got = wk.call(pveconf.w_read_config, cfg.pve_config_dir, vmid, timeout=left,
@@ -310,99 +315,93 @@ def read_ct_config(cfg: Config, vmid: int, wk: Worker, deadline: Deadline) -> pv
     return ctconf
 
 
-def _clean(
-    vmid: int,
-    cfg: Config,
-    ctconf: pveconf.CtConfig,
-    phase: str,
-    dry_run: bool,
-    grace: float | None,
-    progress: Progress | None,
-    write_report: bool,
-    wk: Worker,
-    deadline: Deadline,
-    started: float,
-    stop_units: bool,
-    scan: Worker,
-    only: OnlyGpus | None = None,
-) -> RunResult:
-    scope = make_scope(vmid, cfg, ctconf, only)
-    end = deadline.end - reserve_for(cfg)
-    idle = cgroupfs.nothing_left(scope.cgroup_dir, scope.running)  # then no NVML at all
-    with Reads(wk, deadline, stall_for(cfg), not idle,
+def _clean(asked: Asked, nvml: Worker, scan: Worker) -> RunResult:
+    """The run under its lock (a dry run: none): its scope, reads and freezer, then act and
+    report. `idle`: the container's cgroup tree is empty, so NVML is not asked at all."""
+    cfg, vmid, dry_run = asked.cfg, asked.vmid, asked.opts.dry_run
+    scope = make_scope(vmid, cfg, asked.ctconf, asked.opts.only)
+    idle = cgroupfs.nothing_left(scope.cgroup_dir, scope.running)
+    with Reads(nvml, asked.deadline, stall_for(cfg), not idle,
                Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout, scan) as reads:
-        errors: list[str] = []
-        # A dry run starts no probe: it shows what a cleanup would act on now, and the probe's
-        # findings would come in after it (a `pct exec` takes 0.5 s on Proxmox to start).
-        no_probe = (Source(State.DISABLED, "disabled in config") if not cfg.probe else
-                    Source(State.NOT_RUN, "container not running" if not scope.running
-                           else "not run: a dry run shows what the host view and NVML find"))
-        g = cfg.grace_seconds if grace is None else grace
         fz = Freezer(scope.cgroup_dir, cfg.state_dir, vmid, not (dry_run or idle),
                      "not used: a dry run changes nothing (its tree was read while it ran)"
                      if dry_run else "not needed: container stopped, its cgroup tree is empty")
+        run = asked.running(scope, reads, fz)
         with fz:  # thawed on every way out; a run that dies: freezer.py
-            disc = discover(scope, reads, cfg.pct_command if cfg.probe and not dry_run else None,
-                            deadline, end, no_probe, fz, 0.0 if dry_run else g + 1)
-            before = reads.before  # asked with the host scan
-            disc.warnings += ctconf.unapplied()  # lines Proxmox does not apply either
-            if idle:
-                disc.sources["nvml"] = Source(State.NOT_RUN, "not needed: container "
-                                              "stopped, its cgroup tree is empty")
-            if progress:
-                progress(f"found {len(disc.holders)} GPU holder(s) in CT {vmid}")
-            unit_stops = None
-            if stop_units:
-                fz.release()  # systemctl runs in the container
-                unit_stops = guestunits.before_stop(vmid, cfg, scope, disc, deadline, dry_run,
-                                                    progress)
-            rounds = 0
-            verify_s: float | None = None
-            last_exit: float | None = None
-            if dry_run:
-                holders = disc.holders
-                for h in holders:
-                    h.outcome = Outcome.PROTECTED if h.protected else Outcome.WOULD_STOP
-                verdict = Verdict.DRY_RUN
-            elif not disc.holders:
-                holders = []
-                verdict = Verdict.NOTHING_TO_DO
-            else:
-                for h in disc.holders:
-                    if h.protected:
-                        h.outcome = Outcome.PROTECTED
-                holders, verified, rounds, last_exit = stop_and_verify(disc, scope, cfg, g, reads,
-                                                                       deadline, progress, fz)
-                if last_exit is not None:
-                    # how long verification took after the last holder was gone (pidfd readable)
-                    verify_s = round(time.monotonic() - last_exit, 3)
-                verdict = verdicts.after_stop(verified, [h.outcome for h in holders])
-        disc.sources["freeze"] = Source(State.OK if fz.holds else State.NOT_RUN, fz.summary())
-        disc.warnings += fz.warnings
-        if disc.probe is not None:
-            late = (Source(State.NOT_RUN, "not waited for: the host view and NVML "
-                           "found nothing to clean") if not holders else
-                    Source(State.LATE, f"late: not finished when the run ended "
-                           f"({deadline.elapsed():.2f} s); its findings were not used"))
-            _drop_probe(disc, late)
-        asked = not (dry_run or idle) and (disc.scanned or bool(holders))
-        after = reads.memory(end) if asked else before
-        problems = list(dict.fromkeys(reads.problems))
-        errors += problems
-        verdict = verdicts.with_problems(verdict, problems)
-        if reads.nvml_error and not idle and disc.sources["nvml"].ok:
-            errors.append(reads.nvml_error)
-        found = Findings(verdict, holders, disc, before, after, rounds, errors, verify_s,
-                         len(reads.killed))
-        rep = build_report(stamp(started, deadline.elapsed()), vmid, phase, dry_run, found,
-                           ctconf.gpu_lines(), cfg)
-        if unit_stops is not None or holders:  # else there is nothing to say of units
-            if phase == "manual" and last_exit is not None:
-                # a stopping container's units stop with it: hooks do not wait for restarts
-                guestunits.await_restarts(holders, scope.cgroup_dir.parent.parent,
-                                          min(last_exit + RESTART_WATCH, end))
-            rep = guestunits.annotate(rep, scope, unit_stops)
-        return finish(rep, cfg, write_report, deadline, reads.worker)
+            acted = _act(run, idle)
+        return _conclude(run, acted, idle)
+
+
+@dataclass
+class _Acted:
+    """What a run found and did (GPU memory `before` it), the verdict so far: its report's."""
+
+    disc: Discovery
+    before: list[GpuMemory] | None
+    unit_stops: UnitStops | None
+    verdict: Verdict
+    stopped: Stopped
+
+
+def _act(run: Run, idle: bool) -> _Acted:
+    """Discover, stop the units if asked, then stop and verify (a dry run: mark only)."""
+    disc = discover(run)
+    before = run.reads.before  # asked with the host scan
+    disc.warnings += run.ctconf.unapplied()  # lines Proxmox does not apply either
+    if idle:
+        disc.sources["nvml"] = Source(State.NOT_RUN, "not needed: container stopped, its "
+                                      "cgroup tree is empty")
+    run.say(f"found {len(disc.holders)} GPU holder(s) in CT {run.vmid}")
+    unit_stops = None
+    if run.opts.stop_units:
+        run.freezer.release()  # systemctl runs in the container
+        unit_stops = guestunits.before_stop(run.vmid, run.cfg, run.scope, disc, run.deadline,
+                                            run.opts.dry_run, run.opts.progress)
+    if run.opts.dry_run:
+        for h in disc.holders:
+            h.outcome = Outcome.PROTECTED if h.protected else Outcome.WOULD_STOP
+        return _Acted(disc, before, unit_stops, Verdict.DRY_RUN, Stopped(disc.holders))
+    if not disc.holders:
+        return _Acted(disc, before, unit_stops, Verdict.NOTHING_TO_DO, Stopped([]))
+    for h in disc.holders:
+        if h.protected:
+            h.outcome = Outcome.PROTECTED
+    stopped = stop_and_verify(run, disc)
+    verdict = verdicts.after_stop(stopped.verified, [h.outcome for h in stopped.holders])
+    return _Acted(disc, before, unit_stops, verdict, stopped)
+
+
+def _conclude(run: Run, acted: _Acted, idle: bool) -> RunResult:
+    """Thawed: the freezer's and the probe's last word, GPU memory after, the report."""
+    disc, reads, holders = acted.disc, run.reads, acted.stopped.holders
+    disc.sources["freeze"] = Source(State.OK if run.freezer.holds else State.NOT_RUN,
+                                    run.freezer.summary())
+    disc.warnings += run.freezer.warnings
+    if disc.probe is not None:
+        late = (Source(State.NOT_RUN, "not waited for: the host view and NVML found nothing "
+                       "to clean") if not holders else
+                Source(State.LATE, f"late: not finished when the run ended "
+                       f"({run.deadline.elapsed():.2f} s); its findings were not used"))
+        _drop_probe(disc, late)
+    asked = not (run.opts.dry_run or idle) and (disc.scanned or bool(holders))
+    after = reads.memory(run.deadline.work_end) if asked else acted.before
+    problems = list(dict.fromkeys(reads.problems))
+    errors = list(problems)
+    verdict = verdicts.with_problems(acted.verdict, problems)
+    if reads.nvml_error and not idle and disc.sources["nvml"].ok:
+        errors.append(reads.nvml_error)
+    found = Findings(verdict, holders, disc, acted.before, after, acted.stopped.rounds, errors,
+                     acted.stopped.verify_s, len(reads.killed))
+    rep = build_report(stamp(run.started, run.deadline.elapsed()), run.vmid, run.opts.phase,
+                       run.opts.dry_run, found, run.ctconf.gpu_lines(), run.cfg)
+    last_exit = acted.stopped.last_exit
+    if acted.unit_stops is not None or holders:  # else there is nothing to say of units
+        if run.opts.phase == "manual" and last_exit is not None:
+            # a stopping container's units stop with it: hooks do not wait for restarts
+            guestunits.await_restarts(holders, run.scope.cgroup_dir.parent.parent,
+                                      min(last_exit + RESTART_WATCH, run.deadline.work_end))
+        rep = guestunits.annotate(rep, run.scope, acted.unit_stops)
+    return finish(rep, run.cfg, run.opts.write_report, run.deadline, reads.worker)
 
 
 REPORT_WAIT = 0.5  # s: writing the report may take at least this, even at the deadline

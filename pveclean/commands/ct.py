@@ -8,7 +8,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-from pveclean.cleanup import clean
+from pveclean.cleanup import RunOptions, clean
 from pveclean.commands.dryview import render_dry_run
 from pveclean.commands.render import render_run
 from pveclean.core.text import safe
@@ -74,9 +74,9 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
 
     # a dry run only reads: no report file, no syslog line, no metrics (an alert on the last
     # verdict must not be silenced by a look), no keep_reports slot used
-    result = clean(vid, cfg, worker, dry_run=args.dry_run, grace=args.grace,
+    result = clean(vid, cfg, worker, RunOptions(dry_run=args.dry_run, grace=args.grace,
                    progress=progress, stop_units=args.stop_units,
-                   write_report=not args.dry_run)
+                   write_report=not args.dry_run))
     if args.as_json:
         print(json.dumps(result.report.as_dict(), indent=2, default=str))
     else:

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from pveclean.cleanup import cgroup_root, clean, finish, reserve_for
+from pveclean.cleanup import RunOptions, cgroup_root, clean, finish, reserve_for
 from pveclean.core.config import PHASES, Config
 from pveclean.core.discovery import stall_for
 from pveclean.core.gpufaults import unchecked
@@ -87,9 +87,9 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     if task is None or not task.kills:
         return _pre_shutdown(vmid, cfg, nvml, task)
     deadline = start_deadline(cfg.deadline_seconds)
-    res = clean(vmid, cfg, phase="pre-stop", worker=nvml.warm(cfg, vmid), deadline=deadline,
+    res = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(phase="pre-stop",
                 write_report=False,
-                progress=progress_to_log(vmid, "pre-stop", cfg.grace_seconds))
+                progress=progress_to_log(vmid, "pre-stop", cfg.grace_seconds)), deadline)
     rep = res.report
     if rep.verdict == Verdict.NOTHING_TO_DO and not cfg.report_nothing_to_do:
         say(f"pveclean: CT {vmid} pre-stop: no GPU holders ({rep.duration_s:.2f} s); no "
@@ -121,8 +121,8 @@ def _pre_shutdown(vmid: int, cfg: Config, nvml: NvmlWorker, task: tasks.Task | N
     """Record what holds GPUs as the guest begins its own shutdown; signal nothing."""
     deadline = start_deadline(cfg.deadline_seconds)
     what = f"a {task.type} task" if task is not None else "no Proxmox task known"
-    res = clean(vmid, cfg, phase="pre-stop", dry_run=True, write_report=False,
-                worker=nvml.warm(cfg, vmid), deadline=deadline)
+    res = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(phase="pre-stop", dry_run=True,
+                write_report=False), deadline)
     rep = res.report.deferred(
         f"clean shutdown ({what}): holders recorded, not signalled; the guest shuts them "
         "down, and post-stop stops and reports whatever it leaves")
@@ -199,14 +199,14 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
     # its settings, no init for a stopped container; closed once NVML has answered, before
     # the report is written
     with nvml.warm(cfg, vmid) as wk:
-        res = clean(vmid, cfg, phase="post-stop", write_report=False, worker=wk,
-                    deadline=deadline)
+        res = clean(vmid, cfg, wk, RunOptions(phase="post-stop", write_report=False),
+                    deadline)
         rep = res.report.ran_by(via)
         if rep.busy:
             return _busy(vmid, "post-stop", res)
         pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
         leaks: list[Leak] = []
-        end = deadline.end - reserve_for(cfg)
+        end = deadline.keeping(reserve_for(cfg)).work_end
         with Reads(wk, deadline, stall_for(cfg), True,
                    Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout) as reads:
             memory = reads.memory(end)
@@ -242,8 +242,8 @@ def _busy(vmid: int, phase: str, res: RunResult) -> int:
 def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) -> int:
     """`nvml` was not forked ahead: a start asks NVML nothing unless something is left (see
     prelude.forks_early). `via`: as post_stop's."""
-    res = clean(vmid, cfg, phase="pre-start", write_report=False, worker=nvml.warm(cfg, vmid),
-                progress=progress_to_log(vmid, "pre-start", cfg.grace_seconds))
+    res = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(phase="pre-start", write_report=False,
+                progress=progress_to_log(vmid, "pre-start", cfg.grace_seconds)))
     if res.ctconf is not None:
         startrecord.write(cfg, vmid, res.ctconf.gpu_lines(), by_hook=via is None)
     rep = res.report.ran_by(via)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from pveclean.cleanup import clean
+from pveclean.cleanup import RunOptions, clean
 from pveclean.core.config import Config
 from pveclean.core.gpumap import VmConflict
 from pveclean.core.records import Holder
@@ -142,8 +142,8 @@ def holders(cfg: Config, e: CtView) -> None:
     """Current GPU holders of a container on this node (a dry run: nothing is signalled)."""
     try:
         with NvmlWorker() as nvml:  # each container's run its own, as its count of kills
-            rep = clean(e.vmid, cfg, nvml.warm(cfg, e.vmid), phase="status", dry_run=True,
-                        write_report=False).report
+            rep = clean(e.vmid, cfg, nvml.warm(cfg, e.vmid), RunOptions(phase="status",
+                        dry_run=True, write_report=False)).report
     except PvecleanError as exc:
         e.holders_error = str(exc)
         return

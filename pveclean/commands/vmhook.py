@@ -147,13 +147,13 @@ def _stop_holders(vmid: int, cfg: Config, nvml: NvmlWorker, plan: vmguard.Plan,
     """Each container's holders of the VM's GPUs stopped as `pveclean ct` stops them (and only
     those); then the GPUs looked at until nothing holds them, or the deadline. Returns the
     record with each container's run, and what is still held."""
-    from pveclean.cleanup import clean
+    from pveclean.cleanup import RunOptions, clean
 
     for ct, only in sorted(plan.stop.items()):
         say(f"pveclean: VM {vmid} pre-start: stopping CT {ct}'s holders of GPU "
             f"{', '.join(str(i) for i in sorted(only[0]))}, grace {cfg.grace_seconds:g} s")
-        res = clean(ct, cfg, worker=nvml.warm(cfg, ct), phase="vm-start", deadline=deadline,
-                    only=only)
+        res = clean(ct, cfg, nvml.warm(cfg, ct), RunOptions(phase="vm-start", only=only),
+                    deadline)
         rep = res.report
         record = record.with_stop(ct, CtStop(str(rep.verdict),
                                              None if res.path is None else str(res.path)))

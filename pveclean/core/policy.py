@@ -1,7 +1,9 @@
 """The stop policy: after each look at the container (a rescan), what the run does next.
 
-A pure function of what the look saw, the rounds used and allowed, the deadline and since when
-the container has looked clean; cleanup.stop_and_verify carries the steps out.
+A pure step function, decide: (what the look saw, where the loop stands, its limits, the
+deadline's clock) -> the next step and where the loop stands after it. Every step of the stop
+loop is decided here: a chase round, the late probe's round (late_chase, before a look), the
+full settling look, the verdict; cleanup.stop_and_verify only carries the steps out.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ class Step(StrEnum):
     LOST = "lost"  # the rescan did not finish: nothing to vouch for; done
     POLL = "poll"  # look again after `wait`
     TIME_UP = "time-up"  # the run's time for verifying is spent; done
+    # clean on looks that skipped the processes known to hold nothing: before a verdict, one
+    # look reads them all, thawed (a non-holder may have been passed a GPU fd: SCM_RIGHTS)
+    FULL_LOOK = "full-look"
+    LATE_CHASE = "late-chase"  # the late probe named holders of its own: a round for them
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,26 @@ class Look:
     new: int  # of them, the ones no round has handled yet
     nvml: int  # processes of ours NVML still lists (it frees memory a little after an exit)
     protected: int  # protected holders, still there: never signalled, never verified away
+
+
+@dataclass(frozen=True)
+class Verifying:
+    """Where the stop loop stands before a look."""
+
+    rounds_used: int = 0
+    clean_since: float | None = None  # when the container first looked clean, if it does
+    full: bool = False  # this look reads every process (the settling look)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What bounds the loop: the chase rounds allowed and when the time for verifying ends
+    (`end`, on the deadline's clock); `partial_looks`: looks skip the processes discovery saw
+    holding nothing (known_idle), so a clean one is settled by a full look."""
+
+    rounds_allowed: int
+    end: float
+    partial_looks: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,6 +89,12 @@ def with_grace(new: int, signalled: int) -> bool:
     return new <= signalled
 
 
+def gets_grace(d: Decision, new: int, signalled: int) -> bool:
+    """Whether the round after `d` sends its `new` holders SIGTERM and waits the grace: a
+    CHASE round as with_grace says, the late probe's round always."""
+    return d.step is Step.LATE_CHASE or with_grace(new, signalled)
+
+
 def known_idle(view: HostView | None) -> dict[int, int] | None:
     """The processes discovery saw holding nothing (PID -> start time): a verification look
     does not read their fds and maps again (the settling look does). None: no view."""
@@ -71,19 +103,22 @@ def known_idle(view: HostView | None) -> dict[int, int] | None:
     return {pid: st.starttime for pid, st in view.statuses.items() if pid not in view.holders}
 
 
-def next_step(look: Look | None, rounds_used: int, rounds_allowed: int, expired: bool,
-              now: float, end: float, clean_since: float | None) -> Decision:
-    """The next step after a look at `now` (on the deadline's clock); `end`: when the time for
-    verifying ends; `expired`: the run's deadline has passed."""
+def next_step(look: Look | None, at: Verifying, limits: Limits, now: float, expired: bool
+              ) -> Decision:
+    """The next step after a look at `now` (on the deadline's clock); `expired`: the run's
+    deadline has passed."""
     if look is None:
         return Decision(Step.LOST)
     if look.new:
-        if rounds_used < rounds_allowed and not expired:
+        if at.rounds_used < limits.rounds_allowed and not expired:
             return Decision(Step.CHASE)
         return Decision(Step.RESPAWNED)
+    end = limits.end
     if not look.live and not look.nvml:
-        since = now if clean_since is None else clean_since
+        since = now if at.clean_since is None else at.clean_since
         if now - since >= SETTLE or end - now < SETTLE:
+            if limits.partial_looks and not at.full and not look.protected:
+                return Decision(Step.FULL_LOOK, since)
             return Decision(Step.SETTLED, since, verified=not look.protected)
     elif look.live:
         return Decision(Step.SURVIVORS)
@@ -92,6 +127,30 @@ def next_step(look: Look | None, rounds_used: int, rounds_allowed: int, expired:
     if end - now <= 0:
         return Decision(Step.TIME_UP, since)
     return Decision(Step.POLL, since, wait=min(POLL_INTERVAL, max(end - now, 0.0)))
+
+
+def after(at: Verifying, d: Decision) -> Verifying:
+    """Where the loop stands for the look after decision `d`: a full look follows FULL_LOOK
+    only; a chase round starts over, one more round used. A full look that was due when the
+    late probe's holders came (LATE_CHASE) is still due: the round's first look is full."""
+    if d.step is Step.CHASE:
+        return Verifying(at.rounds_used + 1)
+    if d.step is Step.LATE_CHASE:
+        return Verifying(at.rounds_used + 1, full=at.full)
+    return Verifying(at.rounds_used, d.clean_since, full=d.step is Step.FULL_LOOK)
+
+
+def decide(look: Look | None, at: Verifying, limits: Limits, now: float, expired: bool
+           ) -> tuple[Decision, Verifying]:
+    """The step function: the decision after a look, and where the loop stands after it."""
+    d = next_step(look, at, limits, now, expired)
+    return d, after(at, d)
+
+
+def late_chase(pending: int, expired: bool) -> Decision | None:
+    """Before a look: a round for the late probe's `pending` holders (chase_late), or None;
+    after() says where the loop stands then."""
+    return Decision(Step.LATE_CHASE) if chase_late(pending, expired) else None
 
 
 def look_at(rescan: tuple[HostView, set[int]] | None, handled: set[ProcIdentity]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -19,12 +20,29 @@ Clock = Callable[[], float]  # seconds on a clock that never goes back (time.mon
 
 class Deadline:
     """One bound for a whole run, on the clock it is given (the host passes time.monotonic:
-    see host/clock.start_deadline)."""
+    see host/clock.start_deadline). The run's one clock: every wait and read is cut to it,
+    and the time it keeps back at the end (`reserve`, for the report and its last NVML
+    query) is handed out here, never computed by a caller."""
 
-    def __init__(self, seconds: float, clock: Clock) -> None:
+    def __init__(self, seconds: float, clock: Clock, reserve: float = 0.0) -> None:
         self.clock = clock
         self.start = clock()
         self.end = self.start + seconds
+        self.reserve = reserve
+
+    def keeping(self, reserve: float) -> Deadline:
+        """The same deadline (its start and end), keeping `reserve` s back at its end."""
+        kept = copy.copy(self)
+        kept.reserve = reserve
+        return kept
+
+    @property
+    def work_end(self) -> float:
+        """When the run's work (discovery, stops, verification) ends: `reserve` before end."""
+        return self.end - self.reserve
+
+    def work_left(self) -> float:
+        return max(0.0, self.work_end - self.clock())
 
     def remaining(self) -> float:
         return max(0.0, self.end - self.clock())

@@ -1,16 +1,6 @@
 """Holding a container's tree still while pveclean reads it and decides and sends signals.
 
-The cgroup v2 freezer of the container's host-owned level (lxc/<vmid>, above the tenant's ns/:
-the freezer is hierarchical, so the container's root cannot thaw it). Frozen, no process of
-the container can fork, exit, hop to a fresh cgroup or pass an fd, so one walk sees one tree;
-SIGKILL still ends a frozen task (v2). A freeze waits at most FREEZE_WAIT for every task to
-stop (one in uninterruptible sleep in a driver may never): then the run goes on and says so.
-
-Always thawed: on every exit of the run (the context manager), and when pveclean itself dies
-while it holds a freeze: a guard process forked before the first freeze thaws when its pipe
-from the run closes without a word, and a record in the state dir, written before the first
-freeze and removed after the last thaw, lets the next run thaw what a run killed with its
-guard (SIGKILL of the whole unit) left frozen. docs/security.md, "A tree that holds still".
+The protocol is Freezer's docstring; docs/security.md, "A tree that holds still", points here.
 """
 
 from __future__ import annotations
@@ -91,9 +81,52 @@ def _guard(cgroup_dir: Path, record: Path) -> tuple[int, int]:
 
 
 class Freezer:
-    """hold() freezes (idempotent), release() thaws; the context's exit thaws for good.
-    `enabled` False: holds nothing (a dry run, no freezer, frozen by someone else), `why`
-    says why, for the report's sources."""
+    """The freeze protocol: one Freezer per run, the one place that freezes and thaws.
+
+    What: the cgroup v2 freezer (`cgroup.freeze`) of the container's host-owned level,
+    `lxc/<vmid>` (cgroupfs.container_cgroup; on hybrid hosts under /sys/fs/cgroup/unified).
+    It is hierarchical: the tenant's `ns/` below cannot thaw it (its `cgroup.freeze` only adds
+    to ours). Frozen, no process of the container can fork, exit, hop to a fresh cgroup or
+    pass an fd, so one walk sees one tree; SIGKILL still ends a frozen task (v2), so nothing
+    waits for a thaw. hold() freezes (idempotent), release() thaws, set(on) is either (the one
+    callback pidfds.stop takes); the context's exit thaws for good.
+
+    Frozen (hold):
+      * the host scan of discovery (reads.host calls hold() after NVML has answered: a slow
+        NVML never lengthens a freeze);
+      * while identities are proven and SIGTERMs sent (cleanup's round holds first);
+      * while the SIGKILLs are decided and sent (pidfds.stop: set(True));
+      * each partial verification look (reads.rescan calls hold() after NVML's answer).
+    Thawed (release):
+      * during the SIGTERM grace (a process exits cleanly only if it runs) and while SIGKILLed
+        processes are awaited (pidfds.stop: set(False));
+      * between looks, and for the full look that settles a `clean` verdict (policy's
+        FULL_LOOK: what a freeze would add there, an fd kept in flight defeats anyway);
+      * before `--stop-units` runs systemctl in the container.
+    A look that ends the loop or starts a chase round leaves the tree as it was: the next
+    round holds anyway (hold() is idempotent), and the run's exit thaws.
+
+    A freeze waits at most `wait` (FREEZE_WAIT, 0.1 s) for `cgroup.events` to say
+    `frozen 1`: a task in uninterruptible sleep in a driver (or frozen by a v1 freezer) stops
+    only when it leaves the kernel, maybe never. The run goes on, and summary() says the tree
+    was read while that task could still move.
+
+    Not frozen (`enabled` False, `why` says why, for the report's `sources.freeze`): a dry run
+    (it changes nothing; a relay or hopper can hide from it), a stopped container whose tree
+    is empty, a kernel without `cgroup.freeze`, a freeze that failed, and a container already
+    frozen by someone else (`pct suspend`, a backup in suspend mode): left to its owner, never
+    thawed by pveclean.
+
+    Always thawed: on every way out of the run (the context manager: exceptions, Ctrl-C, the
+    deadline, a killed worker; workers never hold the freeze). If pveclean itself dies while
+    it holds a freeze (SIGKILL, the OOM killer), a guard process forked before the first
+    freeze thaws when its pipe from the run closes without a word (it ignores SIGINT, SIGTERM,
+    SIGHUP). If the guard dies too (the unit's cgroup SIGKILLed), a record,
+    `<state_dir>/frozen/<vmid>`, written before the first freeze and removed after the last
+    thaw, makes the next cleanup of that container thaw it first (recover) and say so in its
+    warnings; until then `echo 0 > /sys/fs/cgroup/lxc/<vmid>/cgroup.freeze` thaws it. Only the
+    container's own cgroup is ever thawed, whatever the record says.
+    """
 
     def __init__(self, cgroup_dir: Path, state_dir: str, vmid: int, enabled: bool = True,
                  why: str = "", wait: float = FREEZE_WAIT) -> None:

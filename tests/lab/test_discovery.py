@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pveclean.cleanup import clean
+from pveclean.cleanup import RunOptions, clean
 from pveclean.host import cgroupfs, devnodes, procfs, statx
 from pveclean.host.configfile import load
 from pveclean.host.prelude import NvmlWorker
@@ -171,7 +171,7 @@ def test_cgroup_walk_past_its_cap_is_residual_with_the_reason(
         monkeypatch.setattr(cgroupfs, "MAX_CGROUPS", 40)
         cfg = load(lab.config_path)
         with NvmlWorker() as nvml:
-            res = clean(vmid, cfg, nvml.warm(cfg, vmid), write_report=True)
+            res = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(write_report=True))
         assert res.verdict == "residual"
         (h,) = res.report.as_dict()["holders"]
         assert "more than 40 cgroups" in h["protected"]

@@ -18,8 +18,8 @@ def test_status_on_the_lab_shows_gpus_holders_hook_and_last_report(host: Lab, vm
     assert pveclean(host, "install", str(vmid), "--enable-snippets").returncode == 0
     # the last report: a residual run (a dry run writes none, nor does status)
     reportfiles.write({"vmid": vmid, "phase": "manual", "verdict": "residual",
-                       "start": "2026-01-02T03:04:05Z", "_started": time.time() - 60},
-                      str(host.report_dir))
+                       "start": "2026-01-02T03:04:05Z"}, str(host.report_dir),
+                      reportfiles.report_name(vmid, "manual", time.time() - 60))
     assert pveclean(host, "ct", str(vmid), "--dry-run").returncode == 0
     res = pveclean(host, "status", "--json")
     assert res.returncode == 0, res.stderr

@@ -10,13 +10,19 @@ from pveclean.core.policy import (
     POLL_INTERVAL,
     SETTLE,
     Decision,
+    Limits,
     Look,
     Step,
+    Verifying,
+    after,
     chase_late,
+    decide,
+    gets_grace,
+    late_chase,
     look_at,
     next_step,
 )
-from pveclean.core.records import Holder, HostView, ProcIdentity
+from pveclean.core.records import Deadline, Holder, HostView, ProcIdentity
 
 NOW, END = 100.0, 110.0
 CLEAN = Look(live=0, new=0, nvml=0, protected=0)
@@ -24,7 +30,7 @@ CLEAN = Look(live=0, new=0, nvml=0, protected=0)
 
 def step(look: Look | None, used: int = 0, allowed: int = 3, expired: bool = False,
          now: float = NOW, end: float = END, since: float | None = None) -> Decision:
-    return next_step(look, used, allowed, expired, now, end, since)
+    return next_step(look, Verifying(used, since), Limits(allowed, end), now, expired)
 
 
 def test_a_rescan_that_did_not_finish_ends_unverified() -> None:
@@ -113,7 +119,7 @@ looks = st.builds(lambda live, extra, nvml, prot: Look(live + extra, live, nvml,
 def test_the_policy_decides_as_the_inline_loop_did(
         look: Look | None, used: int, allowed: int, expired: bool, now: float, end: float,
         since: float | None) -> None:
-    d = next_step(look, used, allowed, expired, now, end, since)
+    d = next_step(look, Verifying(used, since), Limits(allowed, end), now, expired)
     kind, verified, clean_since = reference(look, used, allowed, expired, now, end, since)
     moving = {Step.CHASE: "chase", Step.POLL: "poll"}
     assert moving.get(d.step, "done") == kind
@@ -155,3 +161,77 @@ def test_look_at_counts_a_rescan_and_names_the_new_holders() -> None:
     same_pid_new_start = look_at((HostView({1: make(1)}, {}, {}, None), set()),
                                  {ProcIdentity(1, 99)})
     assert same_pid_new_start[0] == Look(1, 1, 0, 0)
+
+
+def test_a_clean_partial_look_is_settled_by_a_full_look() -> None:
+    """Looks that skip known-idle processes settle only after one full look (SCM_RIGHTS)."""
+    partial = Limits(3, END, partial_looks=True)
+    d = next_step(CLEAN, Verifying(0, NOW - 1), partial, NOW, False)
+    assert d == Decision(Step.FULL_LOOK, NOW - 1)
+    at = after(Verifying(0, NOW - 1), d)
+    assert at == Verifying(0, NOW - 1, full=True)
+    assert next_step(CLEAN, at, partial, NOW, False) == Decision(Step.SETTLED, NOW - 1,
+                                                                verified=True)
+    # a protected holder still there: not verified, and no full look can change that
+    prot = Look(live=0, new=0, nvml=0, protected=1)
+    assert next_step(prot, Verifying(0, NOW - 1), partial, NOW, False).step is Step.SETTLED
+
+
+def test_after_a_chase_the_loop_starts_over_with_one_more_round() -> None:
+    at = Verifying(1, NOW, full=True)
+    assert after(at, Decision(Step.CHASE)) == Verifying(2)
+    assert after(at, Decision(Step.POLL, NOW, wait=0.02)) == Verifying(1, NOW)
+
+
+def test_a_late_probe_round_is_decided_before_the_look_and_keeps_a_due_full_look() -> None:
+    assert late_chase(pending=0, expired=False) is None
+    assert late_chase(pending=2, expired=True) is None
+    d = late_chase(pending=2, expired=False)
+    assert d == Decision(Step.LATE_CHASE)
+    assert after(Verifying(1, NOW, full=True), d) == Verifying(2, full=True)
+    assert after(Verifying(0, NOW), d) == Verifying(1)
+    assert gets_grace(Decision(Step.LATE_CHASE), new=9, signalled=1)
+    assert not gets_grace(Decision(Step.CHASE), new=9, signalled=1)
+    assert gets_grace(Decision(Step.CHASE), new=1, signalled=1)
+
+
+def test_decide_walks_a_partial_run_to_its_settled_verdict_through_one_full_look() -> None:
+    """The loop as stop_and_verify drives it: clean partial looks for SETTLE, then one full
+    look; only then the verdict. A full look that finds NVML busy goes back to partial."""
+    limits, at, now, seen = Limits(3, 1.0, partial_looks=True), Verifying(), 0.0, []
+    while True:
+        d, at = decide(CLEAN, at, limits, now, expired=False)
+        seen.append(d.step)
+        if d.step not in (Step.POLL, Step.FULL_LOOK):
+            break
+        now += d.wait
+    assert seen == [Step.POLL] * 3 + [Step.FULL_LOOK, Step.SETTLED] and d.verified
+    d, at = decide(Look(0, 0, 1, 0), Verifying(0, 0.0, full=True), limits, 0.1, False)
+    assert d.step is Step.POLL and at == Verifying(0, None)
+
+
+def test_a_deadline_hands_out_its_reserve() -> None:
+    t = [10.0]
+    dl = Deadline(5.0, lambda: t[0])
+    kept = dl.keeping(0.5)
+    assert (kept.start, kept.end, kept.work_end) == (10.0, 15.0, 14.5)
+    assert dl.work_end == 15.0 and dl.reserve == 0.0  # the original keeps nothing back
+    t[0] = 14.0
+    assert kept.work_left() == pytest.approx(0.5) and kept.remaining() == pytest.approx(1.0)
+    t[0] = 14.9
+    assert kept.work_left() == 0.0 and not kept.expired()
+
+
+@given(st.one_of(st.none(), looks), st.integers(0, 4), st.booleans(), st.booleans(),
+       st.floats(0, 20), st.floats(0, 20), st.one_of(st.none(), st.floats(0, 20)))
+def test_the_full_look_is_decided_where_the_inline_loop_took_it(
+        look: Look | None, used: int, partial: bool, full: bool, now: float, end: float,
+        since: float | None) -> None:
+    """The old loop: `SETTLED and verified and quiet and not full` -> one more, full, look."""
+    d = next_step(look, Verifying(used, since, full), Limits(3, end, partial), now, False)
+    plain = next_step(look, Verifying(used, since), Limits(3, end), now, False)
+    if plain.step is Step.SETTLED and plain.verified and partial and not full:
+        assert d == Decision(Step.FULL_LOOK, plain.clean_since)
+        assert after(Verifying(used, since, full), d) == Verifying(used, plain.clean_since, True)
+    else:
+        assert d == plain
