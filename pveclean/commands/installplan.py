@@ -11,6 +11,19 @@ from pathlib import Path
 from pveclean.errors import ExitCode
 
 
+@dataclass(frozen=True)
+class InstallRequest:
+    """What `pveclean install` is asked: which guests, where the hookscript goes, and how."""
+
+    vmids: tuple[int, ...] = ()  # the guests named
+    every: bool = False  # instead: every guest of the kind with GPUs (--all, --all-gpu-vms)
+    kind: str = "lxc"  # qemu: VMs (--vm, --all-gpu-vms)
+    storage: str = "local"  # the storage whose snippets directory gets the hookscript
+    chain: bool = False  # keep another hookscript and run it in every phase (--chain)
+    enable_snippets: bool = False  # add 'snippets' to the storage's content
+    systemd: bool = False  # a pve-container@VMID.service drop-in too (--systemd)
+
+
 @dataclass
 class Step:
     vmid: int
