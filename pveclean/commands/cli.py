@@ -223,7 +223,7 @@ def install(
     pveclean install --vm 200
     """
     from pveclean.commands.install import apply_install, plan_install
-    from pveclean.commands.installplan import carry_out
+    from pveclean.commands.installplan import InstallRequest, carry_out
     from pveclean.proxmox.pveapi import connect
     from pveclean.proxmox.pveconf import parse_vmid
 
@@ -235,8 +235,9 @@ def install(
     need_root()
     cfg = load(config)
     api = connect(cfg)
-    kind = "qemu" if vm or all_gpu_vms else "lxc"
-    plan = plan_install(api, cfg, ids, every, storage, chain, enable_snippets, systemd, kind)
+    req = InstallRequest(tuple(ids), every, "qemu" if vm or all_gpu_vms else "lxc", storage,
+                         chain, enable_snippets, systemd)
+    plan = plan_install(api, cfg, req)
     raise typer.Exit(carry_out(plan, dry_run, lambda: apply_install(api, cfg, plan),
                                _echo, as_json))
 
@@ -263,8 +264,8 @@ def uninstall(
     Examples: pveclean uninstall 129 | pveclean uninstall --vm 200 |
     pveclean uninstall --all --dry-run
     """
-    from pveclean.commands.install import apply_uninstall, plan_uninstall
     from pveclean.commands.installplan import carry_out
+    from pveclean.commands.uninstall import apply_uninstall, plan_uninstall
     from pveclean.proxmox.pveapi import connect
     from pveclean.proxmox.pveconf import parse_vmid
 

@@ -1,5 +1,6 @@
-"""`pveclean install` and `uninstall`: put the hookscript into a storage's snippets directory
-and register it on containers through the Proxmox API.
+"""`pveclean install`: put the hookscript into a storage's snippets directory and register it
+on containers (or VMs) through the Proxmox API. The planning pieces here (Planning, the
+guests found, snippet paths, drop-ins applied) serve `uninstall` too (uninstall.py).
 
 Plan first, then apply: a plan with problems changes nothing. Another hookscript is never
 replaced silently: without --chain that is a problem; with --chain it is recorded
@@ -10,9 +11,11 @@ the node the container runs on, so chaining and uninstalling work on this node's
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from pveclean.commands.installplan import Outcome, Plan, Step
+from pveclean.commands.installplan import InstallRequest, Outcome, Plan, Step
 from pveclean.core.config import Config
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import devnodes
@@ -26,56 +29,82 @@ from pveclean.proxmox.hookscript import (
     is_pveclean,
     pveclean_bin,
 )
-from pveclean.proxmox.pveapi import Api, Container, guest_label
+from pveclean.proxmox.pveapi import Api, Container, Storage, guest_label
 from pveclean.proxmox.snippets import parse_volid
 
 
-# ---- install ----------------------------------------------------------------------------
-def _targets(api: Api, plan: Plan, vmids: list[int], online: dict[str, bool],
-             gone: list[int] | None = None, kind: str = "lxc"
-             ) -> list[tuple[Container, pveconf.CtConfig]]:
+# ---- the guests a plan is for (install's and uninstall's) --------------------------------
+@dataclass(frozen=True)
+class Planning:
+    """One plan in the making, and what it is planned against."""
+
+    api: Api
+    cfg: Config
+    plan: Plan
+    here: str  # this node
+    online: dict[str, bool]  # node -> is it online
+
+    @classmethod
+    def start(cls, api: Api, cfg: Config, plan: Plan) -> Planning:
+        return cls(api, cfg, plan, api.local_node(), api.nodes())
+
+
+def find_guests(p: Planning, vmids: Sequence[int], kind: str = "lxc",
+                gone: list[int] | None = None) -> list[tuple[Container, pveconf.CtConfig]]:
     """The guests of `kind` that `vmids` names; one that does not exist is a problem, or,
     when `gone` is given, goes there (uninstall removes what pveclean left for it)."""
-    cts = {c.vmid: c for c in api.containers(kind)}
+    cts = {c.vmid: c for c in p.api.containers(kind)}
     out = []
     for vmid in vmids:
         c = cts.get(vmid)
         if c is None and gone is not None:
             gone.append(vmid)
         elif c is None:
-            plan.problem(f"{guest_label(kind, vmid)} does not exist in this cluster",
-                         ExitCode.ACCESS)
-        elif not online.get(c.node, False):
-            plan.problem(f"{c.label}: its node {c.node} is offline", ExitCode.ACCESS)
+            p.plan.problem(f"{guest_label(kind, vmid)} does not exist in this cluster",
+                           ExitCode.ACCESS)
+        elif not p.online.get(c.node, False):
+            p.plan.problem(f"{c.label}: its node {c.node} is offline", ExitCode.ACCESS)
         else:
-            out.append((c, api.ct_config(c.node, vmid, kind)))
+            out.append((c, p.api.ct_config(c.node, vmid, kind)))
     return out
 
 
-def _all(api: Api, plan: Plan, online: dict[str, bool], kinds: tuple[str, ...] = ("lxc",)
-         ) -> list[tuple[Container, pveconf.CtConfig]]:
+def all_guests(p: Planning, kinds: tuple[str, ...] = ("lxc",)
+               ) -> list[tuple[Container, pveconf.CtConfig]]:
     out = []
-    for c in (c for kind in kinds for c in api.containers(kind)):
+    for c in (c for kind in kinds for c in p.api.containers(kind)):
         if c.template:
             continue
-        if not online.get(c.node, False):
-            plan.notes.append(f"{c.label}: its node {c.node} is offline; not looked at")
+        if not p.online.get(c.node, False):
+            p.plan.notes.append(f"{c.label}: its node {c.node} is offline; not looked at")
             continue
-        out.append((c, api.ct_config(c.node, c.vmid, c.kind)))
+        out.append((c, p.api.ct_config(c.node, c.vmid, c.kind)))
     return out
 
 
-def _passes_gpu(cfg: Config, c: Container, conf: pveconf.CtConfig, here: str,
-                majors: frozenset[int], mappings: dict[str, list[str]]) -> bool | None:
-    """Does the guest's config give it an NVIDIA GPU? A VM's hostpci lines (`mappings`: this
-    node's PCI resource mappings) are looked up in this node's sysfs: None for a VM on
-    another node (cannot tell from here)."""
-    if c.kind != "qemu":
-        return bool(conf.gpu_lines(majors))
-    if c.node != here:
-        return None
-    return bool(passthrough.nvidia_functions(conf.lines, mappings,
-                                             Path(cfg.pci_sysfs) / "devices"))
+@dataclass(frozen=True)
+class _GpuCheck:
+    """Does a guest's config give it an NVIDIA GPU? A VM's hostpci lines (`mappings`: this
+    node's PCI resource mappings) are looked up in this node's sysfs."""
+
+    cfg: Config
+    here: str
+    majors: frozenset[int]  # the NVIDIA device nodes' majors
+    mappings: dict[str, list[str]]
+
+    @classmethod
+    def of(cls, cfg: Config, here: str, kind: str) -> _GpuCheck:
+        return cls(cfg, here, devnodes.nvidia_majors(),
+                   _pci_mappings(cfg, here) if kind == "qemu" else {})
+
+    def passes(self, c: Container, conf: pveconf.CtConfig) -> bool | None:
+        """None for a VM on another node (cannot tell from here)."""
+        if c.kind != "qemu":
+            return bool(conf.gpu_lines(self.majors))
+        if c.node != self.here:
+            return None
+        return bool(passthrough.nvidia_functions(conf.lines, self.mappings,
+                                                 Path(self.cfg.pci_sysfs) / "devices"))
 
 
 def _pci_mappings(cfg: Config, here: str) -> dict[str, list[str]]:
@@ -93,6 +122,17 @@ def _pci_mappings(cfg: Config, here: str) -> dict[str, list[str]]:
     return got
 
 
+def snippet_path(api: Api, volid: str) -> Path | None:
+    """Where a snippet volume lives, as the API describes its storage."""
+    parsed = parse_volid(volid)
+    if parsed is None:
+        return None
+    storage, name = parsed
+    sdir = api.storage(storage).snippets_dir
+    return sdir / name if sdir else None
+
+
+# ---- install ----------------------------------------------------------------------------
 def _file_action(plan: Plan, path: Path, text: str) -> str:
     try:
         old = path.read_text(encoding="utf-8", errors="replace")
@@ -109,80 +149,89 @@ def _file_action(plan: Plan, path: Path, text: str) -> str:
     return "unchanged" if old == text and st.st_mode & 0o777 == 0o755 and owner_ok else "update"
 
 
-def _snippet_path(api: Api, volid: str) -> Path | None:
-    """Where a snippet volume lives, as the API describes its storage."""
-    parsed = parse_volid(volid)
-    if parsed is None:
-        return None
-    storage, name = parsed
-    sdir = api.storage(storage).snippets_dir
-    return sdir / name if sdir else None
-
-
-def plan_install(api: Api, cfg: Config, vmids: list[int], all_gpu: bool, storage: str,
-                 chain_existing: bool, enable_snippets: bool, systemd: bool = False,
-                 kind: str = "lxc") -> Plan:
-    """For containers, or with `kind` qemu for VMs (the same script as pveclean-vm-hook)."""
-    plan = Plan("install", storage=storage)
-    if systemd and kind == "qemu":
+def plan_install(api: Api, cfg: Config, req: InstallRequest) -> Plan:
+    """For containers, or with req.kind qemu for VMs (the same script as pveclean-vm-hook)."""
+    plan = Plan("install", storage=req.storage)
+    if req.systemd and req.kind == "qemu":
         plan.problem("--systemd is for containers (pve-container@.service); a VM's guard is "
                      "its hookscript", ExitCode.USAGE)
         return plan
-    here, online = api.local_node(), api.nodes()
-    st = api.storage(storage)
-    if st.snippets_dir is None:
-        plan.problem(f"storage '{storage}' (type {st.type}) has no directory for snippets; "
+    p = Planning.start(api, cfg, plan)
+    st = api.storage(req.storage)
+    sdir = st.snippets_dir
+    if sdir is None:
+        plan.problem(f"storage '{req.storage}' (type {st.type}) has no directory for snippets; "
                      "choose a directory storage (dir, nfs, cifs, cephfs) with --storage")
         return plan
-    name = VM_HOOK_NAME if kind == "qemu" else HOOK_NAME
-    volid = f"{storage}:snippets/{name}"
-    plan.file = st.snippets_dir / name
-    plan.text = hook_text(cfg)
+    volid = _plan_snippet(p, req, st, sdir)
+    gpus = _GpuCheck.of(cfg, p.here, req.kind)
+    targets = (_gpu_guests(p, req, st, gpus) if req.every
+               else _named_guests(p, req, st, gpus))
+    for c, conf in targets:
+        _install_step(p, c, conf, volid, req.chain)
+        if req.systemd:
+            _dropin_step(cfg, plan, c, p.here)
+    return plan
+
+
+def _plan_snippet(p: Planning, req: InstallRequest, st: Storage, sdir: Path) -> str:
+    """The hookscript's file in the storage's snippets directory `sdir`, and the storage's
+    content list; the hookscript's volume id."""
+    plan = p.plan
+    name = VM_HOOK_NAME if req.kind == "qemu" else HOOK_NAME
+    plan.file = sdir / name
+    plan.text = hook_text(p.cfg)
     plan.file_action = _file_action(plan, plan.file, plan.text)
     if "snippets" not in st.content:
         content = [c for c in st.content if c != "none"] + ["snippets"]
-        if enable_snippets:
+        if req.enable_snippets:
             plan.enable_snippets = content
         else:  # PVE::GuestHelpers::check_hookscript checks the path, never the content list
-            plan.notes.append(f"storage '{storage}' does not list snippets: the hookscript "
+            plan.notes.append(f"storage '{req.storage}' does not list snippets: the hookscript "
                               "runs anyway, but the GUI and 'pvesm list' do not show it; to "
-                              f"show it: pvesm set {storage} --content {','.join(content)} "
+                              f"show it: pvesm set {req.storage} --content {','.join(content)} "
                               "(or rerun with --enable-snippets)")
-    majors = devnodes.nvidia_majors()
-    mappings = _pci_mappings(cfg, here) if kind == "qemu" else {}
-    if all_gpu:
-        targets = []
-        for c, conf in _all(api, plan, online, (kind,)):
-            gpu = _passes_gpu(cfg, c, conf, here, majors, mappings)
-            again = f"pveclean install {'--all-gpu-vms' if kind == 'qemu' else '--all'}"
-            if gpu is None:
-                plan.notes.append(f"{c.label} on node {c.node} skipped: its GPUs are known "
-                                  f"on its node; run {again} on {c.node}")
-            elif gpu and not st.shared and c.node != here:
-                plan.notes.append(f"{c.label} on node {c.node} skipped: storage '{storage}' is "
-                                  f"not shared; run {again} on {c.node}")
-            elif gpu:
-                targets.append((c, conf))
-        if not targets and not plan.notes:
-            plan.notes.append(f"no {'VM' if kind == 'qemu' else 'container'} has NVIDIA GPU "
-                              "passthrough in its config")
-    else:
-        targets = []
-        for c, conf in _targets(api, plan, vmids, online, kind=kind):
-            if not st.shared and c.node != here:
-                plan.problem(f"{c.label} is on node {c.node} and storage '{storage}' is not "
-                             f"shared: run pveclean install there, or use --storage with a "
-                             "shared storage")
-                continue
-            if _passes_gpu(cfg, c, conf, here, majors, mappings) is False:
-                plan.notes.append(f"{c.label} has no NVIDIA GPU passthrough in its config; "
-                                  "registering anyway")
+    return f"{req.storage}:snippets/{name}"
+
+
+def _gpu_guests(p: Planning, req: InstallRequest, st: Storage, gpus: _GpuCheck
+                ) -> list[tuple[Container, pveconf.CtConfig]]:
+    """--all and --all-gpu-vms: every guest of the kind whose config passes a GPU, of this
+    node unless the storage is shared."""
+    targets = []
+    again = f"pveclean install {'--all-gpu-vms' if req.kind == 'qemu' else '--all'}"
+    for c, conf in all_guests(p, (req.kind,)):
+        gpu = gpus.passes(c, conf)
+        if gpu is None:
+            p.plan.notes.append(f"{c.label} on node {c.node} skipped: its GPUs are known "
+                                f"on its node; run {again} on {c.node}")
+        elif gpu and not st.shared and c.node != p.here:
+            p.plan.notes.append(f"{c.label} on node {c.node} skipped: storage '{req.storage}' "
+                                f"is not shared; run {again} on {c.node}")
+        elif gpu:
             targets.append((c, conf))
-    for c, conf in targets:
-        _install_step(api, cfg, plan, c, conf, volid, chain_existing, here)
-        if systemd:
-            _dropin_step(cfg, plan, c, here)
-    return plan
+    if not targets and not p.plan.notes:
+        p.plan.notes.append(f"no {'VM' if req.kind == 'qemu' else 'container'} has NVIDIA GPU "
+                            "passthrough in its config")
+    return targets
+
+
+def _named_guests(p: Planning, req: InstallRequest, st: Storage, gpus: _GpuCheck
+                  ) -> list[tuple[Container, pveconf.CtConfig]]:
+    """The guests named, each on this node unless the storage is shared; one without a GPU
+    is registered anyway."""
+    targets = []
+    for c, conf in find_guests(p, req.vmids, req.kind):
+        if not st.shared and c.node != p.here:
+            p.plan.problem(f"{c.label} is on node {c.node} and storage '{req.storage}' is not "
+                           f"shared: run pveclean install there, or use --storage with a "
+                           "shared storage")
+            continue
+        if gpus.passes(c, conf) is False:
+            p.plan.notes.append(f"{c.label} has no NVIDIA GPU passthrough in its config; "
+                                "registering anyway")
+        targets.append((c, conf))
+    return targets
 
 
 def _dropin_step(cfg: Config, plan: Plan, c: Container, here: str) -> None:
@@ -209,12 +258,14 @@ def _dropin_step(cfg: Config, plan: Plan, c: Container, here: str) -> None:
         plan.dropins.append((c.vmid, path, "unchanged" if old == text else "update", text))
 
 
-def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf.CtConfig,
-                  volid: str, chain_existing: bool, here: str) -> None:
+def _install_step(p: Planning, c: Container, conf: pveconf.CtConfig, volid: str,
+                  chain_existing: bool) -> None:
+    """Set hookscript `volid` on the guest; another one is chained, with `chain_existing`."""
+    plan = p.plan
     cur = conf.hookscript
     step = Step(c.vmid, c.node, "set", before=cur, after=volid, digest=conf.digest,
                 kind=c.kind)
-    rec = chain.read_record(cfg, c.vmid) if c.node == here else None
+    rec = chain.read_record(p.cfg, c.vmid) if c.node == p.here else None
     if cur == volid:
         step.action = "unchanged"
         step.chained = rec[0] if rec else None
@@ -231,11 +282,11 @@ def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf
                          "with --chain to keep it (pveclean then runs it in every phase), or "
                          f"remove it first ({tool} set {c.vmid} --delete hookscript)")
             return
-        if c.node != here:
+        if c.node != p.here:
             plan.problem(f"{c.label} is on node {c.node}: --chain records its hookscript "
                          f"{cur} on the node it runs on; run pveclean install --chain there")
             return
-        path = _snippet_path(api, cur)
+        path = snippet_path(p.api, cur)
         if path is None or not path.is_file():
             plan.problem(f"{c.label}: its hookscript {cur} is not a file on this node "
                          f"({path or 'not a snippets volume'}); cannot chain it", ExitCode.ACCESS)
@@ -246,7 +297,7 @@ def _install_step(api: Api, cfg: Config, plan: Plan, c: Container, conf: pveconf
     plan.steps.append(step)
 
 
-def _hookscript_is(api: Api, s: Step, volid: str | None) -> bool:
+def hookscript_is(api: Api, s: Step, volid: str | None) -> bool:
     """Re-read the config in force: is the hookscript now `volid`? (False if unreadable.)"""
     try:
         return api.ct_config(s.node, s.vmid, s.kind).hookscript == volid
@@ -277,7 +328,7 @@ def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
             try:
                 api.set_hookscript(s.node, s.vmid, s.after, s.digest, s.kind)
             except PvecleanError:
-                if not _hookscript_is(api, s, s.after):
+                if not hookscript_is(api, s, s.after):
                     if s.action == "chain":
                         chain.remove_record(cfg, s.vmid)
                     raise
@@ -292,11 +343,12 @@ def apply_install(api: Api, cfg: Config, plan: Plan) -> Outcome:
             continue
         out.done.append(f"{guest_label(s.kind, s.vmid)}: hookscript {s.after}"
                         + (f" (runs {s.chained} too)" if s.chained else ""))
-    _apply_dropins(cfg, plan, out)
+    apply_dropins(cfg, plan, out)
     return out
 
 
-def _apply_dropins(cfg: Config, plan: Plan, out: Outcome) -> None:
+def apply_dropins(cfg: Config, plan: Plan, out: Outcome) -> None:
+    """Write or remove the plan's systemd drop-ins (install's and uninstall's)."""
     changed = False
     for vmid, path, action, text in plan.dropins:
         try:
@@ -313,111 +365,3 @@ def _apply_dropins(cfg: Config, plan: Plan, out: Outcome) -> None:
             out.errors.append((f"CT {vmid}: {exc}", exc.exit_code))
     if changed and (warning := dropin.daemon_reload(cfg)):
         out.errors.append((warning, ExitCode.ACCESS))
-
-
-# ---- uninstall --------------------------------------------------------------------------
-def plan_uninstall(api: Api, cfg: Config, vmids: list[int], all_: bool, kind: str = "lxc"
-                   ) -> Plan:
-    """`vmids` of `kind`; with `all_` every container and VM with pveclean's hookscript."""
-    plan = Plan("uninstall")
-    here, online = api.local_node(), api.nodes()
-    gone: list[int] = []
-    seen = (_all(api, plan, online, ("lxc", "qemu")) if all_
-            else _targets(api, plan, vmids, online, None if kind == "qemu" else gone, kind))
-    removed: set[str] = set()
-    still_used: set[str] = set()
-    dropin_vmids = set(dropin.installed(cfg)) if all_ else set()
-    for vmid in gone:  # destroyed: its drop-in would run for the next container of that VMID
-        left = dropin.is_ours(dropin.dropin_path(cfg, vmid)), chain.read_record(cfg, vmid)
-        if not any(left):
-            plan.problem(f"CT {vmid} does not exist in this cluster, and pveclean left "
-                         "nothing for it on this node", ExitCode.ACCESS)
-            continue
-        plan.notes.append(f"CT {vmid} no longer exists: removing what pveclean left for it "
-                          "on this node")
-        if left[0]:
-            dropin_vmids.add(vmid)
-        if left[1]:
-            plan.forget_chains.append(vmid)
-    for c, _conf in seen:
-        if c.kind == "lxc" and c.node == here and dropin.is_ours(dropin.dropin_path(cfg, c.vmid)):
-            dropin_vmids.add(c.vmid)
-    for vmid in sorted(dropin_vmids):
-        for unit in dropin.UNITS:
-            unit_file = dropin.dropin_path(cfg, vmid, unit)
-            if unit == dropin.UNITS[0] or dropin.is_ours(unit_file):
-                plan.dropins.append((vmid, unit_file, "remove", ""))
-    for c, conf in seen:
-        cur = conf.hookscript
-        if not is_pveclean(cur):
-            if not all_:
-                plan.steps.append(Step(c.vmid, c.node, "skip", before=cur, kind=c.kind,
-                                       note=f"hookscript is {cur or 'not set'}, not pveclean's"))
-            continue
-        if c.node != here:
-            if all_:
-                plan.notes.append(f"{c.label} on node {c.node} skipped: run pveclean "
-                                  "uninstall --all there")
-                still_used.add(str(cur))
-            else:
-                plan.problem(f"{c.label} is on node {c.node}: its chained hookscript (if any) "
-                             "is recorded there; run pveclean uninstall there")
-            continue
-        if c.lock:
-            plan.problem(f"{c.label} is locked ({c.lock}); try again when that is over",
-                         ExitCode.ACCESS)
-            continue
-        rec = chain.read_record(cfg, c.vmid)
-        if rec:
-            plan.steps.append(Step(c.vmid, c.node, "restore", before=cur, after=rec[0],
-                                   digest=conf.digest, kind=c.kind))
-        else:
-            plan.steps.append(Step(c.vmid, c.node, "delete", before=cur, digest=conf.digest,
-                                   kind=c.kind))
-        removed.add(str(cur))
-    if all_ and not any(not up for up in online.values()):
-        for volid in sorted(removed - still_used):
-            path = _snippet_path(api, volid)
-            if path is not None and path.is_file():
-                plan.remove_files.append(path)
-    return plan
-
-
-def apply_uninstall(api: Api, cfg: Config, plan: Plan) -> Outcome:
-    out = Outcome()
-    if plan.problems:
-        raise PvecleanError("refusing to apply a plan with problems", ExitCode.USAGE)
-    for s in plan.steps:
-        who = guest_label(s.kind, s.vmid)
-        try:
-            if s.action == "restore":
-                assert s.after is not None
-                api.set_hookscript(s.node, s.vmid, s.after, s.digest, s.kind)
-                out.done.append(f"{who}: hookscript {s.after} restored")
-            elif s.action == "delete":
-                api.delete_hookscript(s.node, s.vmid, s.digest, s.kind)
-                out.done.append(f"{who}: hookscript {s.before} removed")
-            else:
-                continue
-            chain.remove_record(cfg, s.vmid)
-        except PvecleanError as exc:
-            want = s.after if s.action == "restore" else None
-            if not _hookscript_is(api, s, want):  # did it go through anyway?
-                out.errors.append((f"{who}: {exc}", exc.exit_code))
-                continue
-            out.done.append(f"{who}: hookscript {want or 'removed'}")
-            chain.remove_record(cfg, s.vmid)
-    for vmid in plan.forget_chains:
-        chain.remove_record(cfg, vmid)
-        out.done.append(f"CT {vmid}: its chain record removed")
-    _apply_dropins(cfg, plan, out)
-    if out.errors:
-        return out
-    for path in plan.remove_files:
-        try:
-            if MARKER in path.read_text(encoding="utf-8", errors="replace"):
-                path.unlink()
-                out.done.append(f"removed {path}")
-        except OSError as exc:
-            out.errors.append((f"cannot remove {path}: {exc.strerror}", ExitCode.ACCESS))
-    return out

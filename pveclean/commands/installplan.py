@@ -7,9 +7,21 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pveclean.errors import ExitCode
+
+
+@dataclass(frozen=True)
+class InstallRequest:
+    """What `pveclean install` is asked: which guests, where the hookscript goes, and how."""
+
+    vmids: tuple[int, ...] = ()  # the guests named
+    every: bool = False  # instead: every guest of the kind with GPUs (--all, --all-gpu-vms)
+    kind: str = "lxc"  # qemu: VMs (--vm, --all-gpu-vms)
+    storage: str = "local"  # the storage whose snippets directory gets the hookscript
+    chain: bool = False  # keep another hookscript and run it in every phase (--chain)
+    enable_snippets: bool = False  # add 'snippets' to the storage's content
+    systemd: bool = False  # a pve-container@VMID.service drop-in too (--systemd)
 
 
 @dataclass
@@ -102,23 +114,39 @@ def describe(plan: Plan) -> list[str]:
     return lines
 
 
+@dataclass
+class Account:
+    """What carrying out a plan said: with --json, one object on stdout."""
+
+    command: str
+    dry_run: bool
+    plan: list[str]
+    changes: int
+    problems: list[str]
+    done: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self, exit_code: int) -> dict[str, object]:
+        return {"command": self.command, "dry_run": self.dry_run, "plan": self.plan,
+                "changes": self.changes, "problems": self.problems, "done": self.done,
+                "errors": self.errors, "exit_code": exit_code}
+
+
 def carry_out(plan: Plan, dry_run: bool, apply: Callable[[], Outcome],
               echo: Callable[[str, bool], None], as_json: bool = False) -> int:
     """Print the plan; stop at its problems; apply it unless a dry run. Returns the exit code.
     With `as_json` everything is said once, as one JSON object on stdout."""
-    said: dict[str, Any] = {"command": plan.command, "dry_run": dry_run,
-                            "plan": describe(plan), "changes": plan.changes,
-                            "problems": [m for m, _ in plan.problems], "done": [],
-                            "errors": []}
+    said = Account(plan.command, dry_run, describe(plan), plan.changes,
+                   [m for m, _ in plan.problems])
     code = _carry_out(plan, dry_run, apply, (lambda _line, _err: None) if as_json else echo,
                       said)
     if as_json:
-        echo(json.dumps({**said, "exit_code": int(code)}, indent=2), False)
+        echo(json.dumps(said.as_dict(int(code)), indent=2), False)
     return code
 
 
 def _carry_out(plan: Plan, dry_run: bool, apply: Callable[[], Outcome],
-               echo: Callable[[str, bool], None], said: dict[str, Any]) -> int:
+               echo: Callable[[str, bool], None], said: Account) -> int:
     for line in describe(plan):
         echo(line, False)
     for message, _code in plan.problems:
@@ -133,7 +161,7 @@ def _carry_out(plan: Plan, dry_run: bool, apply: Callable[[], Outcome],
         echo("nothing to change", False)
         return ExitCode.OK
     outcome = apply()
-    said["done"], said["errors"] = outcome.done, [m for m, _ in outcome.errors]
+    said.done, said.errors = outcome.done, [m for m, _ in outcome.errors]
     for line in outcome.done:
         echo(f"done: {line}", False)
     for message, _code in outcome.errors:

@@ -11,11 +11,12 @@ Sizes are estimates of the YAML each value becomes, never below it (see `size`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar, cast
+from typing import Protocol, TypeVar, cast
 
 from pveclean.core.records import Holder, Sent
 from pveclean.core.verdicts import REMAINING, Outcome
@@ -197,7 +198,7 @@ def bound_holder(h: Holder, text: int = TEXT, items: int = ITEMS, devices: int =
                  device_chars: int = DEVICE_CHARS) -> Holder:
     """The holder as a report lists it: strings cut to `text`, device paths to `devices`
     (each device kept), its other lists to `items`."""
-    changes: dict[str, Any] = {}
+    changes: dict[str, str | list[str] | list[Sent]] = {}  # field name -> its bounded value
     for f in dataclasses.fields(h):
         v = getattr(h, f.name)
         if f.name == "devices":
@@ -216,7 +217,12 @@ def bound_holder(h: Holder, text: int = TEXT, items: int = ITEMS, devices: int =
         else:
             continue
         changes[f.name] = v
-    return dataclasses.replace(h, **changes) if changes else h
+    if not changes:
+        return h
+    bounded = copy.copy(h)  # as dataclasses.replace would, whose **changes mypy types per field
+    for name, value in changes.items():
+        setattr(bounded, name, value)
+    return bounded
 
 
 def listed_holder(h: Holder) -> tuple[Holder, int]:

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 # The PATH Proxmox runs hooks and `pct exec` under (and pct's own lookup of a bare command).
-HOOK_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
+HOOK_DIRS = ("/sbin", "/bin", "/usr/sbin", "/usr/bin")
+HOOK_PATH = ":".join(HOOK_DIRS)
 PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
 PRE_START_POLICIES = ("warn", "refuse")
 VM_GPU_POLICIES = ("refuse", "stop-containers")

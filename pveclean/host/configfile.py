@@ -7,7 +7,7 @@ import os
 import shlex
 from pathlib import Path
 
-from pveclean.core.config import HOOK_PATH, Config, parse
+from pveclean.core.config import HOOK_DIRS, Config, parse
 from pveclean.errors import ConfigError
 
 DEFAULT_PATH = Path("/etc/pveclean/pveclean.yaml")
@@ -88,7 +88,7 @@ def _executable(command: str) -> str | None:
         return None
     if "/" in argv[0]:
         return argv[0]
-    for d in HOOK_PATH.split(":"):
+    for d in HOOK_DIRS:
         path = os.path.join(d, argv[0])
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path

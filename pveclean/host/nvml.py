@@ -148,14 +148,11 @@ class Nvml:
                 "nvml_timeout": Nvml.for_run(library, deadline_seconds).timeout}
 
     @classmethod
-    def in_worker(cls, state: dict[str, object]) -> Nvml:
+    def in_worker(cls, state: worker.State) -> Nvml:
         """The worker's one session, made from its settings on first use."""
         nv = state.get("nvml")
-        if not isinstance(nv, Nvml):
-            library, timeout = state.get("nvml_library"), state.get("nvml_timeout", 5.0)
-            nv = state["nvml"] = cls(library if isinstance(library, str) else None,
-                                     float(timeout) if isinstance(timeout, int | float)
-                                     else 5.0)
+        if nv is None:
+            nv = state["nvml"] = cls(state.get("nvml_library"), state.get("nvml_timeout", 5.0))
         return nv
 
     def warm(self) -> None:

@@ -48,9 +48,19 @@ from pveclean.host.crossing import WorkerError as WorkerError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, TypeVar
+    from typing import Any, TypedDict, TypeVar, Unpack
+
+    from pveclean.host.nvml import Nvml
 
     T = TypeVar("T")
+
+    class State(TypedDict, total=False):
+        """Per-worker state that lives across calls, by the module each key belongs to."""
+
+        nvml_library: str | None  # nvml.py: the session's settings (Nvml.settings)
+        nvml_timeout: float
+        nvml: Nvml  # nvml.py: the session, made on first use (Nvml.in_worker)
+        capped: dict[tuple[int, int], list[str]]  # procscan.py: processes past a cap
 
 
 MAX_ANSWER = 256 * 1024 * 1024  # bytes: 5,000 holders with 8 KiB command lines fit
@@ -64,7 +74,7 @@ PIPE_SIZE = 1 << 20  # the answers' pipe (F_SETPIPE_SZ; the default is 64 KiB): 
 
 # ---- the child side ---------------------------------------------------------------------
 _out_fd = -1
-_state: dict[str, Any] = {}  # a bag whose keys belong to the modules that use them
+_state: State = {}
 _marks: mmap.mmap | None = None  # the worker's page for mark(), if its parent made one
 _mark_seq = 0
 MARK = struct.Struct("<QQ")  # how many marks so far, the last one
@@ -100,7 +110,7 @@ def park_self() -> None:
         cgroupfs.park(os.getpid())
 
 
-def state() -> dict[str, Any]:
+def state() -> State:
     """Per-worker state that lives across calls (the NVML session)."""
     return _state
 
@@ -123,7 +133,7 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _serve(req_fd: int, out_fd: int, init: dict[str, object],
+def _serve(req_fd: int, out_fd: int, init: State,
            prelude: Callable[[], object] | None, marks: mmap.mmap | None = None) -> None:
     global _out_fd, _marks
     _out_fd, _marks = out_fd, marks
@@ -160,8 +170,8 @@ class Worker:
     until its first call. Its notes reach that call, which they bound as its own do."""
 
     def __init__(self, prelude: Callable[[], object] | None = None, marks: bool = False,
-                 **init: object) -> None:
-        self.init = init  # copied into the child's state()
+                 **init: Unpack[State]) -> None:
+        self.init: State = init  # copied into the child's state()
         self.prelude = prelude
         # with `marks`: a page shared with the child, see mark()
         self._marks: mmap.mmap | None = None

@@ -62,12 +62,13 @@ def test_a_hookscript_set_after_the_plan_is_not_overwritten(cluster: Cluster) ->
     when another hookscript was set in between (assert_if_modified), so nothing is lost
     unchained."""
     from pveclean.commands import install
+    from pveclean.commands.installplan import InstallRequest
     from pveclean.host import configfile
     from pveclean.proxmox import pveapi
 
     cfg = configfile.load(cluster.config)
     api = pveapi.connect(cfg)
-    plan = install.plan_install(api, cfg, [101], False, "local", False, True)
+    plan = install.plan_install(api, cfg, InstallRequest((101,), enable_snippets=True))
     assert [s.action for s in plan.steps] == ["set"] and plan.steps[0].digest
     cluster.pve.ct(101).config["hookscript"] = "local:snippets/theirs.sh"  # someone else, now
     out = install.apply_install(api, cfg, plan)

@@ -168,7 +168,7 @@ def test_executable_lookup_as_pct_would(tmp_path: Path) -> None:
     assert configfile._executable("surely-no-such-command-here") is None
     sh = configfile._executable("sh -c true")
     assert sh is not None and os.path.basename(sh) == "sh"
-    assert os.path.dirname(sh) in configfile.HOOK_PATH.split(":")
+    assert os.path.dirname(sh) in configfile.HOOK_DIRS
 
 
 @needs_root
