@@ -16,6 +16,7 @@ from pveclean.core.gpumap import (
 )
 from pveclean.core.owners import Owner, OwnerKind
 from pveclean.core.records import GpuMemory, Source, SourceState
+from pveclean.core.reportread import devices_of
 
 
 def owner(kind: str, vmid: int | None = None) -> Owner:
@@ -24,6 +25,9 @@ def owner(kind: str, vmid: int | None = None) -> Owner:
 
 def proc(pid: int, kind: str = "ct", vmid: int | None = None, name: str = "python3",
          **kw: object) -> GpuProc:
+    if "devices" in kw:  # the map's labels, as `gpus --json` writes them
+        devices, kw["devices_more"] = devices_of(kw["devices"])
+        kw["devices"] = tuple(devices)
     return GpuProc(pid, name, owner(kind, vmid), **kw)  # type: ignore[arg-type]
 
 

@@ -7,6 +7,7 @@ import dataclasses
 
 from pveclean.core.records import Holder
 from pveclean.core.report import ContainerState, Report, Summary
+from pveclean.core.reportread import devices_of
 from pveclean.core.verdicts import Outcome, Verdict
 
 
@@ -14,6 +15,8 @@ def holder(pid: int = 4242, outcome: Outcome | str | None = None, **kw: object) 
     base = Holder(host_pid=pid, starttime=1, ct_pid=None, name="p", exe=None, argv=(), uid=0,
                   user="root", state="S", ppid=1, cgroup="/lxc/129/ns",
                   outcome=None if outcome is None else Outcome(outcome))
+    if "devices" in kw:  # the report's labels, as a report file gives them
+        kw["devices"], kw["devices_more"] = devices_of(kw["devices"])
     return dataclasses.replace(base, **kw) if kw else base  # type: ignore[arg-type]
 
 

@@ -13,6 +13,7 @@ from pveclean.commands.table import mib_text as _n
 from pveclean.commands.table import table as _table
 from pveclean.core.gpumap import GpuMap, GpuProc, GpuUse, VfioGpu, VmConflict, VmName
 from pveclean.core.owners import OwnerKind
+from pveclean.core.records import more_column
 from pveclean.core.text import ljust, safe, width
 
 TYPE_CHECKING = False
@@ -85,7 +86,7 @@ def render_gpus(gmap: GpuMap) -> str:
         lines += ["", "Holding GPU nodes but no single GPU (nvidiactl, nvidia-uvm...):"]
         rows = [("OWNER", "HOST PID", "CT PID", "NAME", "UNIT", "DEVICES")]
         for p in gmap.other_holders:
-            devs = ",".join(d.split(" ")[0] for d in p.devices) or "-"
+            devs = ",".join([*(d.word for d in p.devices), *more_column(p.devices_more)]) or "-"
             rows.append((_owner(p, hostnames), str(p.host_pid), str(p.ct_pid or "-"),
                          safe(p.name, 20), safe(p.unit or "-", 40), safe(devs, 40)))
         lines += _table(rows, "  ")

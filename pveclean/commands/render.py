@@ -7,6 +7,7 @@ quoting them) goes through `text.safe`: escaped, cut, and measured by displayed 
 from __future__ import annotations
 
 from pveclean.commands.table import table
+from pveclean.core.records import more_column
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 
@@ -33,19 +34,10 @@ def _mib(h: Holder) -> str:
     return str(sum(vals)) if vals else "-"
 
 
-def short_node(path: str) -> str:
-    """A held node as the table shows it: NVIDIA's by what follows /dev/nvidia (`0`, `ctl`,
-    `uvm`, `caps/nvidia-cap1`), any other path whole (the report has every path)."""
-    rest = path.removeprefix("/dev/nvidia")
-    if rest == path or not rest:
-        return path
-    return rest.lstrip("-")
-
-
 def holders_table(rep: Report) -> list[str]:
     rows = [("HOST PID", "CT PID", "NAME", "UNIT", "GPU MiB", "DEVICES", "OUTCOME", "SIGNALS")]
     for h in rep.holders:
-        devs = ",".join(short_node(d.split(" ")[0]) for d in h.devices) or "-"
+        devs = ",".join([*(d.short for d in h.devices), *more_column(h.devices_more)]) or "-"
         sigs = ",".join(s.signal.name for s in h.signals if s.signal is not None)
         outcome = str(h.outcome)
         if h.protected:

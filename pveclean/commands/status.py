@@ -10,7 +10,7 @@ from pathlib import Path
 from pveclean.cleanup import RunOptions, clean
 from pveclean.core.config import Config
 from pveclean.core.gpumap import VmConflict
-from pveclean.core.records import Holder
+from pveclean.core.records import Holder, device_labels
 from pveclean.errors import PvecleanError
 from pveclean.host import devnodes, reportfiles
 from pveclean.host.prelude import NvmlWorker
@@ -107,7 +107,7 @@ class CtView:
 def _holder_row(h: Holder) -> Json:
     return {"host_pid": h.host_pid, "ct_pid": h.ct_pid, "name": h.name, "unit": h.unit,
             "gpu_memory_mib": {int(k): v for k, v in sorted(h.gpu_memory_mib.items())},
-            "devices": h.devices}
+            "devices": device_labels(h.devices, h.devices_more)}
 
 
 @dataclass(frozen=True)

@@ -4,21 +4,21 @@ is redacted, dumped and written within the run's deadline and an admin can still
 
 What is cut is counted, never dropped silently: the holders past the cap are summarized in
 `holders_not_listed` (how many, per outcome, their PIDs as ranges, their most frequent names,
-their GPU memory per GPU); a holder's device paths past the cap end in "…+N more"; a list
-past its cap ends in "… N more not listed"; a string past TEXT ends in "…". The holders that
-matter most are listed first: those the run left behind, then those it could not signal.
+their GPU memory per GPU); a holder's device paths past the cap are counted in its
+`devices_more` (the report's "…+N more"); a list past its cap ends in "… N more not
+listed"; a string past TEXT ends in "…". The holders that matter most are listed first:
+those the run left behind, then those it could not signal.
 Sizes are estimates of the YAML each value becomes, never below it (see `size`)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import re
 from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol, TypeVar, cast
 
-from pveclean.core.records import Holder, Sent
+from pveclean.core.records import MORE, DeviceUse, Holder, Sent
 from pveclean.core.verdicts import REMAINING, Outcome
 
 
@@ -51,7 +51,6 @@ SECTION_BYTES = {  # the report's other lists; what is left of MAX_REPORT_BYTES 
     "unit_stops": 64 << 10, "removed_cgroups": 64 << 10, "leaks": 16 << 10,
 }
 UNSAVED_SHOWN = 16 << 10  # characters of an unsaved report shown on stderr (the task log)
-MORE = "…"
 
 
 def size(v: object) -> int:
@@ -159,50 +158,52 @@ def clip_unit_stops(stops: UnitStops, budget: int, text: int = TEXT) -> UnitStop
                                units_more=stops.units_more + more)
 
 
-_RDEV = re.compile(r" \((?:mmap )?(\d+:\d+)\)$")
-
-
-def _device(label: str) -> str | None:
-    """The device a holder's path label names ("195:0" of "... (195:0)" or "... (mmap
-    195:0)"), or None (the probe's labels name none)."""
-    m = _RDEV.search(label, max(0, len(label) - 32))  # the suffix only: a path can be long
-    return m.group(1) if m else None
-
-
-def cap_devices(labels: list[str], limit: int = DEVICES) -> list[str]:
+def cap_devices(devices: list[DeviceUse], more: int = 0, limit: int = DEVICES
+                ) -> tuple[list[DeviceUse], int]:
     """A holder's device paths: the first one of each device it holds (their number is the
     host's GPU nodes, not the tenant's to grow), then the others up to `limit`, in their
-    order; past that "…+N more"."""
-    extra = 0
-    if labels and labels[-1].startswith(f"{MORE}+"):  # capped before (at the scan)
-        extra = int(labels[-1][2:].split(" ", 1)[0])
-        labels = labels[:-1]
-    if len(labels) <= limit:
-        return [*labels, f"{MORE}+{extra} more"] if extra else list(labels)
-    seen: set[str] = set()
+    order; and how many are not listed (`more`: those capped before, at the scan)."""
+    if len(devices) <= limit:
+        return list(devices), more
+    seen: set[tuple[int, int]] = set()
     keep: set[int] = set()
-    for i, label in enumerate(labels):
-        dev = _device(label)
-        if dev is not None and dev not in seen:
-            seen.add(dev)
+    for i, d in enumerate(devices):
+        number = d.number
+        if number is not None and number not in seen:
+            seen.add(number)
             keep.add(i)
-    for i in range(len(labels)):
+    for i in range(len(devices)):
         if len(keep) >= max(limit, len(seen)):
             break
         keep.add(i)
-    more = len(labels) - len(keep) + extra
-    return [labels[i] for i in sorted(keep)] + [f"{MORE}+{more} more"]
+    return [devices[i] for i in sorted(keep)], len(devices) - len(keep) + more
+
+
+def cut_device(d: DeviceUse, limit: int = DEVICE_CHARS) -> DeviceUse:
+    """`d` with its label cut in the middle to `limit` characters (as cut_middle): its path
+    cut, its device number kept; a label whose end is too short for it is kept as text."""
+    label = str(d)
+    if len(label) <= limit:
+        return d
+    half = (limit - 1) // 2
+    suffix = len(label) - len(d.name)
+    tail = limit - 1 - half - suffix
+    if tail < 0:
+        return DeviceUse.named(cut_middle(label, limit))
+    name = d.name
+    return dataclasses.replace(d, path=name[:half] + MORE + name[len(name) - tail:], fd=None)
 
 
 def bound_holder(h: Holder, text: int = TEXT, items: int = ITEMS, devices: int = DEVICES,
                  device_chars: int = DEVICE_CHARS) -> Holder:
     """The holder as a report lists it: strings cut to `text`, device paths to `devices`
     (each device kept), its other lists to `items`."""
-    changes: dict[str, str | list[str] | list[Sent]] = {}  # field name -> its bounded value
+    changes: dict[str, str | int | list[str] | list[Sent] | list[DeviceUse]] = {}
     for f in dataclasses.fields(h):
         v = getattr(h, f.name)
         if f.name == "devices":
-            v = [cut_middle(x, device_chars) for x in cap_devices(v, devices)]
+            v, changes["devices_more"] = cap_devices(v, h.devices_more, devices)
+            v = [cut_device(x, device_chars) for x in v]
         elif isinstance(v, str) and len(v) > text:
             v = cut(v, text)
         elif f.name == "signals" and (len(v) > items or any(len(str(x)) > text for x in v)):

@@ -70,7 +70,7 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope,
     warnings: list[str] = []
     by_ct_pid = {st.nspid[1]: pid for pid, st in view.statuses.items() if len(st.nspid) >= 2}
     new: list[tuple[records.ProcStatus, str]] = []
-    paths_of: dict[int, list[str]] = {}
+    paths_of: dict[int, list[records.DeviceUse]] = {}
     unknown = [p for p in sorted(result.holders) if p not in by_ct_pid]
     if unknown:  # one line, however many the probe invents
         warnings.append(
@@ -92,7 +92,7 @@ def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope,
         if h is None:
             st = view.statuses[host_pid]
             new.append((st, view.tree.get(host_pid, ".")))
-            paths_of[host_pid] = list(paths)
+            paths_of[host_pid] = [records.DeviceUse.named(p) for p in paths]
             warnings.append(
                 f"probe found PID {host_pid} ({st.name}) holding {', '.join(paths)[:300]} "
                 "that the host view did not match"

@@ -11,7 +11,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from pveclean.core.owners import Owner, OwnerKind
-from pveclean.core.records import GpuDevices, GpuMemory, GpuStatus, Holder, Source
+from pveclean.core.records import (
+    DeviceUse,
+    GpuDevices,
+    GpuMemory,
+    GpuStatus,
+    Holder,
+    Source,
+    device_labels,
+)
 from pveclean.core.report import LEAK_SLACK_MIB, iso  # the post-stop hook's slack
 
 _NODE = re.compile(r"nvidia(\d+)")
@@ -75,14 +83,16 @@ class GpuProc:
     ct_pid: int | None = None
     unit: str | None = None
     cgroup: str | None = None
-    devices: tuple[str, ...] = ()  # the scan's labels of the nodes it holds, for display
+    devices: tuple[DeviceUse, ...] = ()  # the nodes it holds, for display
     rdevs: frozenset[int] = frozenset()  # the device numbers of those nodes
     memory: Mapping[int, int | None] = field(default_factory=dict)  # GPU index -> MiB
+    devices_more: int = 0  # the nodes not in `devices` (the container scan's cap)
 
     @classmethod
     def of_holder(cls, h: Holder, vmid: int, rdevs: Iterable[int]) -> GpuProc:
         return cls(h.host_pid, full_name(h.name, h.argv), Owner(OwnerKind.CT, vmid), h.ct_pid,
-                   h.unit, h.cgroup, tuple(h.devices), frozenset(rdevs))
+                   h.unit, h.cgroup, tuple(h.devices), frozenset(rdevs),
+                   devices_more=h.devices_more)
 
     def with_memory(self, per_gpu: Mapping[int, int | None]) -> GpuProc:
         return replace(self, memory={**self.memory, **per_gpu})
@@ -90,7 +100,7 @@ class GpuProc:
     def as_dict(self) -> Json:
         return {"host_pid": self.host_pid, "name": self.name, "owner": str(self.owner.kind),
                 "vmid": self.owner.vmid, "ct_pid": self.ct_pid, "unit": self.unit,
-                "cgroup": self.cgroup, "devices": list(self.devices),
+                "cgroup": self.cgroup, "devices": device_labels(self.devices, self.devices_more),
                 "gpu_memory_mib": {int(k): v for k, v in sorted(self.memory.items())}}
 
 

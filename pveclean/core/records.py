@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -118,6 +118,79 @@ class ProcIdentity:
     starttime: int
 
 
+class DeviceHow(StrEnum):
+    """How a process holds a GPU node, as the kernel told it."""
+
+    FD = "fd"  # an open fd (/proc/PID/fd)
+    MMAP = "mmap"  # a mapping (/proc/PID/maps)
+    URING = "io_uring fixed file"  # a file registered with an io_uring ring
+    NAMED = "named"  # a path without its device number: the probe's, an older report's
+
+
+MORE = "…"  # what a cut text or list ends in (see core/bounds.py)
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    """One GPU node a process holds: its path (None: the fd's link could not be read, the fd
+    number names it), its device number, and how it is held. str() is the report's label:
+    "/dev/nvidia0 (195:0)", "... (mmap 195:0)", "... (io_uring fixed file, 195:0)"."""
+
+    path: str | None
+    major: int | None = None
+    minor: int | None = None
+    how: DeviceHow = DeviceHow.NAMED
+    fd: str | None = None
+
+    @classmethod
+    def named(cls, path: str) -> DeviceUse:
+        return cls(path)
+
+    @property
+    def name(self) -> str:
+        return self.path if self.path is not None else f"fd {self.fd}"
+
+    @property
+    def number(self) -> tuple[int, int] | None:
+        """(major, minor) where the label shows "M:m" at its end as an fd's or a mapping's."""
+        if self.major is None or self.minor is None or self.how is DeviceHow.URING:
+            return None
+        return self.major, self.minor
+
+    @property
+    def word(self) -> str:
+        """Its path's first word, as the tables show it."""
+        return self.path.split(" ", 1)[0] if self.path is not None else "fd"
+
+    @property
+    def short(self) -> str:
+        """As the container table shows it: NVIDIA's by what follows /dev/nvidia (`0`, `ctl`,
+        `uvm`, `caps/nvidia-cap1`), any other path's first word whole."""
+        word = self.word
+        rest = word.removeprefix("/dev/nvidia")
+        return word if rest == word or not rest else rest.lstrip("-")
+
+    def __str__(self) -> str:
+        if self.major is None or self.minor is None or self.how is DeviceHow.NAMED:
+            return self.name
+        number = f"{self.major}:{self.minor}"
+        if self.how is DeviceHow.MMAP:
+            return f"{self.name} (mmap {number})"
+        if self.how is DeviceHow.URING:
+            return f"{self.name} (io_uring fixed file, {number})"
+        return f"{self.name} ({number})"
+
+
+def device_labels(devices: Iterable[DeviceUse], more: int = 0) -> list[str]:
+    """The report's `devices`: each label, then "…+N more" for those not listed."""
+    return [*map(str, devices), *([f"{MORE}+{more} more"] if more else [])]
+
+
+def more_column(more: int) -> list[str]:
+    """A table's word for the device paths not listed: "…+N"."""
+    return [f"{MORE}+{more}"] if more else []
+
+
 @dataclass
 class Holder:
     host_pid: int
@@ -131,7 +204,8 @@ class Holder:
     state: str
     ppid: int
     cgroup: str
-    devices: list[str] = field(default_factory=list)
+    devices: list[DeviceUse] = field(default_factory=list)
+    devices_more: int = 0  # device paths not listed (the scan's or a report's cap)
     gpu_memory_mib: dict[int, int | None] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     protected: str | None = None  # reason this one is never signalled
@@ -172,7 +246,7 @@ class Holder:
             "ppid": self.ppid,
             "cgroup": self.cgroup,
             "unit": self.unit,
-            "devices": self.devices,
+            "devices": device_labels(self.devices, self.devices_more),
             "gpu_memory_mib": {int(k): v for k, v in sorted(self.gpu_memory_mib.items())},
             "sources": self.sources,
             "outcome": str(self.outcome) if self.outcome is not None else None,

@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pveclean.core.amendments import Leak, NotListed, PreStopBrief, UnitStop, UnitStops
-from pveclean.core.records import Holder, OtherUser, Sent, Sig, Source, SourceState
+from pveclean.core.records import (
+    MORE,
+    DeviceHow,
+    DeviceUse,
+    Holder,
+    OtherUser,
+    Sent,
+    Sig,
+    Source,
+    SourceState,
+)
 from pveclean.core.report import ContainerState, Report, Summary
 from pveclean.core.reportparts import GpuRow, Settings
 from pveclean.core.verdicts import Outcome, Verdict
@@ -92,15 +102,39 @@ def _outcome(v: object) -> Outcome | None:
     return Outcome(v) if isinstance(v, str) and v in set(Outcome) else None
 
 
+_DEVICE = re.compile(r"(.*) \((mmap |io_uring fixed file, )?(\d+):(\d+)\)", re.DOTALL)
+_DEVICES_MORE = re.compile(MORE + r"\+(\d+) more")
+_HOW = {None: DeviceHow.FD, "mmap ": DeviceHow.MMAP, "io_uring fixed file, ": DeviceHow.URING}
+
+
+def device_of(label: str) -> DeviceUse:
+    """A holder's device label read back ("/dev/nvidia0 (195:0)", "... (mmap 195:0)", ...);
+    str() of the record gives the label again, whatever it is."""
+    m = _DEVICE.fullmatch(label)
+    if m is None:
+        return DeviceUse.named(label)
+    return DeviceUse(m.group(1), int(m.group(3)), int(m.group(4)), _HOW[m.group(2)])
+
+
+def devices_of(v: object) -> tuple[list[DeviceUse], int]:
+    """A holder's `devices`, and the count its last "…+N more" label gives (0: none)."""
+    labels = _texts(v)
+    more = _DEVICES_MORE.fullmatch(labels[-1]) if labels else None
+    if more is not None:
+        labels = labels[:-1]
+    return [device_of(x) for x in labels], int(more.group(1)) if more else 0
+
+
 def holder_of(d: Doc) -> Holder:
     cmdline = d.get("cmdline")
     argv = (tuple(str(a) for a in cmdline) if isinstance(cmdline, list | tuple)
             else (str(cmdline),) if cmdline else ())
+    devices, devices_more = devices_of(d.get("devices"))
     return Holder(
         host_pid=_int(d.get("host_pid")), starttime=0, ct_pid=_opt_int(d.get("ct_pid")),
         name=str(d.get("name", "")), exe=_text(d.get("exe")), argv=argv, uid=-1,
         user=str(d.get("user", "")), state=str(d.get("state", "")), ppid=_int(d.get("ppid")),
-        cgroup=str(d.get("cgroup", "")), devices=_texts(d.get("devices")),
+        cgroup=str(d.get("cgroup", "")), devices=devices, devices_more=devices_more,
         gpu_memory_mib=_mib(d.get("gpu_memory_mib")), sources=_texts(d.get("sources")),
         protected=_text(d.get("protected")), outcome=_outcome(d.get("outcome")),
         signals=[sent_of(s) for s in _list(d.get("signals"))], wchan=_text(d.get("wchan")),

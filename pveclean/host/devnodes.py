@@ -21,7 +21,7 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from pveclean.core.records import GpuDevices
+from pveclean.core.records import DeviceHow, DeviceUse, GpuDevices
 from pveclean.host import fstext, procfs, statx, uring
 from pveclean.host.procfs import read_text, readlink, thread_bases
 
@@ -98,7 +98,7 @@ class ScanCache:
 class Judged:
     """What one process holds, and why part of it could not be judged (empty: all was)."""
 
-    held: list[str] = field(default_factory=list)
+    held: list[DeviceUse] = field(default_factory=list)
     unjudged: list[str] = field(default_factory=list)
     capped: bool = False  # a cap (MAX_FDS, MAX_MAPS) cut the reading
     rdevs: set[int] = field(default_factory=set)  # the device numbers `held` names
@@ -116,7 +116,7 @@ class _FdTable:
                  out: Judged) -> None:
         self.base, self.dfd, self.devices, self.cache, self.out = base, dfd, devices, cache, out
         self.seen: set[tuple[tuple[int, int], int]] = set()  # GPU files already held
-        self.ring_done: dict[bytes, str | None] = {}
+        self.ring_done: dict[bytes, DeviceUse | uring.NotJudged | None] = {}
         self.risky: Risky | None = None
 
     def judge(self, name: str) -> None:
@@ -135,8 +135,9 @@ class _FdTable:
                 if info is not None and info.flags & fstext.O_PATH:
                     return  # an O_PATH fd never opened the device
                 self.seen.add((st.dev, st.ino))
-                target = self._link(name) or f"fd {name}"
-                self.out.held.append(f"{target} ({os.major(st.rdev)}:{os.minor(st.rdev)})")
+                link = self._link(name) or None  # None: the fd's number names it
+                self.out.held.append(DeviceUse(link, os.major(st.rdev), os.minor(st.rdev),
+                                               DeviceHow.FD, None if link else name))
                 self.out.rdevs.add(st.rdev)
         elif st.dev == statx.anon_inode_dev() and self._link(name) == uring.URING:
             self._ring(name)
@@ -225,7 +226,7 @@ def judge_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None,
 
 
 def device_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None
-               ) -> list[str] | None:
+               ) -> list[DeviceUse] | None:
     """judge_fds()'s GPU nodes alone; None if the process is gone."""
     got = judge_fds(pid, devices, cache)
     return None if got is None else got.held
@@ -266,8 +267,8 @@ def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
                 rdev = st.rdev if stat.S_ISCHR(st.mode) else -1
             cache.rdevs[key] = rdev
         if rdev >= 0 and devices.matches(rdev):
-            name = m.name.decode("utf-8", "replace")
-            out.held.append(f"{name} (mmap {os.major(rdev)}:{os.minor(rdev)})")
+            out.held.append(DeviceUse(m.name.decode("utf-8", "replace"), os.major(rdev),
+                                      os.minor(rdev), DeviceHow.MMAP))
             out.rdevs.add(rdev)
     if cut[0]:
         out.unjudged.append(f"maps longer than {MAX_MAPS >> 20} MiB: the mappings past it "
@@ -290,7 +291,8 @@ def judge_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None,
     return out
 
 
-def device_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None) -> list[str]:
+def device_maps(pid: int, devices: GpuDevices, cache: ScanCache | None = None
+                ) -> list[DeviceUse]:
     """judge_maps()'s GPU nodes alone."""
     return judge_maps(pid, devices, cache).held
 

@@ -117,7 +117,7 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
             look.capped[pid, st.starttime] = got.unjudged  # more: it keeps the run residual
         if got.held:
             h = make_holder(st, tree[pid], scope)
-            h.devices = cap_devices(got.held)  # each device kept; the paths bounded
+            h.devices, h.devices_more = cap_devices(got.held)  # each device kept; bounded
             h.add_source("host")
             holders[pid] = h
             rdevs[pid] = frozenset(got.rdevs)

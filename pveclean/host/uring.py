@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass
 
-from pveclean.core.records import GpuDevices
+from pveclean.core.records import DeviceHow, DeviceUse, GpuDevices
 from pveclean.host import fstext, statx
 
 MAX_RING_INFO = 8 << 20  # bytes of a ring's fdinfo: its SQ and CQ entries come first
@@ -32,8 +33,15 @@ def ring_files(base: str, fd: str) -> fstext.UringFiles | str:
     return "the kernel did not list its registered files (the ring's lock was taken)"
 
 
-def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[str],
-               unjudged: list[str], done: dict[bytes, str | None],
+@dataclass(frozen=True)
+class NotJudged:
+    """Why a registered file could not be told a GPU node or not."""
+
+    why: str
+
+
+def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[DeviceUse],
+               unjudged: list[str], done: dict[bytes, DeviceUse | NotJudged | None],
                rdevs: set[int] | None = None) -> None:
     """Add to `held` the GPU nodes registered with ring fd `fd` (and their device numbers to
     `rdevs`), to `unjudged` why some registered file could not be judged. `done`: path ->
@@ -56,40 +64,38 @@ def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[str],
                 unjudged.append(f"io_uring fd {fd}: more than {MAX_RING_FILES} registered "
                                 "files; the rest not judged")
                 return
-            got = _judge(root, path, devices)
-            done[path] = finding = got[0] if isinstance(got, tuple) else got
-            if finding is None:
-                continue
-            if isinstance(got, tuple) and rdevs is not None:
-                rdevs.add(got[1])
-            if finding.startswith("!"):
-                unjudged.append(f"io_uring fd {fd}: {finding[1:]}")
-            elif finding not in held:
-                held.append(finding)
+            done[path] = finding = _judge(root, path, devices)
+            if isinstance(finding, NotJudged):
+                unjudged.append(f"io_uring fd {fd}: {finding.why}")
+            elif finding is not None:
+                if rdevs is not None and finding.major is not None and finding.minor is not None:
+                    rdevs.add(os.makedev(finding.major, finding.minor))
+                if finding not in held:
+                    held.append(finding)
     finally:
         os.close(root)
 
 
-def _judge(root: int, path: bytes, devices: GpuDevices) -> tuple[str, int] | str | None:
-    """A GPU node's "path (io_uring fixed file, M:m)" and device number, None when `path` is
-    no GPU node, or "!why" when it cannot be told. A path that is not absolute is a pseudo
-    file (socket:[..], anon_inode:..): never a device node. A path that no longer resolves,
-    resolves to a directory (a detached mount shows as "/") or was deleted cannot be told."""
+def _judge(root: int, path: bytes, devices: GpuDevices) -> DeviceUse | NotJudged | None:
+    """The GPU node registered at `path`, None when `path` is no GPU node, or why it cannot
+    be told. A path that is not absolute is a pseudo file (socket:[..], anon_inode:..): never
+    a device node. A path that no longer resolves, resolves to a directory (a detached mount
+    shows as "/") or was deleted cannot be told."""
     shown = path.decode("utf-8", "replace")
     if not path.startswith(b"/"):
         return None
     if path.endswith(b" (deleted)"):
-        return f"!registered file {shown[:200]} was deleted: not judged"
+        return NotJudged(f"registered file {shown[:200]} was deleted: not judged")
     fd = statx.open_in_root(root, path)
     if fd is None:
-        return f"!registered file {shown[:200]} cannot be looked up: not judged"
+        return NotJudged(f"registered file {shown[:200]} cannot be looked up: not judged")
     try:
         st = statx.statx(b"", fd, statx.AT_EMPTY_PATH)
     finally:
         os.close(fd)
     if isinstance(st, int) or stat.S_ISDIR(st.mode):
-        return f"!registered file {shown[:200]} cannot be told from a directory: not judged"
+        return NotJudged(f"registered file {shown[:200]} cannot be told from a directory: "
+                         "not judged")
     if stat.S_ISCHR(st.mode) and devices.matches(st.rdev):
-        return (f"{shown} (io_uring fixed file, {os.major(st.rdev)}:{os.minor(st.rdev)})",
-                st.rdev)
+        return DeviceUse(shown, os.major(st.rdev), os.minor(st.rdev), DeviceHow.URING)
     return None

@@ -220,7 +220,7 @@ def test_forked_host_readers_find_what_one_reader_finds(lab: Lab) -> None:
     for n in (1, 3):
         found, looked_at, problems = hostscan.scan_host_processes(root, devices, set(), readers=n)
         assert problems == [] and looked_at > len(pids)
-        seen[n] = {p.host_pid: sorted(p.devices) for p in found if p.host_pid in pids}
+        seen[n] = {p.host_pid: sorted(map(str, p.devices)) for p in found if p.host_pid in pids}
     assert set(seen[1]) == pids
     assert seen[3] == seen[1]
 

@@ -12,7 +12,17 @@ from hypothesis import strategies as st
 from pveclean.core import bounds, report
 from pveclean.core.amendments import Leak, UnitStop, UnitStops
 from pveclean.core.config import Config
-from pveclean.core.records import Discovery, Holder, OtherUser, Sent, Source, SourceState
+from pveclean.core.records import (
+    DeviceHow,
+    DeviceUse,
+    Discovery,
+    Holder,
+    OtherUser,
+    Sent,
+    Source,
+    SourceState,
+    device_labels,
+)
 from pveclean.core.reportread import gpus_used
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.host.reportfiles import to_yaml
@@ -25,7 +35,8 @@ def holder(pid: int, outcome: Outcome = Outcome.KILLED, paths: int = 64, text: s
     return Holder(host_pid=pid, starttime=1, ct_pid=pid - 1000, name=f"w{pid % 3}",
                   exe=f"/opt/{text}", argv=("run", text), uid=0, user="root", state="S",
                   ppid=1, cgroup="/lxc/129/ns", outcome=outcome,
-                  devices=[f"{LONG}/gpu{i} ({195}:{i % 2})" for i in range(paths)],
+                  devices=[DeviceUse(f"{LONG}/gpu{i}", 195, i % 2, DeviceHow.FD)
+                           for i in range(paths)],
                   gpu_memory_mib={0: mib} if mib else {})
 
 
@@ -56,10 +67,11 @@ def test_four_hundred_holders_of_64_long_paths_stay_under_a_megabyte_and_are_cou
     assert more.host_pids == "1100-1399"
     assert b.summary.holders == 400 and b.summary.outcomes == {"killed": 400}
     for h in b.holders:  # each device kept (195:0 and 195:1), then up to the cap, then a count
-        assert len(h.devices) == bounds.DEVICES + 1
-        assert h.devices[-1] == f"{bounds.MORE}+{64 - bounds.DEVICES} more"
-        assert {d[-6:] for d in h.devices[:-1]} == {"195:0)", "195:1)"}
-        assert all(len(d) <= bounds.DEVICE_CHARS for d in h.devices)
+        shown = device_labels(h.devices, h.devices_more)
+        assert len(shown) == bounds.DEVICES + 1
+        assert shown[-1] == f"{bounds.MORE}+{64 - bounds.DEVICES} more"
+        assert {d[-6:] for d in shown[:-1]} == {"195:0)", "195:1)"}
+        assert all(len(d) <= bounds.DEVICE_CHARS for d in shown)
 
 
 def test_the_holders_left_behind_are_listed_first_and_the_order_is_kept() -> None:
@@ -97,7 +109,8 @@ def test_worst_case_text_everywhere_stays_under_a_megabyte() -> None:
     nasty = "\x01\n\u202e\U000e0001\"\\'é" * 10_000
     hs = [Holder(host_pid=i, starttime=1, ct_pid=i, name=nasty, exe=nasty, argv=(nasty, nasty),
                  uid=0, user=nasty, state="S", ppid=1, cgroup=nasty, unit=nasty,
-                 devices=[nasty] * 200, signals=[Sent(note=nasty)] * 200, protected=nasty,
+                 devices=[DeviceUse.named(nasty)] * 200, signals=[Sent(note=nasty)] * 200,
+                 protected=nasty,
                  wchan=nasty, respawned_by=nasty, outcome=Outcome.SURVIVED)
           for i in range(1, 300)]
     rep = make_report(hs, warnings=[nasty] * 100, errors=[nasty] * 100, hints=[nasty] * 100,
@@ -113,13 +126,16 @@ def test_worst_case_text_everywhere_stays_under_a_megabyte() -> None:
 
 
 def test_cap_devices_keeps_each_device_and_is_idempotent() -> None:
-    labels = [f"/a{i} (195:{i})" for i in range(12)] + [f"/b{i} (mmap 195:0)" for i in range(20)]
-    capped = bounds.cap_devices(labels)
-    assert capped[:-1] == labels[:12] and capped[-1] == f"{bounds.MORE}+20 more"
-    assert bounds.cap_devices(capped) == capped
-    assert bounds.cap_devices(labels[:3]) == labels[:3]
-    probe = [f"/p{i}" for i in range(30)]  # the probe's labels name no device number
-    assert bounds.cap_devices(probe) == [*probe[:8], f"{bounds.MORE}+22 more"]
+    uses = ([DeviceUse(f"/a{i}", 195, i, DeviceHow.FD) for i in range(12)]
+            + [DeviceUse(f"/b{i}", 195, 0, DeviceHow.MMAP) for i in range(20)])
+    capped = bounds.cap_devices(uses)
+    assert capped == (uses[:12], 20)
+    assert bounds.cap_devices(*capped) == capped
+    assert bounds.cap_devices(uses[:3]) == (uses[:3], 0)
+    probe = [DeviceUse.named(f"/p{i}") for i in range(30)]  # the probe names no device number
+    assert bounds.cap_devices(probe) == (probe[:8], 22)
+    assert device_labels(*bounds.cap_devices(probe)) == [
+        *(f"/p{i}" for i in range(8)), f"{bounds.MORE}+22 more"]
 
 
 def test_pid_ranges_are_cut_with_a_count() -> None:

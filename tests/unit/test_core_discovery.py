@@ -64,7 +64,7 @@ def test_a_process_only_the_probe_saw_is_built_and_added_with_its_paths() -> Non
                                 SCOPE, builder(calls))
     assert [h.host_pid for h in new] == [1003]
     assert calls[0][0][1] == "/ns/app.service"
-    assert new[0].devices == ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert [str(d) for d in new[0].devices] == ["/dev/nvidia0", "/dev/nvidiactl"]
     assert new[0].sources == ["host", "probe"] and v.holders[1003] is new[0]
     assert warnings == ["probe found PID 1003 (worker) holding /dev/nvidia0, /dev/nvidiactl "
                         "that the host view did not match"]

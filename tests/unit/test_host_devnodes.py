@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
-from pveclean.core.records import GpuDevices
+from pveclean.core.records import DeviceHow, DeviceUse, GpuDevices
 from pveclean.host import devnodes, statx, uring
 from tests.helpers import DEVICES, NULL
 
@@ -21,6 +22,11 @@ MOUNTINFO = ("25 1 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw\n"
              "27 26 0:42 / /mnt/far rw - 9p far rw,trans=tcp\n"
              "28 26 0:43 / /mnt/fuse rw - fuse.sshfs me@far:/ rw\n")
 SAFE_MOUNTINFO = MOUNTINFO.replace(" 9p ", " nfs4 ")
+
+
+def labels(held: Iterable[DeviceUse] | None) -> list[str] | None:
+    """The report's labels of what a scan found held."""
+    return None if held is None else [str(d) for d in held]
 
 
 @pytest.fixture
@@ -99,7 +105,7 @@ def test_an_fd_on_a_gpu_node_is_found_once_and_nothing_else(proc: Path, tmp_path
                        "2": ("socket:[123]", None), "3": ("/dev/null", 25)},
          mountinfo=SAFE_MOUNTINFO)
     got = devnodes.judge_fds(70, DEVICES)
-    assert got is not None and got.held == [f"/dev/null {HIT}"] and got.unjudged == []
+    assert got is not None and labels(got.held) == [f"/dev/null {HIT}"] and got.unjudged == []
     # one raw statx each; a second look only at the GPU nodes and at the dangling pipe link
     assert sorted(stats) == ["0", "2", "3"]
     assert devnodes.judge_fds(70, GpuDevices({}, frozenset({195}))) == devnodes.Judged()
@@ -110,25 +116,25 @@ def test_an_fd_on_a_risky_mount_is_never_stated_an_unknown_one_is(proc: Path,
     """9p may ask its server even with DONT_SYNC: not stat()ed. A mount ID that no
     mountinfo line names (a detached bind mount) is judged by its device number."""
     task(proc / "70", {"0": ("/dev/null", 27), "1": ("/dev/null", 99)})
-    assert devnodes.device_fds(70, DEVICES) == [f"/dev/null {HIT}"]
+    assert labels(devnodes.device_fds(70, DEVICES)) == [f"/dev/null {HIT}"]
     assert stats == ["1"]
 
 
 def test_fuse_and_nfs_fds_are_stated_with_dont_sync(proc: Path, stats: list[str]) -> None:
     task(proc / "70", {"0": ("/dev/null", 28)})
-    assert devnodes.device_fds(70, DEVICES) == [f"/dev/null {HIT}"]
+    assert labels(devnodes.device_fds(70, DEVICES)) == [f"/dev/null {HIT}"]
     assert stats == ["0"]
 
 
 def test_an_o_path_fd_never_opened_the_device(proc: Path) -> None:
     task(proc / "70", {"0": ("/dev/null", 25)}, flags="012000000")  # O_PATH | O_CLOEXEC
-    assert devnodes.device_fds(70, DEVICES) == []
+    assert labels(devnodes.device_fds(70, DEVICES)) == []
 
 
 def test_an_fd_whose_stat_fails_is_not_judged(proc: Path) -> None:
     task(proc / "70", {"0": ("/gone/model.bin", 26), "1": ("pipe:[9]", None)})
     got = devnodes.judge_fds(70, DEVICES)
-    assert got is not None and got.held == []
+    assert got is not None and labels(got.held) == []
     assert got.unjudged == ["fd 0 (/gone/model.bin): statx failed (No such file or "
                             "directory); not judged"]
 
@@ -142,9 +148,10 @@ def test_an_fd_table_past_the_cap_is_judged_by_what_was_read(
              mountinfo=SAFE_MOUNTINFO)
     cache = devnodes.ScanCache()
     got = devnodes.judge_fds(70, DEVICES, cache)
-    assert got == devnodes.Judged([f"/dev/null {HIT}"], [], rdevs={NULL})  # 2 + 2 of 3 extra
+    null = DeviceUse("/dev/null", os.major(NULL), os.minor(NULL), DeviceHow.FD)
+    assert got == devnodes.Judged([null], [], rdevs={NULL})  # 2 + 2 of 3 extra
     got = devnodes.judge_fds(71, DEVICES, cache)
-    assert got is not None and got.held == [f"/dev/null {HIT}"]
+    assert got is not None and labels(got.held) == [f"/dev/null {HIT}"]
     assert got.unjudged == ["more than 3 open fds: those past the first 3 not judged"]
 
 
@@ -155,7 +162,7 @@ def test_a_gone_process_has_no_fds_but_none(proc: Path) -> None:
 def test_a_zombie_leader_holds_through_its_live_threads(proc: Path) -> None:
     (proc / "80" / "fd").mkdir(parents=True)  # the leader exited: its fd table is empty
     task(proc / "80" / "task" / "81", {"5": ("/dev/null", 25)})
-    assert devnodes.device_fds(80, DEVICES) == [f"/dev/null {HIT}"]
+    assert labels(devnodes.device_fds(80, DEVICES)) == [f"/dev/null {HIT}"]
 
 
 RING = ("pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t1073\nSqMask:\t0x3\nSQEs:\t0\nCQEs:\t0\n"
@@ -171,13 +178,14 @@ def ring_task(proc: Path, pid: int, fdinfo: str) -> Path:
 
 def test_a_gpu_node_registered_with_io_uring_is_held(proc: Path) -> None:
     ring_task(proc, 70, RING)
-    assert devnodes.device_fds(70, DEVICES) == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
+    assert labels(devnodes.device_fds(70, DEVICES)) == [
+        f"/dev/null (io_uring fixed file, {HIT[1:]}"]
 
 
 def test_a_ring_whose_files_the_kernel_did_not_list_is_not_judged(proc: Path) -> None:
     ring_task(proc, 70, "pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t1073\n")  # trylock lost
     got = devnodes.judge_fds(70, DEVICES)
-    assert got is not None and got.held == []
+    assert got is not None and labels(got.held) == []
     assert got.unjudged == ["io_uring fd 4: the kernel did not list its registered files "
                             "(the ring's lock was taken)"]
 
@@ -191,7 +199,7 @@ def test_a_registered_file_that_cannot_be_told_is_not_judged(proc: Path, path: s
                                                              why: str) -> None:
     ring_task(proc, 70, RING.replace("    3: /dev/null", f"    3: {path}".replace(" (", "\\040(")))
     got = devnodes.judge_fds(70, DEVICES)
-    assert got is not None and got.held == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
+    assert got is not None and labels(got.held) == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
     assert len(got.unjudged) == 1 and why in got.unjudged[0], got.unjudged
 
 
@@ -224,13 +232,13 @@ def test_a_mapped_gpu_node_is_found_once_and_a_risky_mount_never_stated(
     maps_task(proc, 90, tmp_path)
     cache = devnodes.ScanCache()
     want = [f"/dev/nvidia0 (mmap {HIT[1:]}", f"/dev/nvidia\x0c1 (mmap {HIT[1:]}"]
-    assert devnodes.device_maps(90, DEVICES, cache) == want
+    assert labels(devnodes.device_maps(90, DEVICES, cache)) == want
     assert sorted(os.path.basename(p) for p in stats) == [
         "400000-401000", "7f0000000000-7f0000001000",
         "7f0000004000-7f0000005000"]  # not the 9p one; map_files names have no leading 0s
     assert cache.rdevs[((253, 1), 1234)] == -1  # the library: no device, remembered
     stats.clear()
-    assert devnodes.device_maps(90, DEVICES, cache) == want and stats == []  # all cached
+    assert labels(devnodes.device_maps(90, DEVICES, cache)) == want and stats == []  # all cached
 
 
 def test_maps_past_the_cap_are_judged_by_what_was_read(proc: Path, tmp_path: Path,
@@ -238,22 +246,22 @@ def test_maps_past_the_cap_are_judged_by_what_was_read(proc: Path, tmp_path: Pat
     maps_task(proc, 90, tmp_path)
     monkeypatch.setattr(devnodes, "MAX_MAPS", 100)  # the first line and a half
     got = devnodes.judge_maps(90, DEVICES)
-    assert got.held == [f"/dev/nvidia0 (mmap {HIT[1:]}"]
+    assert labels(got.held) == [f"/dev/nvidia0 (mmap {HIT[1:]}"]
     assert got.unjudged == ["maps longer than 0 MiB: the mappings past it not judged"]
 
 
 def test_maps_of_a_gone_or_empty_process_hold_nothing(proc: Path) -> None:
-    assert devnodes.device_maps(91, DEVICES) == []
+    assert labels(devnodes.device_maps(91, DEVICES)) == []
     (proc / "92").mkdir(parents=True)
     (proc / "92" / "maps").write_text("")
-    assert devnodes.device_maps(92, DEVICES) == []
+    assert labels(devnodes.device_maps(92, DEVICES)) == []
 
 
 def test_maps_of_a_zombie_leader_are_read_from_a_thread(proc: Path, tmp_path: Path) -> None:
     (proc / "93").mkdir(parents=True)
     (proc / "93" / "maps").write_text("")
     maps_task(proc / "93" / "task", 94, tmp_path)
-    assert devnodes.device_maps(93, DEVICES)[0] == f"/dev/nvidia0 (mmap {HIT[1:]}"
+    assert str(devnodes.device_maps(93, DEVICES)[0]) == f"/dev/nvidia0 (mmap {HIT[1:]}"
 
 
 def test_nvidia_majors_from_proc_devices(tmp_path: Path) -> None:

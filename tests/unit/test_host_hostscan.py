@@ -74,7 +74,7 @@ def test_a_share_names_its_holders_and_passes_over_the_rest(proc: Path) -> None:
          (33, "/user.slice"), (34, "/"), (35, "/")], DEVICES, frozenset(), None)
     assert unjudged == ["host PID 31: fd 7 (/gone/file): statx failed (No such file or "
                         "directory); not judged"]
-    assert [(p.host_pid, p.name, p.unit, list(p.devices)) for p in found] == [
+    assert [(p.host_pid, p.name, p.unit, list(map(str, p.devices))) for p in found] == [
         (30, "nvidia-persistenced", "nvidia-persistenced.service", [NODE]),
         (33, "python3", None, [f"/dev/nvidia0 (mmap {NODE.split(' (')[1]}"])]
     assert all(p.owner.kind == "host" and p.rdevs == {NULL} for p in found)

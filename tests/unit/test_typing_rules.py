@@ -54,6 +54,9 @@ TEXT_PARSERS: dict[str, str] = {
     "core.config:_api_ok": "config file values: a path must be absolute",
     "core.discovery:protected_name": "the kernel's exe link and its ' (deleted)' suffix",
     "core.gpumap:full_name": "the kernel's comm (cut at 15 bytes) against argv[0]",
+    "core.records:DeviceUse.word": "a GPU node's path as the kernel names it (an fd's link, "
+                                   "maps, a ring's fdinfo): its first word for a table",
+    "core.records:DeviceUse.short": "that word with the kernel's /dev/nvidia name cut off",
     "core.exposition:Family.__post_init__": "exposition format: label names with __ are reserved",
     "core.exposition:parse": "the textfile on disk (node_exporter's), read to carry counters over",
     "core.owners:in_tree": "cgroup paths from /proc: the one parser of /lxc/<vmid>",
@@ -137,14 +140,9 @@ DEBT_RENDERER_PARAMS: dict[str, int] = {
 }
 # rule 2: text pveclean made, taken apart again (place: calls there)
 DEBT_TEXT_CALLS: dict[str, int] = {
-    "commands.gpuview:render_gpus": 1,  # the map's device text, split(" ")
-    "commands.render:short_node": 1,  # a device as text: removeprefix("/dev/nvidia")
-    "commands.render:holders_table": 1,  # device and signal text, split and "SIG" stripped
-    "core.bounds:cap_devices": 2,  # its own "+N more" label read back
     "core.metrics_gpus:_matches": 1,  # a PCI address as text (prefix match)
     "core.vmguard:plan": 1,  # a PCI address as text, rsplit(".")
     "core.vmguard:conflicts": 1,  # a PCI address as text (prefix match)
-    "host.uring:judge_ring": 1,  # its own "!" marker on a finding's text
 }
 # rule 3: functions over MAX_FUNCTION_LINES (place: its lines today, the most it may have)
 DEBT_LONG_FUNCTIONS: dict[str, int] = {
