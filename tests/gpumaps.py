@@ -15,6 +15,7 @@ from pveclean.core.gpumap import (
     VmName,
 )
 from pveclean.core.owners import Owner, OwnerKind
+from pveclean.core.pci import HostPci, PciAddress
 from pveclean.core.records import GpuMemory, Source, SourceState
 from pveclean.core.reportread import devices_of
 
@@ -43,7 +44,8 @@ def use(index: int, bus: str | None, rows: Iterable[GpuHolding] = (), *,
         uuid: str = "GPU-x", by_owner: Iterable[tuple[Owner, int]] = ()) -> GpuUse:
     g = GpuMemory(index, uuid, name, total, reserved, used,
                   index if minor == -1 else minor, status, reason)
-    return GpuUse(g, bus, tuple(rows), tuple(by_owner), unaccounted_mib, leak_mib)
+    return GpuUse(g, None if bus is None else pci(bus), tuple(rows), tuple(by_owner),
+                  unaccounted_mib, leak_mib)
 
 
 def gmap(gpus: Iterable[GpuUse] = (), *, vfio: Iterable[VfioGpu] = (),
@@ -62,4 +64,20 @@ def gmap(gpus: Iterable[GpuUse] = (), *, vfio: Iterable[VfioGpu] = (),
 
 def vfio(bus: str, driver: str | None = "vfio-pci", vms: Iterable[tuple[int, str]] = (),
          device: str = "10de:2330") -> VfioGpu:
-    return VfioGpu(bus, device, driver, tuple(VmName(v, n) for v, n in vms))
+    return VfioGpu(pci(bus), device, driver, tuple(VmName(v, n) for v, n in vms))
+
+
+def pci(text: str) -> PciAddress:
+    """A PCI address the tests write as sysfs, hostpci or NVML do."""
+    addr = PciAddress.parse(text)
+    assert addr is not None, text
+    return addr
+
+
+def pcis(*texts: str) -> list[PciAddress]:
+    return [pci(t) for t in texts]
+
+
+def hostpci(vmid: int, address: str, name: str = "") -> HostPci:
+    """One id of VM `vmid`'s hostpci lines (`01:00`: the whole device)."""
+    return HostPci(vmid, name, pci(address))

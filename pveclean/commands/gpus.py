@@ -37,6 +37,7 @@ from pveclean.core.gpumap import (
     place_all,
 )
 from pveclean.core.owners import Layout, is_ct_dir
+from pveclean.core.pci import PciAddress
 from pveclean.core.records import GpuDevices, GpuMemory, NvmlProcesses, Scope, Source, SourceState
 from pveclean.core.vmguard import conflicts
 from pveclean.errors import ExitCode, PvecleanError
@@ -105,13 +106,13 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
 
 # ---- one look at the host -----------------------------------------------------------------
 def _ask_nvml(nvml: Nvml, warnings: list[str]
-              ) -> tuple[list[GpuMemory], NvmlProcesses, dict[int, str], Source]:
+              ) -> tuple[list[GpuMemory], NvmlProcesses, dict[int, PciAddress], Source]:
     """GPU memory, processes and PCI bus ids, each answer on its own (a driver that cannot
     list processes still gives the GPUs and their bus ids), each GPU on its own (one NVML
     cannot answer for is marked with its status and reason, the others shown)."""
     gpus: list[GpuMemory] = []
     used = NvmlProcesses()
-    buses: dict[int, str] = {}
+    buses: dict[int, PciAddress] = {}
     failed: list[tuple[str, NvmlUnavailable]] = []  # (what was asked, why it failed)
     for what in ("memory", "processes", "PCI bus ids"):
         try:
@@ -277,7 +278,7 @@ class _Look:
         nvml_state = Source(SourceState.DISABLED)
         gpus: list[GpuMemory] = []
         used = NvmlProcesses()
-        buses: dict[int, str] = {}
+        buses: dict[int, PciAddress] = {}
         if nvml is not None:
             gpus, used, buses, nvml_state = _ask_nvml(nvml, self.warnings)
         host, n_host = self.host(host_scan)

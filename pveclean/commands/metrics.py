@@ -28,6 +28,7 @@ from pveclean.commands.gpus import READERS_SHARE, Seen, collect
 from pveclean.core import metrics, metrics_gpus
 from pveclean.core.config import Config
 from pveclean.core.gpumap import GpuMap
+from pveclean.core.pci import HostPci
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, notify, worker
 from pveclean.host.nvml import Nvml
@@ -69,11 +70,11 @@ def save_settled(cfg: Config, run: int, due: dict[int, int], clean: list[int],
 @dataclass(frozen=True)
 class Look:
     """One look for the metrics: the map, whether each container runs, every VM's hostpci
-    lines (VMID, address prefix, whole device), and what the host's scan read (Seen)."""
+    lines' ids, and what the host's scan read (Seen)."""
 
     gmap: GpuMap
     running: dict[int, bool]
-    refs: list[tuple[int, str, bool]]
+    refs: list[HostPci]
     seen: Seen
 
 
@@ -89,8 +90,7 @@ def w_look(cfg: Config, pci_root: Path, end: float, settled: frozenset[int] = fr
     pve = Path(cfg.pve_config_dir).parent
     refs = vm_passthrough(pve / "qemu-server",
                           read_pci_mappings(pve / "mapping" / "pci.cfg", os.uname().nodename))
-    return Look(gmap, running, [(vmid, prefix, whole) for vmid, _name, prefix, whole in refs],
-                seen)
+    return Look(gmap, running, refs, seen)
 
 
 def write_job_map(job_dir: str, jobs: dict[str, list[str]]) -> None:

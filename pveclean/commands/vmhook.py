@@ -21,6 +21,7 @@ from pathlib import Path
 from pveclean.core import vmguard
 from pveclean.core.config import Config
 from pveclean.core.gpumap import GpuMap
+from pveclean.core.pci import PciAddress, sysfs_order
 from pveclean.core.text import safe
 from pveclean.core.vmreport import CtStop, VmReport, VmVerdict
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
@@ -111,11 +112,11 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
                         deadline=deadline, what="reading the VM's config")
         if not drivers:
             return 0  # no NVIDIA GPU passed through (or no VM of that id here): not ours
-        addrs = sorted(drivers)
-        say(f"pveclean: VM {vmid} pre-start: checking who holds GPU {', '.join(addrs)}")
+        addrs = sorted(drivers, key=sysfs_order)
+        say(f"pveclean: VM {vmid} pre-start: checking who holds GPU {_listed(addrs)}")
         gmap = _look(cfg, deadline)
         minors = {g.minor: g.pci_bus_id for g in gmap.gpus
-                  if g.pci_bus_id in addrs and g.minor is not None}
+                  if g.pci_bus_id is not None and g.pci_bus_id in addrs and g.minor is not None}
         keeping = _call(scan, passthrough.w_keeping, cfg.pve_config_dir, minors,
                         deadline=deadline, what="reading the containers' configs")
     reservations = passthrough.pci_reservations(Path(cfg.qemu_run_dir))
@@ -135,11 +136,15 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
             for line in left:
                 say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
             return _finish(cfg, record, VmVerdict.RESIDUAL, ExitCode.REFUSE, deadline=deadline)
-        say(f"pveclean: VM {vmid} pre-start: GPU {', '.join(addrs)} verified free")
+        say(f"pveclean: VM {vmid} pre-start: GPU {_listed(addrs)} verified free")
     if cfg.vm_gpu_rebind:
         record = record.with_rebind(_rebind(vmid, cfg, addrs, deadline))
     return _finish(cfg, record, VmVerdict.CLEAR if plan.decision is vmguard.Decision.CLEAR
                    else VmVerdict.STOPPED, ExitCode.OK, deadline=deadline)
+
+
+def _listed(addrs: list[PciAddress]) -> str:
+    return ", ".join(map(str, addrs))
 
 
 def _stop_holders(vmid: int, cfg: Config, nvml: NvmlWorker, plan: vmguard.Plan,
@@ -167,7 +172,7 @@ def _stop_holders(vmid: int, cfg: Config, nvml: NvmlWorker, plan: vmguard.Plan,
         time.sleep(SETTLE_POLL)
 
 
-def _rebind(vmid: int, cfg: Config, addrs: list[str], deadline: Deadline,
+def _rebind(vmid: int, cfg: Config, addrs: list[PciAddress], deadline: Deadline,
             fs: pcibind.Sysfs | None = None) -> dict[str, Moved | str]:
     """Each GPU's IOMMU group to vfio-pci, in a worker (an unbind can block in the driver);
     what was moved is kept in the state dir for post-stop. A failure is said and undone; the
@@ -180,7 +185,8 @@ def _rebind(vmid: int, cfg: Config, addrs: list[str], deadline: Deadline,
     out: dict[str, Moved | str] = {}
     done = []
     with Worker() as wk:
-        for addr in addrs:
+        for address in addrs:
+            addr = str(address)  # sysfs' name of the device
             try:
                 got = _call(wk, pcibind.w_bind, fs, addr, deadline=deadline,
                             what=f"binding {addr} to vfio-pci")

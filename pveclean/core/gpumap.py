@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from pveclean.core.owners import Owner, OwnerKind
+from pveclean.core.pci import PciAddress
 from pveclean.core.records import (
     DeviceUse,
     GpuDevices,
@@ -136,7 +137,7 @@ class GpuUse:
     """One GPU on the nvidia driver and who uses it."""
 
     gpu: GpuMemory
-    pci_bus_id: str | None
+    pci_bus_id: PciAddress | None
     processes: tuple[GpuHolding, ...]
     by_owner: tuple[tuple[Owner, int], ...]  # MiB per owner, the largest first
     unaccounted_mib: int | None  # None: cannot be told
@@ -169,7 +170,8 @@ class GpuUse:
     def as_dict(self) -> Json:
         g = self.gpu
         entry: Json = {
-            "index": g.index, "name": g.name, "uuid": g.uuid, "pci_bus_id": self.pci_bus_id,
+            "index": g.index, "name": g.name, "uuid": g.uuid,
+            "pci_bus_id": None if self.pci_bus_id is None else str(self.pci_bus_id),
             "minor": g.minor, "total_mib": self.total_mib, "used_mib": self.used_mib,
             "reserved_mib": g.reserved_mib, "processes": [p.as_dict() for p in self.processes],
             "by_owner_mib": {o.label: mib for o, mib in self.by_owner},
@@ -185,7 +187,7 @@ def _mem_key(row: GpuHolding) -> tuple[int, int]:
     return (-(mib if mib is not None else -1), row.proc.host_pid)
 
 
-def gpu_use(g: GpuMemory, bus: str | None, placed: Iterable[Placed]) -> GpuUse:
+def gpu_use(g: GpuMemory, bus: PciAddress | None, placed: Iterable[Placed]) -> GpuUse:
     """GPU `g` and the processes on it: by its memory (NVML) or its node (the scans)."""
     rows = []
     accounted, unknown = 0, False
@@ -229,13 +231,13 @@ class VmName:
 class VfioGpu:
     """An NVIDIA GPU not on the nvidia driver (vfio-pci: passed to a VM; another; none)."""
 
-    pci_bus_id: str
+    pci_bus_id: PciAddress
     device: str  # 10de:XXXX
     driver: str | None
     vms: tuple[VmName, ...]  # those whose hostpci lines name it
 
     def as_dict(self) -> Json:
-        return {"pci_bus_id": self.pci_bus_id, "device": self.device, "driver": self.driver,
+        return {"pci_bus_id": str(self.pci_bus_id), "device": self.device, "driver": self.driver,
                 "vms": [v.as_dict() for v in self.vms]}
 
 
@@ -244,14 +246,14 @@ class VmConflict:
     """A GPU a VM's config passes through while a container or the host holds it."""
 
     gpu: int
-    pci_bus_id: str
+    pci_bus_id: PciAddress
     vms: tuple[VmName, ...]
     containers: tuple[int, ...]
     host_holders: int
     next_vm_start: str  # what the VM hook would do at that VM's start
 
     def as_dict(self) -> Json:
-        return {"gpu": self.gpu, "pci_bus_id": self.pci_bus_id,
+        return {"gpu": self.gpu, "pci_bus_id": str(self.pci_bus_id),
                 "vms": [v.as_dict() for v in self.vms], "containers": list(self.containers),
                 "host_holders": self.host_holders, "next_vm_start": self.next_vm_start}
 

@@ -10,12 +10,12 @@ with `DCGM_FI_DEV_FB_USED` on `UUID` works unchanged."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
 from pveclean.core.gpumap import GpuMap
 from pveclean.core.metrics import MIB, Family, guest_id
 from pveclean.core.owners import Owner, OwnerKind
+from pveclean.core.pci import HostPci, PciAddress
 
 GPU = ("node", "gpu", "UUID", "pci_bus_id")
 OWNER = (*GPU, "owner_type", "id")
@@ -48,16 +48,11 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "pveclean_gpus_warnings": ("gauge", "Warnings of the last look (see pveclean gpus).",
                                ("node",)),
 }
-_SYSFS = re.compile(r"([0-9a-fA-F]+):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
 
 
-def dcgm_bus_id(sysfs: str | None) -> str:
-    """`0000:01:00.0` (sysfs, pveclean gpus) as NVML and dcgm-exporter write it:
-    `00000000:01:00.0`; text that is no bus id is kept as it is."""
-    m = _SYSFS.fullmatch(sysfs or "")
-    if not m:
-        return sysfs or ""
-    return f"{int(m.group(1), 16):08X}:{m.group(2).upper()}:{m.group(3).upper()}.{m.group(4)}"
+def dcgm_bus_id(address: PciAddress | None) -> str:
+    """The `pci_bus_id` label as NVML and dcgm-exporter write it: `00000000:01:00.0`."""
+    return "" if address is None else address.nvml
 
 
 def owner(who: Owner, node: str) -> tuple[str, str]:
@@ -69,19 +64,15 @@ def owner(who: Owner, node: str) -> tuple[str, str]:
     return "unknown", "unknown"
 
 
-def _matches(addr: str, prefix: str, whole: bool) -> bool:
-    return addr.startswith(prefix) if whole else addr == prefix
-
-
 def families(gmap: GpuMap, node: str, running: Mapping[int, bool],
-             vm_refs: Iterable[tuple[int, str, bool]], now: float) -> list[Family]:
+             vm_refs: Iterable[HostPci], now: float) -> list[Family]:
     """The samples of one look. `running`: VMID -> whether the container runs; `vm_refs`:
-    (VM id, address prefix, whole device) of every VM's hostpci line."""
+    each id of every VM's hostpci lines."""
     fams = {n: Family(n, kind, hlp, labels) for n, (kind, hlp, labels) in FAMILIES.items()}
     refs = list(vm_refs)
-    addresses = []
+    addresses: list[PciAddress] = []
     for g in gmap.gpus:
-        bus = (g.pci_bus_id or "").lower()
+        bus = g.pci_bus_id
         gpu = (node, g.index, g.gpu.uuid or "", dcgm_bus_id(bus))
         fams["pveclean_gpu_info"].set(1, *gpu, g.gpu.name or "")
         if g.total_mib is not None:
@@ -94,17 +85,16 @@ def families(gmap: GpuMap, node: str, running: Mapping[int, bool],
             who = owner(p.owner, node)
             fams["pveclean_gpu_holders"].add(1, *gpu, *who)
             fams["pveclean_gpu_memory_bytes"].add((p.memory_mib or 0) * MIB, *gpu, *who)
-        if bus:
+        if bus is not None:
             addresses.append(bus)
     for v in gmap.vfio:
-        bus = v.pci_bus_id.lower()
-        fams["pveclean_gpu_vfio"].set(1, node, dcgm_bus_id(bus), v.driver or "none")
-        addresses.append(bus)
-    for bus in dict.fromkeys(addresses):
-        for vmid, prefix, whole in refs:
-            if _matches(bus, prefix, whole):
-                fams["pveclean_gpu_vm_assigned"].set(1, node, dcgm_bus_id(bus),
-                                                     guest_id(vmid, "qemu"))
+        fams["pveclean_gpu_vfio"].set(1, node, dcgm_bus_id(v.pci_bus_id), v.driver or "none")
+        addresses.append(v.pci_bus_id)
+    for addr in dict.fromkeys(addresses):
+        for ref in refs:
+            if ref.address.covers(addr):
+                fams["pveclean_gpu_vm_assigned"].set(1, node, dcgm_bus_id(addr),
+                                                     guest_id(ref.vmid, "qemu"))
     for vmid, up in sorted(running.items()):
         fams["pveclean_container_running"].set(1 if up else 0, node, guest_id(vmid))
     status(fams, node, True, now, gmap.scan.seconds, len(gmap.warnings))

@@ -19,6 +19,7 @@ from enum import StrEnum
 
 from pveclean.core.gpumap import GpuMap, GpuProc, GpuUse, VmConflict, VmName
 from pveclean.core.owners import OwnerKind
+from pveclean.core.pci import HostPci, PciAddress, sysfs_order
 from pveclean.core.text import safe
 
 
@@ -32,7 +33,7 @@ class Decision(StrEnum):
 class Target:
     """One GPU of the VM as the host has it now."""
 
-    address: str  # sysfs PCI name, 0000:18:00.0
+    address: PciAddress  # a function, 0000:18:00.0
     index: int | None = None  # NVML's, when the nvidia driver has it
     minor: int | None = None  # N of /dev/nvidiaN
 
@@ -48,7 +49,7 @@ class Plan:
 
     def as_dict(self) -> dict[str, object]:
         return {"decision": str(self.decision),
-                "gpus": [{"pci_bus_id": t.address, "index": t.index, "minor": t.minor}
+                "gpus": [{"pci_bus_id": str(t.address), "index": t.index, "minor": t.minor}
                          for t in self.targets],
                 "stop": {str(ct): sorted(idx) for ct, (idx, _) in sorted(self.stop.items())},
                 "blockers": list(self.blockers), "notes": list(self.notes)}
@@ -106,24 +107,24 @@ class VmStart:
     would take it back), and each address's driver now (sysfs), where known."""
 
     vmid: int
-    addresses: list[str]
-    reservations: dict[str, int] = field(default_factory=dict)
-    keeping: dict[int, list[str]] = field(default_factory=dict)
-    drivers: dict[str, str | None] = field(default_factory=dict)
+    addresses: list[PciAddress]
+    reservations: dict[PciAddress, int] = field(default_factory=dict)  # a whole device's too
+    keeping: dict[int, list[PciAddress]] = field(default_factory=dict)
+    drivers: dict[PciAddress, str | None] = field(default_factory=dict)
 
 
 def plan(start: VmStart, gmap: GpuMap, policy: str, allow_host: list[str]) -> Plan:
     """What the start may do about the holders of its GPUs in `gmap`, `pveclean gpus`' map,
     under `policy` (vm_gpu_policy) and vm_gpu_allow_host."""
     vmid, reservations, drivers = start.vmid, start.reservations, start.drivers
-    wanted = {a.lower() for a in start.addresses}
-    rows = {(g.pci_bus_id or "").lower(): g for g in gmap.gpus}
+    wanted = set(start.addresses)
+    rows = {g.pci_bus_id: g for g in gmap.gpus if g.pci_bus_id is not None}
     targets: list[Target] = []
     blockers: list[str] = []
     notes: list[str] = []
     stop: dict[int, tuple[set[int], set[int]]] = {}
-    for addr in sorted(wanted):
-        other = reservations.get(addr, reservations.get(addr.rsplit(".", 1)[0]))
+    for addr in sorted(wanted, key=sysfs_order):
+        other = reservations.get(addr, reservations.get(addr.whole_device))
         if other is not None and other != vmid:
             blockers.append(f"GPU {addr} is in use by VM {other} (vfio-pci): `qm stop {other}`")
         g = rows.get(addr)
@@ -146,21 +147,22 @@ def plan(start: VmStart, gmap: GpuMap, policy: str, allow_host: list[str]) -> Pl
     if any(t.index is not None for t in targets):  # a GPU the nvidia driver has
         blockers += _untied(gmap, allow_host)
     for ct, addrs in sorted(start.keeping.items()):
-        notes.append(f"CT {ct}'s config passes {', '.join(sorted(addrs))} too: its next start "
-                     "takes the GPU back")
+        passed = ", ".join(sorted(map(str, addrs)))
+        notes.append(f"CT {ct}'s config passes {passed} too: its next start takes the GPU back")
     frozen = {ct: (frozenset(i), frozenset(m)) for ct, (i, m) in stop.items()}
     decision = (Decision.REFUSE if blockers else Decision.STOP if frozen else Decision.CLEAR)
     return Plan(decision, targets, frozen if decision is Decision.STOP else {}, blockers,
                 notes)
 
 
-def still_held(addresses: list[str], gmap: GpuMap, allow_host: list[str]) -> list[str]:
+def still_held(addresses: list[PciAddress], gmap: GpuMap, allow_host: list[str]
+               ) -> list[str]:
     """After the stop: each of the VM's GPUs that a process (other than an allowed host one)
     or memory no process accounts for still holds, one line each."""
-    wanted = {a.lower() for a in addresses}
+    wanted = set(addresses)
     out = []
     for g in gmap.gpus:
-        addr = (g.pci_bus_id or "").lower()
+        addr = g.pci_bus_id
         if addr not in wanted:
             continue
         rows = [r for r in g.processes if not _allowed(r.proc, allow_host)]
@@ -172,22 +174,22 @@ def still_held(addresses: list[str], gmap: GpuMap, allow_host: list[str]) -> lis
                        "process")
         elif not g.ok:
             out.append(f"GPU {g.index} ({addr}) is {g.status}: not verified")
-    if any((g.pci_bus_id or "").lower() in wanted for g in gmap.gpus):
+    if any(g.pci_bus_id in wanted for g in gmap.gpus):
         out += [f"still held: {line}" for line in _untied(gmap, allow_host)]
     return out
 
 
-def conflicts(gpus: Iterable[GpuUse], vm_refs: list[tuple[int, str, str, bool]],
+def conflicts(gpus: Iterable[GpuUse], vm_refs: list[HostPci],
               policy: str, allow_host: list[str] | None = None) -> list[VmConflict]:
     """For `pveclean gpus` and `status`: each GPU on the nvidia driver that a VM's config
     passes through (`vm_refs`: passthrough.vm_passthrough's rows) while a container or the
     host holds it, with what that VM's next start would do under `policy`."""
     out = []
     for g in gpus:
-        addr = (g.pci_bus_id or "").lower()
-        vms = sorted({(v, n) for v, n, prefix, whole in vm_refs
-                      if addr and (addr.startswith(prefix) if whole else addr == prefix)})
-        if not vms or not g.processes:
+        addr = g.pci_bus_id
+        vms = sorted({(r.vmid, r.name) for r in vm_refs
+                      if addr is not None and r.address.covers(addr)})
+        if addr is None or not vms or not g.processes:
             continue
         cts = sorted({r.owner.vmid for r in g.processes
                       if r.owner.kind is OwnerKind.CT and r.owner.vmid is not None})

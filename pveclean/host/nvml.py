@@ -19,6 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TypedDict, TypeVar
 
+    from pveclean.core.pci import PciAddress
     from pveclean.core.records import GpuMemory, NvmlProcesses
 
     T = TypeVar("T")
@@ -59,15 +60,13 @@ PROC_GETTERS = {
 ProcessRows = tuple[dict[int, dict[int, "int | None"]], dict[int, Fault]]
 
 
-def pci_id(bus: str) -> str:
-    """A PCI bus id as sysfs names it: NVML pads the domain to 8 digits (00000000:01:00.0,
-    00010000:01:00.0), sysfs keeps at least 4 and every digit of a wider one (10000:01:00.0:
-    Intel VMD)."""
-    dom, _, rest = bus.strip().lower().partition(":")
-    try:
-        return f"{int(dom, 16):04x}:{rest}" if rest else bus.strip().lower()
-    except ValueError:
-        return bus.strip().lower()
+def pci_id(bus: str | bytes) -> PciAddress | None:
+    """NVML's PCI bus id (the domain padded to 8 digits: 00000000:01:00.0, 00010000:01:00.0)
+    as a record; its text is sysfs' name (at least 4 domain digits, every digit of a wider
+    one: 10000:01:00.0, Intel VMD). None: NVML gave no address."""
+    from pveclean.core.pci import PciAddress  # here: NVML's own worker stays without dataclasses
+
+    return PciAddress.parse(bus.decode("ascii", "replace") if isinstance(bus, bytes) else bus)
 
 
 def fault_of(exc: BaseException, what: str) -> Fault:
@@ -265,20 +264,21 @@ class Nvml:
         status, reason = merged(faults) if faults else ("ok", None)
         return (index, text["uuid"], text["name"], total, reserved, used, minor, status, reason)
 
-    def pci_bus_ids(self, timeout: float | None = None) -> dict[int, str]:
-        """GPU index -> PCI bus id as sysfs names it (`0000:01:00.0`, `10000:01:00.0`); GPUs
-        whose id NVML cannot give are left out."""
+    def pci_bus_ids(self, timeout: float | None = None) -> dict[int, PciAddress]:
+        """GPU index -> PCI address (`0000:01:00.0`, `10000:01:00.0` as sysfs names them);
+        GPUs whose id NVML cannot give are left out."""
 
-        def q(nv: Any) -> dict[int, str]:
-            out: dict[int, str] = {}
+        def q(nv: Any) -> dict[int, PciAddress]:
+            out: dict[int, PciAddress] = {}
             for index in range(self._count):
                 h, _ = self._handle(nv, index)
                 try:
                     bus = nv.nvmlDeviceGetPciInfo(h).busId if h is not None else None
                 except Exception:
                     continue
-                if bus is not None:
-                    out[index] = pci_id(bus.decode() if isinstance(bus, bytes) else str(bus))
+                addr = None if bus is None else pci_id(bus if isinstance(bus, bytes) else str(bus))
+                if addr is not None:
+                    out[index] = addr
             return out
 
         return self._query("PCI query", q, timeout)

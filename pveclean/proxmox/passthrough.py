@@ -9,27 +9,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pveclean.core.gpumap import VfioGpu, VmName
+from pveclean.core.pci import HostPci, PciAddress, sysfs_order
 from pveclean.proxmox import pveconf
 
 PCI_DEVICES = Path("/sys/bus/pci/devices")
 NVIDIA_VENDOR = "0x10de"
-_PCI = re.compile(r"(?:([0-9a-f]{4,}):)?([0-9a-f]{2}:[0-9a-f]{2})(?:\.([0-9a-f]))?")
 
 
 # ---- VMs: GPUs bound to vfio-pci ----------------------------------------------------------
-def _pci_ids(text: str) -> list[tuple[str, bool]]:
-    """(address prefix, whole device) for each id of a hostpci `host` value: `01:00` means
-    every function of 0000:01:00 (qemu-server's PCIRE)."""
-    out = []
-    for part in text.lower().split(";"):
-        m = _PCI.fullmatch(part.strip())
-        if not m:
-            continue
-        # sysfs keeps 4 domain digits, and every digit of a wider one (Intel VMD: 10000)
-        dom = f"{int(m.group(1) or '0', 16):04x}"
-        addr = f"{dom}:{m.group(2)}"
-        out.append((f"{addr}.{m.group(3)}", False) if m.group(3) else (addr + ".", True))
-    return out
+def _pci_ids(text: str) -> list[PciAddress]:
+    """Each id of a hostpci `host` value: `01:00` means every function of 0000:01:00
+    (qemu-server's PCIRE); text that is no address is passed."""
+    return [a for a in map(PciAddress.parse, text.split(";")) if a is not None]
 
 
 def read_pci_mappings(path: Path, node: str) -> dict[str, list[str]]:
@@ -53,10 +44,10 @@ def read_pci_mappings(path: Path, node: str) -> dict[str, list[str]]:
 
 
 def hostpci_ids(lines: list[tuple[str, str]], mappings: dict[str, list[str]]
-                ) -> list[tuple[str, bool]]:
-    """(address prefix, whole device) of each id a VM config's hostpciN lines name, by
-    address or through a resource mapping."""
-    out = []
+                ) -> list[PciAddress]:
+    """Each id a VM config's hostpciN lines name, by address or through a resource mapping
+    (a whole device: its `function` None)."""
+    out: list[PciAddress] = []
     for k, v in lines:
         if not re.fullmatch(r"hostpci\d+", k):
             continue
@@ -71,14 +62,12 @@ def hostpci_ids(lines: list[tuple[str, str]], mappings: dict[str, list[str]]
     return out
 
 
-def vm_passthrough(qemu_dir: Path, mappings: dict[str, list[str]]
-                   ) -> list[tuple[int, str, str, bool]]:
-    """(vmid, VM name, address prefix, whole device) for every hostpci line of every VM."""
-    out: list[tuple[int, str, str, bool]] = []
+def vm_passthrough(qemu_dir: Path, mappings: dict[str, list[str]]) -> list[HostPci]:
+    """Each id of every hostpci line of every VM."""
+    out: list[HostPci] = []
     for conf in _configs(qemu_dir, pveconf.parse_vm_config):
         name = conf.get("name") or ""
-        out += [(conf.vmid, name, prefix, whole)
-                for prefix, whole in hostpci_ids(conf.lines, mappings)]
+        out += [HostPci(conf.vmid, name, a) for a in hostpci_ids(conf.lines, mappings)]
     return out
 
 
@@ -123,9 +112,10 @@ def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[VfioGp
             continue
         if refs is None:
             refs = vm_passthrough(qemu_dir, read_pci_mappings(mapping_file, os.uname().nodename))
-        addr = d.name.lower()
-        vms = sorted({(vmid, name) for vmid, name, prefix, whole in refs
-                      if (addr.startswith(prefix) if whole else addr == prefix)})
+        addr = PciAddress.parse(d.name)
+        if addr is None:
+            continue
+        vms = sorted({(r.vmid, r.name) for r in refs if r.address.covers(addr)})
         out.append(VfioGpu(addr, f"10de:{_read(d / 'device')[2:]}", driver,
                            tuple(VmName(v, n) for v, n in vms)))
     return out
@@ -133,7 +123,7 @@ def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[VfioGp
 
 # ---- one VM's start ------------------------------------------------------------------------
 def vm_gpu_functions(qemu_dir: Path, vmid: int, mapping_file: Path, pci_root: Path,
-                     node: str | None = None) -> list[str]:
+                     node: str | None = None) -> list[PciAddress]:
     """The NVIDIA display functions (vendor 0x10de, class 0x03xxxx) that VM `vmid`'s hostpci
     lines name, by address or through a resource mapping, as sysfs names them; a line
     naming a whole device (`01:00`) counts each of its functions."""
@@ -147,28 +137,29 @@ def vm_gpu_functions(qemu_dir: Path, vmid: int, mapping_file: Path, pci_root: Pa
 
 
 def nvidia_functions(lines: list[tuple[str, str]], mappings: dict[str, list[str]],
-                     pci_root: Path) -> list[str]:
+                     pci_root: Path) -> list[PciAddress]:
     """The NVIDIA display functions on this node that a VM config's hostpci lines name."""
     refs = hostpci_ids(lines, mappings)
     if not refs:
         return []
     try:
-        devs = sorted(d.name.lower() for d in pci_root.iterdir())
+        devs = sorted((a for a in map(PciAddress.parse, (d.name for d in pci_root.iterdir()))
+                       if a is not None), key=sysfs_order)
     except OSError:
         return []
     return [a for a in devs
-            if any(a.startswith(p) if whole else a == p for p, whole in refs)
-            and _read(pci_root / a / "vendor") == NVIDIA_VENDOR
-            and _read(pci_root / a / "class").startswith("0x03")]
+            if any(r.covers(a) for r in refs)
+            and _read(pci_root / str(a) / "vendor") == NVIDIA_VENDOR
+            and _read(pci_root / str(a) / "class").startswith("0x03")]
 
 
-def pci_reservations(run_dir: Path) -> dict[str, int]:
+def pci_reservations(run_dir: Path) -> dict[PciAddress, int]:
     """PCI id -> VMID of qemu-server's reservations (PCI.pm: <run_dir>/pci-id-reservations,
     lines `<id> <vmid> pid:<pid>` for a started VM, `time:<expiry>` while it starts), only
     those whose VM process lives or whose start window is open. Ids as sysfs names them."""
     import time
 
-    out: dict[str, int] = {}
+    out: dict[PciAddress, int] = {}
     try:
         text = (run_dir / "pci-id-reservations").read_text(encoding="ascii", errors="replace")
     except OSError:
@@ -181,11 +172,12 @@ def pci_reservations(run_dir: Path) -> dict[str, int]:
         live = value > time.time() if kind == "time" else os.path.exists(f"/proc/{value}")
         ids = _pci_ids(m.group(1))
         if live and ids:
-            out[ids[0][0].rstrip(".")] = int(m.group(2))
+            out[ids[0]] = int(m.group(2))
     return out
 
 
-def w_vm_gpus(pve_dir: str, vmid: int, pci_sysfs: str) -> dict[str, str | None] | None:
+def w_vm_gpus(pve_dir: str, vmid: int, pci_sysfs: str
+              ) -> dict[PciAddress, str | None] | None:
     """In a worker (/etc/pve is pmxcfs): VM `vmid`'s NVIDIA GPU functions and the driver
     each is on now (None: none); None when the VM has no config on this node."""
     qemu_dir = Path(pve_dir) / "qemu-server"
@@ -196,17 +188,17 @@ def w_vm_gpus(pve_dir: str, vmid: int, pci_sysfs: str) -> dict[str, str | None] 
         qemu_dir, vmid, Path(pve_dir) / "mapping" / "pci.cfg", devices)}
 
 
-def driver_of(pci_root: Path, addr: str) -> str | None:
+def driver_of(pci_root: Path, addr: PciAddress) -> str | None:
     try:
-        return os.path.basename(os.readlink(pci_root / addr / "driver"))
+        return os.path.basename(os.readlink(pci_root / str(addr) / "driver"))
     except OSError:
         return None
 
 
-def w_keeping(ct_dir: str, minors: dict[int, str]) -> dict[int, list[str]]:
+def w_keeping(ct_dir: str, minors: dict[int, PciAddress]) -> dict[int, list[PciAddress]]:
     """In a worker: container -> the addresses among `minors` (GPU minor -> PCI address) that
     its config grants (a grant of every GPU counts for each); its next start takes them."""
-    out: dict[int, list[str]] = {}
+    out: dict[int, list[PciAddress]] = {}
     for conf in _configs(Path(ct_dir), pveconf.parse_config):
         g = conf.gpu()
         hit = [a for m, a in sorted(minors.items())

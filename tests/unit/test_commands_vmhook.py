@@ -14,6 +14,7 @@ import yaml
 from pveclean.commands import vmhook
 from pveclean.core.config import Config
 from pveclean.host.clock import start_deadline
+from tests.gpumaps import pci
 from tests.harness import qm
 from tests.helpers import KernelSim
 
@@ -30,7 +31,7 @@ def test_pre_start_hands_the_group_over_and_post_stop_gives_it_back(
         tmp_path: Path, cfg: Config, capsys: pytest.CaptureFixture[str]) -> None:
     qm.lay_out_pci(tmp_path, 2)
     fs = KernelSim(tmp_path / "sys/bus/pci")
-    out = vmhook._rebind(200, cfg, [GPU], start_deadline(10), fs)
+    out = vmhook._rebind(200, cfg, [pci(GPU)], start_deadline(10), fs)
     assert out[GPU].as_dict()["drivers_before"] == {GPU: "nvidia", AUDIO: "snd_hda_intel"}
     assert fs.driver(GPU) == fs.driver(AUDIO) == "vfio-pci"
     saved = yaml.safe_load((tmp_path / "state/vfio-200.yaml").read_text())
@@ -48,7 +49,7 @@ def test_a_failed_hand_off_is_undone_said_and_not_kept(
         tmp_path: Path, cfg: Config, capsys: pytest.CaptureFixture[str]) -> None:
     qm.lay_out_pci(tmp_path, 1)
     fs = KernelSim(tmp_path / "sys/bus/pci", fail={(AUDIO, "unbind")})
-    out = vmhook._rebind(200, cfg, [GPU], start_deadline(10), fs)
+    out = vmhook._rebind(200, cfg, [pci(GPU)], start_deadline(10), fs)
     assert isinstance(out[GPU], str) and "busy; undone" in out[GPU]
     assert (fs.driver(GPU), fs.driver(AUDIO)) == ("nvidia", "snd_hda_intel")
     assert not (tmp_path / "state/vfio-200.yaml").exists()

@@ -14,6 +14,7 @@ from pveclean.core import gpumap
 from pveclean.core.gpumap import LEAK_SLACK_MIB, GpuProc, Nodes, Placed
 from pveclean.core.owners import Owner, OwnerKind
 from pveclean.core.records import GpuDevices, GpuMemory
+from tests.gpumaps import pci
 
 
 def _gpu(index: int = 0, used: int = 5000, reserved: int | None = 300,
@@ -32,7 +33,7 @@ def _proc(pid: int, owner: str = "ct", memory: dict[int, int | None] | None = No
 
 def _entry(g: GpuMemory, bus: str | None, procs: list[Placed]) -> dict[str, Any]:
     """gpu_use() as the --json document has it."""
-    return gpumap.gpu_use(g, bus, procs).as_dict()
+    return gpumap.gpu_use(g, None if bus is None else pci(bus), procs).as_dict()
 
 
 # ---- gpu_use ---------------------------------------------------------------------------
@@ -164,13 +165,13 @@ def test_the_map_as_gpus_json_prints_it() -> None:
     ct = _proc(10, memory={0: 1000}, minors={0}).proc
     lost = GpuMemory(1, "GPU-1", "H100", 0, None, 0, minor=1, status="lost",
                      reason="GPU_IS_LOST")
-    uses = (gpumap.gpu_use(_gpu(used=1000), "0000:41:00.0", [Placed(ct, Nodes())]),
+    uses = (gpumap.gpu_use(_gpu(used=1000), pci("0000:41:00.0"), [Placed(ct, Nodes())]),
             gpumap.gpu_use(lost, None, []))
     other = GpuProc(20, "x", Owner(OwnerKind.HOST), cgroup="/", devices=("/dev/nvidiactl",))
     vms = (VmName(200, "trainer"),)
     m = GpuMap("pve1", 1700000000.25, uses, (other,),
-               (VfioGpu("0000:43:00.0", "10de:2330", "vfio-pci", vms),),
-               (VmConflict(0, "0000:41:00.0", vms, (129,), 0, "refuse"),), {129: "lab"},
+               (VfioGpu(pci("0000:43:00.0"), "10de:2330", "vfio-pci", vms),),
+               (VmConflict(0, pci("0000:41:00.0"), vms, (129,), 0, "refuse"),), {129: "lab"},
                ScanStats((129,), (130,), 400, 1, 0.25, 3), Source(SourceState.OK),
                Source(SourceState.PARTIAL, "partial: no PCI bus ids: x"), ("w",))
     d = m.as_dict()

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pveclean.core.gpumap import GpuHolding, GpuMap, GpuProc, nodes_of
 from pveclean.core.records import GpuDevices
-from pveclean.core.vmguard import Decision, Plan, VmStart, still_held
+from pveclean.core.vmguard import Decision, Plan, VmStart
 from pveclean.core.vmguard import plan as guard
+from pveclean.core.vmguard import still_held as held_after
 from tests import gpumaps
-from tests.gpumaps import row
+from tests.gpumaps import hostpci, pci, pcis, row
 
 A0, A1 = "0000:18:00.0", "0000:19:00.0"
 
 
 def plan(vmid: int, addresses: list[str], m: GpuMap, reservations: dict[str, int],
-         policy: str, allow_host: list[str], **start: Any) -> Plan:
-    """The guard's plan, the VM's start (`keeping`, `drivers`) spelled as the tests do."""
-    return guard(VmStart(vmid, addresses, reservations, **start), m, policy, allow_host)
+         policy: str, allow_host: list[str], keeping: dict[int, list[str]] | None = None,
+         drivers: dict[str, str | None] | None = None) -> Plan:
+    """The guard's plan, the VM's start (its addresses as sysfs writes them) spelled as the
+    tests do."""
+    start = VmStart(vmid, pcis(*addresses), {pci(a): v for a, v in reservations.items()},
+                    {ct: pcis(*a) for ct, a in (keeping or {}).items()},
+                    {pci(a): d for a, d in (drivers or {}).items()})
+    return guard(start, m, policy, allow_host)
+
+
+def still_held(addresses: list[str], m: GpuMap, allow_host: list[str]) -> list[str]:
+    return held_after(pcis(*addresses), m, allow_host)
 
 
 def gmap(*gpus: tuple[str, int, list[GpuHolding]], status: str = "ok", leak_mib: int = 0,
@@ -29,7 +37,7 @@ def gmap(*gpus: tuple[str, int, list[GpuHolding]], status: str = "ok", leak_mib:
 def test_nothing_holds_the_gpu() -> None:
     p = plan(200, [A0], gmap((A0, 0, [])), {}, "refuse", [])
     assert p.decision is Decision.CLEAR and not p.blockers
-    assert [(t.address, t.index, t.minor) for t in p.targets] == [(A0, 0, 0)]
+    assert [(str(t.address), t.index, t.minor) for t in p.targets] == [(A0, 0, 0)]
 
 
 def test_a_container_holder_refuses_by_default_naming_it_and_the_fix() -> None:
@@ -94,7 +102,7 @@ def test_conflicts_show_what_the_vms_next_start_would_do() -> None:
     from pveclean.core.vmguard import conflicts
 
     m = gmap((A0, 0, [row(11, "ct", 129)]), (A1, 1, [row(12, "ct", 130)]))
-    refs = [(200, "trainer", A0, False), (201, "win", "0000:19:00.", True)]
+    refs = [hostpci(200, A0, "trainer"), hostpci(201, "0000:19:00", "win")]
     got = conflicts(m.gpus, refs, "refuse")
     assert [(c.gpu, c.vms[0].vmid, list(c.containers), c.next_vm_start)
             for c in got] == [(0, 200, [129], "refuse"), (1, 201, [130], "refuse")]
@@ -146,7 +154,7 @@ def test_an_io_uring_holder_of_a_gpu_node_holds_that_gpu() -> None:
     devices = GpuDevices({makedev(195, 0): "/dev/nvidia0"}, frozenset({195}))
     p = gpumaps.proc(9, "ct", 129, devices=("/dev/nvidia0 (io_uring fixed file, 195:0)",),
                      rdevs=frozenset({makedev(195, 0)}))
-    g = gpu_use(GpuMemory(0, "GPU-a", "H100", 100, 0, 0, minor=0), A0,
+    g = gpu_use(GpuMemory(0, "GPU-a", "H100", 100, 0, 0, minor=0), pci(A0),
                 place_all([p], devices))
     assert [r.proc.host_pid for r in g.processes] == [9]
     p2 = plan(200, [A0], gpumaps.gmap([g]), {}, "refuse", [])

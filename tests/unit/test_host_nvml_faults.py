@@ -16,13 +16,14 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pveclean.core.gpufaults import GpuWatch, config_minors, unchecked
+from pveclean.core.pci import PciAddress
 from pveclean.core.records import GpuDevices, GpuMemory, GpuStatus, NvmlProcesses, Scope
 from pveclean.core.report import find_leaks, memory_table
 from pveclean.host import nvml as nvml_mod
@@ -180,7 +181,8 @@ def test_an_old_driver_still_gives_per_process_memory(lib: Path, fake: FakeNvml,
     nv = session(lib)
     assert nv.processes().by_pid == {alive[0]: {0: 3 * GIB}, alive[1]: {1: 512}}
     assert nv.processes().faults == {}
-    assert nv.pci_bus_ids() == {0: "0000:18:00.0", 1: "0000:19:00.0", 2: "0000:1a:00.0"}
+    assert _texts(nv.pci_bus_ids()) == {0: "0000:18:00.0", 1: "0000:19:00.0",
+                                        2: "0000:1a:00.0"}
 
 
 OLD_DRIVER = textwrap.dedent("""
@@ -212,10 +214,16 @@ def test_a_wide_pci_domain_is_printed_whole(lib: Path, fake: FakeNvml) -> None:
     10000:18:00.0; a domain that fits in 4 digits keeps 4."""
     fake.pci_domain(0, 0x10000)
     fake.pci_domain(1, 0x1)
-    assert session(lib).pci_bus_ids() == {0: "10000:18:00.0", 1: "0001:19:00.0",
-                                          2: "0000:1a:00.0"}
-    assert pci_id("00000000:01:00.0") == "0000:01:00.0"
-    assert pci_id("ABCDE123:01:00.0") == "abcde123:01:00.0"
+    assert _texts(session(lib).pci_bus_ids()) == {0: "10000:18:00.0", 1: "0001:19:00.0",
+                                                  2: "0000:1a:00.0"}
+    assert str(pci_id("00000000:01:00.0")) == "0000:01:00.0"
+    assert str(pci_id(b"ABCDE123:01:00.0")) == "abcde123:01:00.0"
+    assert pci_id("not an id") is None
+
+
+def _texts(buses: Mapping[int, PciAddress]) -> dict[int, str]:
+    """GPU index -> its PCI address as sysfs names it."""
+    return {i: str(a) for i, a in buses.items()}
 
 
 def test_a_pid_with_rows_in_several_mig_instances_has_their_sum(

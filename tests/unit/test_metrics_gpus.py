@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pveclean.core import metrics, metrics_gpus
-from tests.gpumaps import gmap, row, use, vfio
+from tests.gpumaps import gmap, hostpci, pci, row, use, vfio
 
 MIB = 1 << 20
 
@@ -26,7 +26,7 @@ DATA = gmap(
      use(2, None, uuid="GPU-ccc", status="unavailable", unaccounted_mib=None)],
     vfio=[vfio("0000:41:00.0"), vfio("0000:43:00.0", driver=None)],
     hostnames={129: "", 130: ""}, seconds=0.25, warnings=["one"])
-REFS = [(200, "0000:41:00", True), (102, "0000:3b:00.0", False), (300, "0000:99:00.0", False)]
+REFS = [hostpci(200, "0000:41:00"), hostpci(102, "0000:3b:00.0"), hostpci(300, "0000:99:00.0")]
 
 
 def _samples(text: str) -> dict[str, list[Any]]:
@@ -90,9 +90,9 @@ def test_a_failed_look_keeps_when_the_map_was_last_whole() -> None:
 
 @pytest.mark.parametrize(("sysfs", "dcgm"), [
     ("0000:3b:00.0", "00000000:3B:00.0"), ("10000:01:00.0", "00010000:01:00.0"),
-    ("odd", "odd"), (None, "")])
+    (None, "")])
 def test_bus_ids_as_dcgm_exporter_writes_them(sysfs: str | None, dcgm: str) -> None:
-    assert metrics_gpus.dcgm_bus_id(sysfs) == dcgm
+    assert metrics_gpus.dcgm_bus_id(None if sysfs is None else pci(sysfs)) == dcgm
 
 
 def test_promtool_accepts_the_map(promtool: str) -> None:

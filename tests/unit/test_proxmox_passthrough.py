@@ -12,28 +12,33 @@ from pveclean.proxmox import passthrough
 from tests.helpers import fake_host_pci
 
 
+def _ids(text: str) -> list[str]:
+    return [str(a) for a in passthrough._pci_ids(text)]
+
+
 @pytest.mark.parametrize(("text", "ids"), [
-    ("0000:01:00.0", [("0000:01:00.0", False)]),
-    ("01:00.1", [("0000:01:00.1", False)]),
-    ("01:00", [("0000:01:00.", True)]),
-    ("0001:0A:00", [("0001:0a:00.", True)]),  # lower-cased
-    ("0000:01:00.0; 0000:02:00.0", [("0000:01:00.0", False), ("0000:02:00.0", False)]),
-    ("01:00.0;zz:00.0;02:00", [("0000:01:00.0", False), ("0000:02:00.", True)]),
+    ("0000:01:00.0", ["0000:01:00.0"]),
+    ("01:00.1", ["0000:01:00.1"]),
+    ("01:00", ["0000:01:00"]),
+    ("0001:0A:00", ["0001:0a:00"]),  # lower-cased
+    ("0000:01:00.0; 0000:02:00.0", ["0000:01:00.0", "0000:02:00.0"]),
+    ("01:00.0;zz:00.0;02:00", ["0000:01:00.0", "0000:02:00"]),
     ("01:00.g", []),
     ("1:00.0", []),
     ("", []),
 ])
-def test_pci_ids(text: str, ids: list[tuple[str, bool]]) -> None:
-    assert passthrough._pci_ids(text) == ids
+def test_pci_ids(text: str, ids: list[str]) -> None:
+    """Each id as a record, written back as sysfs names it (a whole device: no function)."""
+    assert _ids(text) == ids
 
 
 def test_a_wide_pci_domain_is_kept() -> None:
     """A 5-digit PCI domain (Intel VMD: sysfs names 10000:e1:00.0) is kept whole, so the
     VM's GPU is not matched against 0000:e1:00.0, another device; an 8-digit one as NVML
     writes it is cut to what sysfs shows."""
-    assert passthrough._pci_ids("10000:e1:00.0") == [("10000:e1:00.0", False)]
-    assert passthrough._pci_ids("00010000:e1:00") == [("10000:e1:00.", True)]
-    assert passthrough._pci_ids("00000000:e1:00.0") == [("0000:e1:00.0", False)]
+    assert _ids("10000:e1:00.0") == ["10000:e1:00.0"]
+    assert _ids("00010000:e1:00") == ["10000:e1:00"]
+    assert _ids("00000000:e1:00.0") == ["0000:e1:00.0"]
 
 
 MAPPINGS = """\
@@ -86,12 +91,12 @@ def test_vm_passthrough_reads_every_hostpci_form(tmp_path: Path) -> None:
         "203.conf.tmp": "hostpci0: 61:00.0\n",
     })
     got = passthrough.vm_passthrough(d, {"big": ["0000:81:00.0"]})
-    assert got == [
-        (200, "trainer", "0000:41:00.", True),
-        (200, "trainer", "0000:42:00.0", False),
-        (200, "trainer", "0000:43:00.0", False),
-        (201, "win", "0000:81:00.0", False),
-        (202, "", "0000:44:00.0", False),
+    assert [(r.vmid, r.name, str(r.address)) for r in got] == [
+        (200, "trainer", "0000:41:00"),
+        (200, "trainer", "0000:42:00.0"),
+        (200, "trainer", "0000:43:00.0"),
+        (201, "win", "0000:81:00.0"),
+        (202, "", "0000:44:00.0"),
     ]
 
 
@@ -169,7 +174,6 @@ def test_gpus_bound_to_vfio_are_shown_as_passed_to_their_vm(tmp_path: Path) -> N
 
 
 def test_hostpci_ids() -> None:
-    assert passthrough._pci_ids("01:00") == [("0000:01:00.", True)]
-    assert passthrough._pci_ids("0000:01:00.0;0000:02:00.1") == [("0000:01:00.0", False),
-                                                         ("0000:02:00.1", False)]
-    assert passthrough._pci_ids("garbage;;") == []
+    assert _ids("01:00") == ["0000:01:00"]
+    assert _ids("0000:01:00.0;0000:02:00.1") == ["0000:01:00.0", "0000:02:00.1"]
+    assert _ids("garbage;;") == []

@@ -59,6 +59,7 @@ TEXT_PARSERS: dict[str, str] = {
     "core.records:DeviceUse.short": "that word with the kernel's /dev/nvidia name cut off",
     "core.exposition:Family.__post_init__": "exposition format: label names with __ are reserved",
     "core.exposition:parse": "the textfile on disk (node_exporter's), read to carry counters over",
+    "core.pci:PciAddress.parse": "a PCI address as hostpci, sysfs, NVML or qemu-server write it",
     "core.owners:in_tree": "cgroup paths from /proc: the one parser of /lxc/<vmid>",
     "core.units:unit_type": "systemd unit names read from a guest's cgroups",
     "core.units:unit_of": "a guest's cgroup path (systemd's slices and units)",
@@ -99,8 +100,8 @@ TEXT_PARSERS: dict[str, str] = {
     "proxmox.passthrough:_pci_ids": "a PCI mapping's id list (mapping/pci.cfg)",
     "proxmox.passthrough:read_pci_mappings": "mapping/pci.cfg",
     "proxmox.passthrough:hostpci_ids": "a VM config's hostpciN value",
-    "proxmox.passthrough:vfio_gpus": "sysfs PCI class text; hostpci's function-less address",
-    "proxmox.passthrough:nvidia_functions": "sysfs PCI class text; hostpci's address prefix",
+    "proxmox.passthrough:vfio_gpus": "sysfs PCI class text",
+    "proxmox.passthrough:nvidia_functions": "sysfs PCI class text",
     "proxmox.passthrough:pci_reservations": "qemu-server's pci-id-reservations file",
     "proxmox.pct:PctReader._read": "pct exec's output, read in chunks",
     "proxmox.probe:parse_probe": "the in-container probe's output (the guest's text)",
@@ -140,9 +141,6 @@ DEBT_RENDERER_PARAMS: dict[str, int] = {
 }
 # rule 2: text pveclean made, taken apart again (place: calls there)
 DEBT_TEXT_CALLS: dict[str, int] = {
-    "core.metrics_gpus:_matches": 1,  # a PCI address as text (prefix match)
-    "core.vmguard:plan": 1,  # a PCI address as text, rsplit(".")
-    "core.vmguard:conflicts": 1,  # a PCI address as text (prefix match)
 }
 # rule 3: functions over MAX_FUNCTION_LINES (place: its lines today, the most it may have)
 DEBT_LONG_FUNCTIONS: dict[str, int] = {
