@@ -42,9 +42,9 @@ from pveclean.core.records import GpuDevices, GpuMemory, NvmlProcesses, Scope, S
 from pveclean.core.vmguard import conflicts
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, devnodes, worker
-from pveclean.host.hostscan import HostScan
+from pveclean.host.hostscan import HostScan, attribute_pid
 from pveclean.host.nvml import Nvml, NvmlUnavailable
-from pveclean.host.procscan import attribute_pid, w_scan
+from pveclean.host.procscan import w_scan
 from pveclean.host.reads import Reader, Unread
 from pveclean.host.worker import RemoteError, Worker, WorkerError
 from pveclean.proxmox import pveconf

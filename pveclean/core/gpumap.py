@@ -6,10 +6,13 @@ is `pveclean gpus --json`'s document, made only where it is printed."""
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from pveclean.core.gpunodes import NVIDIA_MAJOR as NVIDIA_MAJOR
+from pveclean.core.gpunodes import Nodes, nodes_of
+from pveclean.core.gpunodes import major_minor as major_minor
+from pveclean.core.gpunodes import makedev as makedev
 from pveclean.core.owners import Owner, OwnerKind
 from pveclean.core.pci import PciAddress
 from pveclean.core.records import (
@@ -23,53 +26,7 @@ from pveclean.core.records import (
 )
 from pveclean.core.report import LEAK_SLACK_MIB, iso  # the post-stop hook's slack
 
-_NODE = re.compile(r"nvidia(\d+)")
-NVIDIA_MAJOR = 195  # /dev/nvidiaN, nvidia-modeset (254), nvidiactl (255) on every host
 Json = dict[str, object]  # one object of the --json document
-
-
-# ---- device numbers ---------------------------------------------------------------------
-def makedev(major: int, minor: int) -> int:
-    """os.makedev without the os module: glibc's encoding of a device number."""
-    return ((minor & 0xFF) | ((major & 0xFFF) << 8) | ((minor & ~0xFF) << 12)
-            | ((major & ~0xFFF) << 32))
-
-
-def major_minor(rdev: int) -> tuple[int, int]:
-    """os.major and os.minor of a device number (glibc's encoding)."""
-    major = ((rdev >> 8) & 0xFFF) | ((rdev >> 32) & 0xFFFFF000)
-    minor = (rdev & 0xFF) | ((rdev >> 12) & 0xFFFFFF00)
-    return major, minor
-
-
-@dataclass(frozen=True)
-class Nodes:
-    """What a process's GPU device numbers are: the N of each /dev/nvidiaN (one GPU each),
-    whether it holds a node of no single GPU (nvidiactl, nvidia-uvm, nvidia-caps), and the
-    device numbers that can be tied to neither (a GPU major whose node this host lacks)."""
-
-    minors: frozenset[int] = frozenset()
-    shared: bool = False
-    untied: frozenset[int] = frozenset()
-
-
-def nodes_of(rdevs: Iterable[int], devices: GpuDevices) -> Nodes:
-    minors: set[int] = set()
-    untied: set[int] = set()
-    shared = False
-    for rdev in rdevs:
-        path = devices.rdevs.get(rdev)
-        major, minor = major_minor(rdev)
-        n = _NODE.fullmatch(posixpath.basename(path)) if path else None
-        if n:
-            minors.add(int(n.group(1)))
-        elif path is not None or (major == NVIDIA_MAJOR and minor >= 254):
-            shared = True  # a node of the driver's, of no single GPU
-        elif major == NVIDIA_MAJOR:
-            minors.add(minor)  # /dev/nvidiaN on any host
-        else:
-            untied.add(rdev)
-    return Nodes(frozenset(minors), shared, frozenset(untied))
 
 
 # ---- a process that holds a GPU ---------------------------------------------------------
@@ -220,6 +177,8 @@ def owner_order(p: GpuProc) -> tuple[int, int, int]:
 # ---- what else the map holds ----------------------------------------------------------------
 @dataclass(frozen=True)
 class VmName:
+    """A VM the map names: its VMID and name."""
+
     vmid: int
     name: str
 
@@ -260,6 +219,8 @@ class VmConflict:
 
 @dataclass(frozen=True)
 class ScanStats:
+    """What the map's look at the host covered, and how long it took."""
+
     containers_scanned: tuple[int, ...]
     containers_skipped_no_gpu: tuple[int, ...]
     host_processes: int

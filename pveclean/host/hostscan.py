@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 
 from pveclean.core.gpumap import GpuProc, full_name
-from pveclean.core.owners import HOST, Layout, is_ct_dir
+from pveclean.core.owners import HOST, Layout, OwnerKind, is_ct_dir, owner_of
 from pveclean.core.records import GpuDevices
 from pveclean.core.units import unit_of
 from pveclean.host import cgroupfs, devnodes, procfs, worker
@@ -153,3 +153,14 @@ def scan_host_processes(root: Path, devices: GpuDevices, exclude: set[int],
         return scan.result()
 
 
+def attribute_pid(pid: int) -> GpuProc:
+    """An NVML process neither scan saw: owner from its cgroup (it may have just started,
+    or it runs in a container whose config names no GPU)."""
+    cg = cgroupfs.pid_cgroup(pid)
+    st = procfs.read_status(pid)
+    name = st.name if st else "?"
+    owner = owner_of(cg)
+    if cg is None:
+        return GpuProc(pid, name, owner)
+    ct_pid = st.nspid[1] if owner.kind is OwnerKind.CT and st and len(st.nspid) > 1 else None
+    return GpuProc(pid, name, owner, ct_pid, unit_of(cg), cg)

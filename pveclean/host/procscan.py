@@ -9,8 +9,7 @@ from functools import partial
 from pveclean.core import records
 from pveclean.core.bounds import cap_devices
 from pveclean.core.discovery import protect_reason, unwalked
-from pveclean.core.gpumap import GpuProc
-from pveclean.core.owners import OwnerKind, ct_path, in_tree, owner_of, rel_path
+from pveclean.core.owners import ct_path, in_tree, rel_path
 from pveclean.core.records import GpuDevices, Holder, HostView, Scope
 from pveclean.core.units import unit_of
 from pveclean.host import cgroupfs, devnodes, procfs, worker
@@ -180,16 +179,3 @@ def w_parents(ppids: list[int]) -> dict[int, str]:
         if st:
             out[ppid] = f"{st.name} (host PID {ppid})"
     return out
-
-
-def attribute_pid(pid: int) -> GpuProc:
-    """An NVML process neither scan saw: owner from its cgroup (it may have just started,
-    or it runs in a container whose config names no GPU)."""
-    cg = cgroupfs.pid_cgroup(pid)
-    st = procfs.read_status(pid)
-    name = st.name if st else "?"
-    owner = owner_of(cg)
-    if cg is None:
-        return GpuProc(pid, name, owner)
-    ct_pid = st.nspid[1] if owner.kind is OwnerKind.CT and st and len(st.nspid) > 1 else None
-    return GpuProc(pid, name, owner, ct_pid, unit_of(cg), cg)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pveclean.core import records
 from pveclean.core.discovery import merge_nvml, nvml_source, only_gpus
 from pveclean.core.gpufaults import GpuWatch, config_minors, with_faults
-from pveclean.core.gpumap import nodes_of
+from pveclean.core.gpunodes import nodes_of
 from pveclean.core.records import (
     Deadline,
     GpuMemory,
