@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from pveclean.core import policy, records, report, verdicts
+from pveclean.core import records, report, verdicts
 from pveclean.core.config import Config
 from pveclean.core.discovery import merge_probe, stall_for
-from pveclean.core.policy import Step
 from pveclean.core.records import Deadline, Discovery, Holder, ProcIdentity, Scope, Source
 from pveclean.core.records import SourceState as State
 from pveclean.core.report import Findings, Report, RunResult, build_report, busy_report
@@ -32,6 +31,7 @@ from pveclean.proxmox.probe import finish_probe, start_probe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pveclean.core import policy
     from pveclean.core.amendments import UnitStops
     from pveclean.core.records import GpuMemory
 
@@ -174,7 +174,7 @@ class _Loop:
     handled: set[ProcIdentity]
     known: set[int]
     quiet: dict[int, int] | None
-    at: policy.Verifying = field(default_factory=policy.Verifying)
+    at: policy.Verifying  # where the loop stands (core/policy.py, imported for a stop only)
 
     def add(self, h: Holder) -> None:
         self.handled.add(h.identity)
@@ -184,6 +184,8 @@ class _Loop:
 def _verify(run: Run, disc: Discovery, loop: _Loop) -> tuple[policy.Decision, list[Holder]]:
     """Looks, each decided by core/policy.py, until a step other than POLL or FULL_LOOK: that
     decision and the holders to chase next. The tree is frozen as host/freezer.py says."""
+    from pveclean.core import policy
+    from pveclean.core.policy import Step
     reads, scope, end = run.reads, run.scope, run.deadline.work_end
     limits = policy.Limits(run.cfg.chase_rounds, end, partial_looks=bool(loop.quiet))
     chase: list[Holder] = []
@@ -216,11 +218,13 @@ def _verify(run: Run, disc: Discovery, loop: _Loop) -> tuple[policy.Decision, li
 
 
 def stop_and_verify(run: Run, disc: Discovery) -> Stopped:
-    """Stop the holders, then verify, chasing new ones for `chase_rounds` rounds. Every read
-    goes through the worker; the parent holds the pidfds and signals. Each step is decided
-    by core/policy.py; the freezer's protocol (host/freezer.py) says when the tree is held."""
+    """Stop the holders, verify, chase new ones for `chase_rounds` rounds: the parent holds the
+    pidfds and signals; core/policy.py (imported here: a run that stops nothing needs none)
+    decides each step; host/freezer.py's protocol says when the tree is held."""
+    from pveclean.core import policy
+    from pveclean.core.policy import Step
     loop = _Loop(list(disc.holders), {h.identity for h in disc.holders}, set(),
-                 policy.known_idle(disc.view))
+                 policy.known_idle(disc.view), policy.Verifying())
     targets = [h for h in loop.holders if not h.protected]
     last_exit: float | None = None
     term = True
@@ -252,19 +256,18 @@ def stop_and_verify(run: Run, disc: Discovery) -> Stopped:
 def _late_holders(run: Run, disc: Discovery, loop: _Loop) -> list[Holder]:
     """The late probe's new holders to chase; its protected ones are recorded as such."""
     chase = []
-    for h in _merge_probe(run, disc):
-        if h.identity not in loop.handled and not h.protected:
-            chase.append(h)
-        elif h.identity not in loop.handled:
+    for h in (h for h in _merge_probe(run, disc) if h.identity not in loop.handled):
+        if h.protected:
             h.outcome = Outcome.PROTECTED
             loop.add(h)
+        else:
+            chase.append(h)
     return chase
 
 
 def _parents(run: Run, hs: list[Holder]) -> dict[int, str]:
-    got = run.reads.call(w_parents, sorted({h.ppid for h in hs}), end=run.deadline.work_end,
-                         what="parents")
-    return got if isinstance(got, dict) else {}
+    ppids = sorted({h.ppid for h in hs})
+    return run.reads.call(w_parents, ppids, end=run.deadline.work_end, what="parents") or {}
 
 
 def clean(vmid: int, cfg: Config, worker: Worker, opts: RunOptions = RunOptions(),
