@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class CtArgs:
+    """What `pveclean ct` was asked, as typer parsed it."""
+
     vmid: str
     dry_run: bool = False
     as_json: bool = False

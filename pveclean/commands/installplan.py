@@ -26,6 +26,8 @@ class InstallRequest:
 
 @dataclass
 class Step:
+    """One guest's step of an install or uninstall plan."""
+
     vmid: int
     node: str
     action: str  # set, chain, unchanged, restore, delete, skip
@@ -40,6 +42,8 @@ class Step:
 
 @dataclass
 class Plan:
+    """What install or uninstall would do, guest by guest, before it does it."""
+
     command: str  # install or uninstall
     storage: str | None = None
     file: Path | None = None
@@ -72,6 +76,8 @@ class Plan:
 
 @dataclass
 class Outcome:
+    """What carrying out a plan did: the steps done and the errors, with exit codes."""
+
     done: list[str] = field(default_factory=list)
     errors: list[tuple[str, int]] = field(default_factory=list)
 

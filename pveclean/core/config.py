@@ -41,6 +41,8 @@ DEFAULT_REDACT = [
 
 @dataclass(frozen=True)
 class Config:
+    """pveclean.yaml, validated: every setting with its default (pveclean.yaml(5))."""
+
     devices: list[str] = field(default_factory=lambda: ["/dev/nvidia*", "/dev/nvidia-caps/*"])
     report_dir: str = "/var/log/pveclean"
     grace_seconds: float = 10.0

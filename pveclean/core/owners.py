@@ -26,6 +26,8 @@ class Layout(StrEnum):
 
 @dataclass(frozen=True)
 class Owner:
+    """Whose a process is: a container (with its VMID), the host, or unknown."""
+
     kind: OwnerKind
     vmid: int | None = None  # CT only
 

@@ -65,6 +65,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Decision:
+    """The step the loop takes next, and what it knows when it takes it."""
+
     step: Step
     clean_since: float | None = None  # when the container first looked clean, if it does
     verified: bool = False  # SETTLED only: the GPUs were seen free of every holder

@@ -75,6 +75,8 @@ class Scope:
 
 @dataclass
 class HostView:
+    """One scan of a container's cgroup tree from the host: its holders and processes."""
+
     holders: dict[int, Holder]
     statuses: dict[int, ProcStatus]
     tree: dict[int, str]
@@ -193,6 +195,8 @@ def more_column(more: int) -> list[str]:
 
 @dataclass
 class Holder:
+    """A process of the container that holds a GPU node or GPU memory, and what was done to it."""
+
     host_pid: int
     starttime: int
     ct_pid: int | None
@@ -351,6 +355,8 @@ class Rejection:
 
 @dataclass
 class GpuMemory:
+    """One GPU's memory as NVML reads it (or why it could not)."""
+
     index: int
     uuid: str
     name: str
@@ -418,6 +424,8 @@ class Discovery:
 
 @dataclass(frozen=True)
 class ProcStatus:
+    """The fields of /proc/PID/status and stat a run identifies a process by."""
+
     pid: int
     name: str
     state: str

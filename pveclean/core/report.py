@@ -72,6 +72,8 @@ def iso(t: float) -> str:
 
 @dataclass(frozen=True)
 class Summary:
+    """A report's counts: holders, outcomes, memory freed, rounds."""
+
     holders: int
     stopped: int
     outcomes: dict[str, int]
@@ -84,6 +86,8 @@ class Summary:
 
 @dataclass(frozen=True)
 class ContainerState:
+    """The container as the run found it."""
+
     running: bool | None
     gpu_config: list[str]
     init_pid: int | None = None  # these two: in every report but a busy one
@@ -264,6 +268,8 @@ def _listed(items: list[OtherUser] | list[Leak], more: int) -> list[object]:
 
 @dataclass
 class RunResult:
+    """What a run hands its command: the report, where it went, the exit code."""
+
     report: Report  # redacted: what is written and shown
     path: Path | None
     exit_code: int

@@ -98,6 +98,8 @@ def shell_command(vmid: int, units: list[str]) -> str:
 
 @dataclass
 class UnitInfo:
+    """A systemd unit inside a container that runs GPU holders."""
+
     unit: str
     cgroup: str | None  # the unit's own cgroup path on the host
     pids: list[int]

@@ -40,6 +40,8 @@ class Target:
 
 @dataclass
 class Plan:
+    """What a VM's start does about the holders of its GPUs."""
+
     decision: Decision
     targets: list[Target]
     # container -> (GPU indices, minors) of the VM's GPUs its holders hold

@@ -44,6 +44,8 @@ class CtStop:
 
 @dataclass(frozen=True)
 class VmReport:
+    """The report of a VM's hook phase (kind: vm)."""
+
     vmid: int
     phase: str  # pre-start, post-stop
     host: str

@@ -42,6 +42,8 @@ def lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
 # ---- mountinfo (fs/proc_namespace.c show_mountinfo) --------------------------------------
 @dataclass(frozen=True)
 class Mount:
+    """One line of /proc/PID/mountinfo."""
+
     mount_id: int
     parent_id: int
     dev: tuple[int, int]  # st_dev of the file system, major and minor
@@ -73,6 +75,8 @@ def parse_mount(line: bytes) -> Mount | None:
 # ---- maps (fs/proc/task_mmu.c show_map_vma) ----------------------------------------------
 @dataclass(frozen=True)
 class Mapping:
+    """One line of /proc/PID/maps."""
+
     start: int
     end: int
     perms: bytes
@@ -109,6 +113,8 @@ O_PATH = 0o10000000
 
 @dataclass(frozen=True)
 class FdInfo:
+    """/proc/PID/fdinfo/N: the fields pveclean reads."""
+
     pos: int
     flags: int
     mnt_id: int

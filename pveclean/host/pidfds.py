@@ -52,6 +52,8 @@ def fd_budget() -> int:
 
 @dataclass
 class Target:
+    """A holder to stop, through its pidfd."""
+
     holder: Holder
     pidfd: int
     exited_at: float | None = None

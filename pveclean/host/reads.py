@@ -58,6 +58,8 @@ class Unread(Exception):
 
 @dataclass(frozen=True)
 class _Asked:
+    """One call asked of a worker: the function, its arguments and its end."""
+
     fn: Callable[..., object]
     args: tuple[object, ...]
     end: float | None

@@ -50,6 +50,8 @@ def raw() -> Any:
 
 @dataclass(frozen=True)
 class Stat:
+    """What statx() says of a file: its mode, device and file system."""
+
     mode: int
     rdev: int
     dev: tuple[int, int]  # the file system's st_dev, major and minor

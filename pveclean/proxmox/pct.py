@@ -30,6 +30,8 @@ MAX_LINE = 8 << 10  # bytes of one output line (a path is at most 4096)
 
 @dataclass(frozen=True)
 class PctResult:
+    """How a `pct` call ended."""
+
     returncode: int | None  # None: timed out, or killed over a limit
     stdout: str
     stderr: str

@@ -95,6 +95,8 @@ MAX_PATHS = 32  # paths kept per PID
 
 @dataclass
 class ProbeResult:
+    """What the in-container probe found, and how much of its answer was read."""
+
     holders: dict[int, list[str]] = field(default_factory=dict)  # container PID -> paths
     complete: bool = False
     bad_lines: int = 0

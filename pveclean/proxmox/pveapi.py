@@ -45,6 +45,8 @@ def nodename() -> str:
 
 @dataclass(frozen=True)
 class Container:
+    """A container as the API lists it."""
+
     vmid: int
     node: str
     name: str
@@ -65,6 +67,8 @@ def guest_label(kind: str, vmid: int) -> str:
 
 @dataclass(frozen=True)
 class Storage:
+    """A storage as the API lists it."""
+
     name: str
     type: str
     path: str | None

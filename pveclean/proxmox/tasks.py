@@ -25,6 +25,8 @@ MAX_DEPTH = 8  # ancestors looked at: the hook's shell, pveclean's own wrapper, 
 
 @dataclass(frozen=True)
 class Task:
+    """A Proxmox task, from its UPID."""
+
     upid: str
     type: str
     id: str
