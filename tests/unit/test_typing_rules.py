@@ -126,15 +126,15 @@ MAX_FUNCTION_LINES = 60  # from the def line to the last, docstring included
 MAX_PARAMETERS = 7  # self/cls aside; *args and **kwargs count one each
 
 # --- rule 4 ------------------------------------------------------------------------------------
-ANY_CAP = 48  # after issue 36; lower it as the rest is typed
+# after issue 36: nvidia-ml-py's and ctypes' untyped values, config and API loading, pickles
+ANY_CAP = 43
 
 # ====== DEBT: today's breaches, by place; delete an entry when its place is fixed ================
 
 # rule 1: `dict[str, Any]` outside the edge (place: occurrences there)
 DEBT_DICT_ANY: dict[str, int] = {
 }
-# rule 1: the edge itself over DICT_ANY_CAP today (18: Report.as_dict's 4, Holder.as_dict's 2,
-# core/config.py's 4, reportfiles' 5, ...); lower it to 0 as the edge thins
+# rule 1: the edge itself over DICT_ANY_CAP (issue 36 brought it to 5, under the cap)
 DEBT_DICT_ANY_OVER_CAP = 0
 # rule 1: renderers' `dict[str, Any]` parameters (place: how many of its parameters)
 DEBT_RENDERER_PARAMS: dict[str, int] = {
