@@ -10,10 +10,10 @@ from pathlib import Path
 from pveclean.core import records, report, verdicts
 from pveclean.core.config import Config
 from pveclean.core.discovery import merge_probe, stall_for
-from pveclean.core.records import Deadline, Discovery, Holder, ProcIdentity, Scope, Source
+from pveclean.core.records import Deadline, Discovery, Holder, Scope, Source
 from pveclean.core.records import SourceState as State
 from pveclean.core.report import Findings, Report, RunResult, build_report, busy_report
-from pveclean.core.run import Asked, OnlyGpus, Run, RunOptions, Stopped
+from pveclean.core.run import Asked, OnlyGpus, Run, RunOptions
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, devnodes, notify, pidfds, reportfiles
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from pveclean.core import policy
     from pveclean.core.amendments import UnitStops
     from pveclean.core.records import GpuMemory
+    from pveclean.core.stopping import Loop, Stopped
 
 
 RESTART_WATCH = 0.3  # s after the last exit: systemd's default RestartSec (100 ms) and a start
@@ -166,22 +167,7 @@ def _signal_round(run: Run, targets: list[Holder], term: bool) -> float | None:
     return last_exit
 
 
-@dataclass
-class _Loop:
-    """The stop loop's holders, PIDs known at the round's start, and where policy says it is."""
-
-    holders: list[Holder]
-    handled: set[ProcIdentity]
-    known: set[int]
-    quiet: dict[int, int] | None
-    at: policy.Verifying  # where the loop stands (core/policy.py, imported for a stop only)
-
-    def add(self, h: Holder) -> None:
-        self.handled.add(h.identity)
-        self.holders.append(h)
-
-
-def _verify(run: Run, disc: Discovery, loop: _Loop) -> tuple[policy.Decision, list[Holder]]:
+def _verify(run: Run, disc: Discovery, loop: Loop) -> tuple[policy.Decision, list[Holder]]:
     """Looks, each decided by core/policy.py, until a step other than POLL or FULL_LOOK: that
     decision and the holders to chase next. The tree is frozen as host/freezer.py says."""
     from pveclean.core import policy
@@ -223,7 +209,8 @@ def stop_and_verify(run: Run, disc: Discovery) -> Stopped:
     decides each step; host/freezer.py's protocol says when the tree is held."""
     from pveclean.core import policy
     from pveclean.core.policy import Step
-    loop = _Loop(list(disc.holders), {h.identity for h in disc.holders}, set(),
+    from pveclean.core.stopping import Loop, Stopped
+    loop = Loop(list(disc.holders), {h.identity for h in disc.holders}, set(),
                  policy.known_idle(disc.view), policy.Verifying())
     targets = [h for h in loop.holders if not h.protected]
     last_exit: float | None = None
@@ -253,7 +240,7 @@ def stop_and_verify(run: Run, disc: Discovery) -> Stopped:
         targets = chase
 
 
-def _late_holders(run: Run, disc: Discovery, loop: _Loop) -> list[Holder]:
+def _late_holders(run: Run, disc: Discovery, loop: Loop) -> list[Holder]:
     """The late probe's new holders to chase; its protected ones are recorded as such."""
     chase = []
     for h in (h for h in _merge_probe(run, disc) if h.identity not in loop.handled):
@@ -343,7 +330,7 @@ class _Acted:
     before: list[GpuMemory] | None
     unit_stops: UnitStops | None
     verdict: Verdict
-    stopped: Stopped
+    stopped: Stopped | None  # None: no stop loop ran (a dry run, or nothing to stop)
 
 
 def _act(run: Run, idle: bool) -> _Acted:
@@ -363,9 +350,9 @@ def _act(run: Run, idle: bool) -> _Acted:
     if run.opts.dry_run:
         for h in disc.holders:
             h.outcome = Outcome.PROTECTED if h.protected else Outcome.WOULD_STOP
-        return _Acted(disc, before, unit_stops, Verdict.DRY_RUN, Stopped(disc.holders))
+        return _Acted(disc, before, unit_stops, Verdict.DRY_RUN, None)
     if not disc.holders:
-        return _Acted(disc, before, unit_stops, Verdict.NOTHING_TO_DO, Stopped([]))
+        return _Acted(disc, before, unit_stops, Verdict.NOTHING_TO_DO, None)
     for h in disc.holders:
         if h.protected:
             h.outcome = Outcome.PROTECTED
@@ -376,7 +363,8 @@ def _act(run: Run, idle: bool) -> _Acted:
 
 def _conclude(run: Run, acted: _Acted, idle: bool) -> RunResult:
     """Thawed: the freezer's and the probe's last word, GPU memory after, the report."""
-    disc, reads, holders = acted.disc, run.reads, acted.stopped.holders
+    disc, reads, stopped = acted.disc, run.reads, acted.stopped
+    holders = disc.holders if stopped is None else stopped.holders  # no loop: as found
     disc.sources["freeze"] = Source(State.OK if run.freezer.holds else State.NOT_RUN,
                                     run.freezer.summary())
     disc.warnings += run.freezer.warnings
@@ -393,11 +381,12 @@ def _conclude(run: Run, acted: _Acted, idle: bool) -> RunResult:
     verdict = verdicts.with_problems(acted.verdict, problems)
     if reads.nvml_error and not idle and disc.sources["nvml"].ok:
         errors.append(reads.nvml_error)
-    found = Findings(verdict, holders, disc, acted.before, after, acted.stopped.rounds, errors,
-                     acted.stopped.verify_s, len(reads.killed))
+    found = Findings(verdict, holders, disc, acted.before, after,
+                     0 if stopped is None else stopped.rounds, errors,
+                     None if stopped is None else stopped.verify_s, len(reads.killed))
     rep = build_report(stamp(run.started, run.deadline.elapsed()), run.vmid, run.opts.phase,
                        run.opts.dry_run, found, run.ctconf.gpu_lines(), run.cfg)
-    last_exit = acted.stopped.last_exit
+    last_exit = None if stopped is None else stopped.last_exit
     if acted.unit_stops is not None or holders:  # else there is nothing to say of units
         if run.opts.phase == "manual" and last_exit is not None:
             # a stopping container's units stop with it: hooks do not wait for restarts

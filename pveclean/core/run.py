@@ -1,5 +1,6 @@
 """A run as an object: how it is asked for (RunOptions), the run before its lock (Asked) and
-under it (Run), and what its stop loop did (Stopped). cleanup.py carries a Run out."""
+under it (Run). cleanup.py carries a Run out; what its stop loop did is core/stopping.py's
+Stopped (imported for a stop only)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pveclean.core.config import Config
-from pveclean.core.records import Deadline, Holder, Scope
+from pveclean.core.records import Deadline, Scope
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -66,15 +67,3 @@ class Run(Asked):
         if self.opts.progress:
             self.opts.progress(text)
 
-
-@dataclass(frozen=True)
-class Stopped:
-    """What the stop loop did: every holder it handled, whether the GPUs were seen free, the
-    chase rounds used, when (monotonic) the last holder exited and how long verification
-    took after that (its pidfd readable)."""
-
-    holders: list[Holder]
-    verified: bool = False
-    rounds: int = 0
-    last_exit: float | None = None
-    verify_s: float | None = None

@@ -1,0 +1,41 @@
+"""The stop loop's records: where it stands (Loop) and what it did (Stopped).
+
+Imported by the stop loop only (cleanup.stop_and_verify), as core/policy.py is: a dry run and a
+run with nothing to stop make neither, and each dataclass costs every hook run its import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pveclean.core.policy import Verifying
+    from pveclean.core.records import Holder, ProcIdentity
+
+
+@dataclass
+class Loop:
+    """The stop loop's holders, PIDs known at the round's start, and where policy says it is."""
+
+    holders: list[Holder]
+    handled: set[ProcIdentity]
+    known: set[int]
+    quiet: dict[int, int] | None
+    at: Verifying  # where the loop stands (core/policy.py)
+
+    def add(self, h: Holder) -> None:
+        self.handled.add(h.identity)
+        self.holders.append(h)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What the stop loop did: every holder it handled, whether the GPUs were seen free, the
+    chase rounds used, when (monotonic) the last holder exited and how long verification
+    took after that (its pidfd readable)."""
+
+    holders: list[Holder]
+    verified: bool = False
+    rounds: int = 0
+    last_exit: float | None = None
+    verify_s: float | None = None
