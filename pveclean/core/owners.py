@@ -8,20 +8,17 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+# the paths themselves (a run's scan needs no more): core/cgpaths.py
+from pveclean.core.cgpaths import Layout as Layout
+from pveclean.core.cgpaths import ct_path as ct_path
+from pveclean.core.cgpaths import in_tree as in_tree
+from pveclean.core.cgpaths import rel_path as rel_path
+
 
 class OwnerKind(StrEnum):
     CT = "ct"  # a Proxmox container (its VMID known)
     HOST = "host"  # the host's own cgroups, plain LXC containers' included
     UNKNOWN = "unknown"  # no cgroup could be read: cannot be told, so never innocent
-
-
-class Layout(StrEnum):
-    """Which of LXC's cgroup trees a path lies in."""
-
-    PVE = "lxc"  # /lxc/<vmid>/...: Proxmox's containers
-    MONITOR = "lxc.monitor"  # /lxc.monitor/<vmid>: the host's lxc-start monitor
-    PAYLOAD = "lxc.payload"  # /lxc.payload.<name>: plain LXC's default
-    NONE = ""  # the host's own
 
 
 @dataclass(frozen=True)
@@ -69,26 +66,6 @@ def place(cgroup: str) -> Place:
 def owner_of(cgroup: str | None) -> Owner:
     """The owner of a process whose cgroup path is `cgroup` (None: it could not be read)."""
     return UNKNOWN if cgroup is None else place(cgroup).owner
-
-
-def in_tree(cgroup: str | None, vmid: int) -> bool:
-    """Whether `cgroup` is container `vmid`'s cgroup or below it (the exact path: `/lxc/0129`
-    is no container's)."""
-    own = f"/{Layout.PVE}/{vmid}"
-    return cgroup is not None and (cgroup == own or cgroup.startswith(f"{own}/"))
-
-
-def ct_path(vmid: int, rel: str = ".") -> str:
-    """The cgroup path of container `vmid`'s cgroup `rel` (relative to the container's own:
-    "." is its own, "ns/init.scope" one below), as the kernel writes it."""
-    return f"/{Layout.PVE}/{vmid}/{rel}".rstrip("/.").replace("/./", "/")
-
-
-def rel_path(cgroup: str | None, vmid: int) -> str | None:
-    """`cgroup` relative to container `vmid`'s own ("." for its own), None outside it."""
-    if cgroup is None or not in_tree(cgroup, vmid):
-        return None
-    return cgroup[len(f"/{Layout.PVE}/{vmid}") + 1:] or "."
 
 
 def is_ct_dir(name: str) -> bool:

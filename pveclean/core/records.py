@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from pveclean.core.owners import in_tree as in_tree  # the one cgroup-path parser
+from pveclean.core.cgpaths import in_tree as in_tree  # the one cgroup-path test
 from pveclean.core.verdicts import Outcome
 
 TYPE_CHECKING = False

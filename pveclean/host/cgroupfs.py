@@ -10,7 +10,7 @@ import select
 import time
 from pathlib import Path
 
-from pveclean.core.owners import Layout
+from pveclean.core.cgpaths import Layout
 from pveclean.errors import PvecleanError
 from pveclean.host import procfs
 from pveclean.host.procfs import read_text

@@ -8,8 +8,8 @@ from functools import partial
 
 from pveclean.core import records
 from pveclean.core.bounds import cap_devices
+from pveclean.core.cgpaths import ct_path, in_tree, rel_path
 from pveclean.core.discovery import protect_reason, unwalked
-from pveclean.core.owners import ct_path, in_tree, rel_path
 from pveclean.core.records import GpuDevices, Holder, HostView, Scope
 from pveclean.core.units import unit_of
 from pveclean.host import cgroupfs, devnodes, procfs, worker

@@ -60,7 +60,7 @@ TEXT_PARSERS: dict[str, str] = {
     "core.exposition:Family.__post_init__": "exposition format: label names with __ are reserved",
     "core.exposition:parse": "the textfile on disk (node_exporter's), read to carry counters over",
     "core.pci:PciAddress.parse": "a PCI address as hostpci, sysfs, NVML or qemu-server write it",
-    "core.owners:in_tree": "cgroup paths from /proc: the one parser of /lxc/<vmid>",
+    "core.cgpaths:in_tree": "cgroup paths from /proc: the one test of /lxc/<vmid>",
     "core.units:unit_type": "systemd unit names read from a guest's cgroups",
     "core.units:unit_of": "a guest's cgroup path (systemd's slices and units)",
     "core.units:unit_cgroup": "a guest's cgroup path (systemd's slices and units)",
