@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 
 from pveclean.core.records import DeviceHow, DeviceUse, GpuDevices
 from pveclean.host import fstext, statx
@@ -33,11 +32,9 @@ def ring_files(base: str, fd: str) -> fstext.UringFiles | str:
     return "the kernel did not list its registered files (the ring's lock was taken)"
 
 
-@dataclass(frozen=True)
-class NotJudged:
-    """Why a registered file could not be told a GPU node or not."""
-
-    why: str
+# why a registered file could not be told a GPU node or not (text, as ring_files' why: a
+# record here cost every run's import for a rare finding)
+NotJudged = str
 
 
 def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[DeviceUse],
@@ -65,8 +62,8 @@ def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[DeviceUse],
                                 "files; the rest not judged")
                 return
             done[path] = finding = _judge(root, path, devices)
-            if isinstance(finding, NotJudged):
-                unjudged.append(f"io_uring fd {fd}: {finding.why}")
+            if isinstance(finding, str):
+                unjudged.append(f"io_uring fd {fd}: {finding}")
             elif finding is not None:
                 if rdevs is not None and finding.major is not None and finding.minor is not None:
                     rdevs.add(os.makedev(finding.major, finding.minor))
@@ -85,17 +82,17 @@ def _judge(root: int, path: bytes, devices: GpuDevices) -> DeviceUse | NotJudged
     if not path.startswith(b"/"):
         return None
     if path.endswith(b" (deleted)"):
-        return NotJudged(f"registered file {shown[:200]} was deleted: not judged")
+        return f"registered file {shown[:200]} was deleted: not judged"
     fd = statx.open_in_root(root, path)
     if fd is None:
-        return NotJudged(f"registered file {shown[:200]} cannot be looked up: not judged")
+        return f"registered file {shown[:200]} cannot be looked up: not judged"
     try:
         st = statx.statx(b"", fd, statx.AT_EMPTY_PATH)
     finally:
         os.close(fd)
     if isinstance(st, int) or stat.S_ISDIR(st.mode):
-        return NotJudged(f"registered file {shown[:200]} cannot be told from a directory: "
-                         "not judged")
+        return (f"registered file {shown[:200]} cannot be told from a directory: "
+                "not judged")
     if stat.S_ISCHR(st.mode) and devices.matches(st.rdev):
         return DeviceUse(shown, os.major(st.rdev), os.minor(st.rdev), DeviceHow.URING)
     return None
