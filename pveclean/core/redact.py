@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 import re
 from enum import Enum
-from typing import cast
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # typing's import alone cost a hook run 2 ms (nothing else there needs it)
     from typing import TypeVar
 
     T = TypeVar("T")
@@ -69,7 +68,7 @@ class Redactor:
 
     def value(self, v: T) -> T:
         """`v` (a report, a record, a list, a string...) with every string redacted."""
-        return cast("T", self._value(v))
+        return self._value(v)  # type: ignore[return-value]  # _value keeps v's shape
 
     def _value(self, v: object) -> object:
         if isinstance(v, Enum):
