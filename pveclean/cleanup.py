@@ -16,12 +16,12 @@ from pveclean.core.report import Findings, Report, RunResult, build_report, busy
 from pveclean.core.run import Asked, OnlyGpus, Run, RunOptions
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.errors import ExitCode, PvecleanError
-from pveclean.host import cgroupfs, devnodes, notify, pidfds, reportfiles
+from pveclean.host import cgroupfs, devnodes, notify, reportfiles
 from pveclean.host.clock import stamp, start_deadline
 from pveclean.host.freezer import Freezer
 from pveclean.host.lock import Busy, container_lock
 from pveclean.host.nvml import Nvml
-from pveclean.host.pidfds import fd_budget, raise_open_files_limit
+from pveclean.host.procfs import raise_open_files_limit
 from pveclean.host.procscan import w_make_holders, w_parents
 from pveclean.host.runreads import Reads
 from pveclean.host.worker import RemoteError, Worker, WorkerError
@@ -146,10 +146,11 @@ def _drop_probe(disc: Discovery, why: Source) -> None:
 def _signal_round(run: Run, targets: list[Holder], term: bool) -> float | None:
     """Prove and stop one round's targets, frozen (the freezer's protocol); when (monotonic)
     the last of them exited, None if none did."""
+    from pveclean.host import pidfds  # its proofs and records: for a stop only
     reads, scope, end = run.reads, run.scope, run.deadline.work_end
     last_exit: float | None = None
     run.freezer.hold()
-    batch = fd_budget()
+    batch = pidfds.fd_budget()
     for i in range(0, len(targets), batch):  # one batch unless the hard limit is low
         proven, rejected = pidfds.prove_all(
             targets[i:i + batch], lambda hs: reads.identities(hs, scope, end))

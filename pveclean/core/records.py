@@ -337,22 +337,6 @@ class NotProven(StrEnum):
     PIDFD = "pidfd"  # its pidfd could not be opened or signalled
 
 
-@dataclass(frozen=True)
-class Rejection:
-    """Why one holder was not signalled, and the line its signal record shows for it."""
-
-    reason: NotProven
-    text: str
-
-    @property
-    def outcome(self) -> Outcome:
-        return Outcome.EXITED if self.reason is NotProven.EXITED else Outcome.SKIPPED
-
-    @property
-    def note(self) -> Sent:
-        return Sent(note=self.text)
-
-
 @dataclass
 class GpuMemory:
     """One GPU's memory as NVML reads it (or why it could not)."""

@@ -1,4 +1,5 @@
-"""The stop loop's records: where it stands (Loop) and what it did (Stopped).
+"""The stop loop's records: where it stands (Loop), why a holder was not signalled (Rejection)
+and what the loop did (Stopped).
 
 Imported by the stop loop only (cleanup.stop_and_verify), as core/policy.py is: a dry run and a
 run with nothing to stop make neither, and each dataclass costs every hook run its import."""
@@ -6,6 +7,9 @@ run with nothing to stop make neither, and each dataclass costs every hook run i
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pveclean.core.records import NotProven, Sent
+from pveclean.core.verdicts import Outcome
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,6 +30,22 @@ class Loop:
     def add(self, h: Holder) -> None:
         self.handled.add(h.identity)
         self.holders.append(h)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why one holder was not signalled, and the line its signal record shows for it."""
+
+    reason: NotProven
+    text: str
+
+    @property
+    def outcome(self) -> Outcome:
+        return Outcome.EXITED if self.reason is NotProven.EXITED else Outcome.SKIPPED
+
+    @property
+    def note(self) -> Sent:
+        return Sent(note=self.text)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ so a PID recycled by another process can never be hit.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 import select
@@ -22,21 +21,12 @@ from pveclean.core.records import (
     GpuDevices,
     Holder,
     NotProven,
-    Rejection,
     Sent,
     Sig,
 )
+from pveclean.core.stopping import Rejection
 from pveclean.core.verdicts import Outcome
 from pveclean.host import cgroupfs, devnodes, procfs, worker
-
-
-def raise_open_files_limit() -> None:
-    """One pidfd per holder is open at once: 5,000 holders need more than the usual 1,024."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 def fd_budget() -> int:

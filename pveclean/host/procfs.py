@@ -4,9 +4,11 @@ tolerates a process exiting mid-read (returns None): the host is live while we l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
+import resource
 
 from pveclean.core.records import ProcStatus
 
@@ -229,3 +231,14 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except (KeyError, ImportError, OverflowError):
         return str(uid)
+
+
+def raise_open_files_limit() -> None:
+    """One pidfd per holder is open at once: 5,000 holders need more than the usual 1,024.
+    Raised at a run's start, before its workers fork; here, as host/pidfds.py is imported by
+    the stop loop only."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))

@@ -20,11 +20,10 @@ from pveclean.core.records import (
     HostView,
     NotProven,
     NvmlProcesses,
-    Rejection,
     Scope,
     Source,
 )
-from pveclean.host import pidfds, worker
+from pveclean.host import worker
 from pveclean.host.nvml import gpu_memory, gpu_processes, w_memory, w_processes
 from pveclean.host.procscan import w_nvml_pids, w_rescan, w_scan
 from pveclean.host.reads import Reader, Unread
@@ -33,6 +32,8 @@ from pveclean.host.worker import WorkerError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TypeVar
+
+    from pveclean.core.stopping import Rejection
 
     T = TypeVar("T")
 
@@ -156,6 +157,8 @@ class Reads:
                    ) -> list[Rejection | None]:
         """pidfds.check_identities of `holders`: why each may not be signalled, or None; a
         PID whose reads hang is not signalled."""
+        from pveclean.core.stopping import Rejection
+        from pveclean.host import pidfds  # a stop only: a run that stops nothing needs neither
         try:
             out: list[Rejection | None] = self.scan.call(
                 pidfds.check_identities, holders, scope.vmid, scope.devices, scope.running,
