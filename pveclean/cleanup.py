@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from pveclean.core import records, report, verdicts
@@ -33,7 +32,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pveclean.core import policy
     from pveclean.core.amendments import UnitStops
-    from pveclean.core.records import GpuMemory
     from pveclean.core.stopping import Loop, Stopped
 
 
@@ -319,53 +317,55 @@ def _clean(asked: Asked, nvml: Worker, scan: Worker) -> RunResult:
                      if dry_run else "not needed: container stopped, its cgroup tree is empty")
         run = asked.running(scope, reads, fz)
         with fz:  # thawed on every way out; a run that dies: freezer.py
-            acted = _act(run, idle)
-        return _conclude(run, acted, idle)
+            disc = _found(run, idle)
+            unit_stops = _stop_units(run, disc)
+            stopped = _stop(run, disc)
+        return _conclude(run, disc, unit_stops, stopped, idle)
 
 
-@dataclass
-class _Acted:
-    """What a run found and did (GPU memory `before` it), the verdict so far: its report's."""
-
-    disc: Discovery
-    before: list[GpuMemory] | None
-    unit_stops: UnitStops | None
-    verdict: Verdict
-    stopped: Stopped | None  # None: no stop loop ran (a dry run, or nothing to stop)
-
-
-def _act(run: Run, idle: bool) -> _Acted:
-    """Discover, stop the units if asked, then stop and verify (a dry run: mark only)."""
+def _found(run: Run, idle: bool) -> Discovery:
+    """Discover (GPU memory `before` is read with the host scan: run.reads.before)."""
     disc = discover(run)
-    before = run.reads.before  # asked with the host scan
     disc.warnings += run.ctconf.unapplied()  # lines Proxmox does not apply either
     if idle:
         disc.sources["nvml"] = Source(State.NOT_RUN, "not needed: container stopped, its "
                                       "cgroup tree is empty")
     run.say(f"found {len(disc.holders)} GPU holder(s) in CT {run.vmid}")
-    unit_stops = None
-    if run.opts.stop_units:
-        run.freezer.release()  # systemctl runs in the container
-        unit_stops = guestunits.before_stop(run.vmid, run.cfg, run.scope, disc, run.deadline,
-                                            run.opts.dry_run, run.opts.progress)
+    return disc
+
+
+def _stop_units(run: Run, disc: Discovery) -> UnitStops | None:
+    """Stop the holders' units first, when asked (None: not asked)."""
+    if not run.opts.stop_units:
+        return None
+    run.freezer.release()  # systemctl runs in the container
+    return guestunits.before_stop(run.vmid, run.cfg, run.scope, disc, run.deadline,
+                                  run.opts.dry_run, run.opts.progress)
+
+
+def _stop(run: Run, disc: Discovery) -> Stopped | None:
+    """Stop and verify (a dry run: mark only); None when no stop loop ran (a dry run, or
+    nothing to stop)."""
     if run.opts.dry_run:
         for h in disc.holders:
             h.outcome = Outcome.PROTECTED if h.protected else Outcome.WOULD_STOP
-        return _Acted(disc, before, unit_stops, Verdict.DRY_RUN, None)
+        return None
     if not disc.holders:
-        return _Acted(disc, before, unit_stops, Verdict.NOTHING_TO_DO, None)
+        return None
     for h in disc.holders:
         if h.protected:
             h.outcome = Outcome.PROTECTED
-    stopped = stop_and_verify(run, disc)
-    verdict = verdicts.after_stop(stopped.verified, [h.outcome for h in stopped.holders])
-    return _Acted(disc, before, unit_stops, verdict, stopped)
+    return stop_and_verify(run, disc)
 
 
-def _conclude(run: Run, acted: _Acted, idle: bool) -> RunResult:
-    """Thawed: the freezer's and the probe's last word, GPU memory after, the report."""
-    disc, reads, stopped = acted.disc, run.reads, acted.stopped
+def _conclude(run: Run, disc: Discovery, unit_stops: UnitStops | None,
+              stopped: Stopped | None, idle: bool) -> RunResult:
+    """Thawed: the verdict, the freezer's and the probe's last word, GPU memory after, the
+    report."""
+    reads, before = run.reads, run.reads.before
     holders = disc.holders if stopped is None else stopped.holders  # no loop: as found
+    so_far = (Verdict.DRY_RUN if run.opts.dry_run else Verdict.NOTHING_TO_DO if stopped is None
+              else verdicts.after_stop(stopped.verified, [h.outcome for h in stopped.holders]))
     disc.sources["freeze"] = Source(State.OK if run.freezer.holds else State.NOT_RUN,
                                     run.freezer.summary())
     disc.warnings += run.freezer.warnings
@@ -376,24 +376,24 @@ def _conclude(run: Run, acted: _Acted, idle: bool) -> RunResult:
                        f"({run.deadline.elapsed():.2f} s); its findings were not used"))
         _drop_probe(disc, late)
     asked = not (run.opts.dry_run or idle) and (disc.scanned or bool(holders))
-    after = reads.memory(run.deadline.work_end) if asked else acted.before
+    after = reads.memory(run.deadline.work_end) if asked else before
     problems = list(dict.fromkeys(reads.problems))
     errors = list(problems)
-    verdict = verdicts.with_problems(acted.verdict, problems)
+    verdict = verdicts.with_problems(so_far, problems)
     if reads.nvml_error and not idle and disc.sources["nvml"].ok:
         errors.append(reads.nvml_error)
-    found = Findings(verdict, holders, disc, acted.before, after,
+    found = Findings(verdict, holders, disc, before, after,
                      0 if stopped is None else stopped.rounds, errors,
                      None if stopped is None else stopped.verify_s, len(reads.killed))
     rep = build_report(stamp(run.started, run.deadline.elapsed()), run.vmid, run.opts.phase,
                        run.opts.dry_run, found, run.ctconf.gpu_lines(), run.cfg)
     last_exit = None if stopped is None else stopped.last_exit
-    if acted.unit_stops is not None or holders:  # else there is nothing to say of units
+    if unit_stops is not None or holders:  # else there is nothing to say of units
         if run.opts.phase == "manual" and last_exit is not None:
             # a stopping container's units stop with it: hooks do not wait for restarts
             guestunits.await_restarts(holders, run.scope.cgroup_dir.parent.parent,
                                       min(last_exit + RESTART_WATCH, run.deadline.work_end))
-        rep = guestunits.annotate(rep, run.scope, acted.unit_stops)
+        rep = guestunits.annotate(rep, run.scope, unit_stops)
     return finish(rep, run.cfg, run.opts.write_report, run.deadline, reads.worker)
 
 
