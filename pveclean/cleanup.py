@@ -24,15 +24,14 @@ from pveclean.host.procfs import raise_open_files_limit
 from pveclean.host.procscan import w_make_holders, w_parents
 from pveclean.host.runreads import Reads
 from pveclean.host.worker import RemoteError, Worker, WorkerError
-from pveclean.proxmox import guestunits, pveconf
-from pveclean.proxmox.pct import PctReader
-from pveclean.proxmox.probe import finish_probe, start_probe
+from pveclean.proxmox import pveconf
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pveclean.core import policy
     from pveclean.core.amendments import UnitStops
     from pveclean.core.stopping import Loop, Stopped
+    from pveclean.proxmox.pct import PctReader
 
 
 RESTART_WATCH = 0.3  # s after the last exit: systemd's default RestartSec (100 ms) and a start
@@ -60,6 +59,10 @@ def discover(run: Run) -> Discovery:
     if no_probe is not None:
         sources["probe"] = no_probe
     else:
+        # the probe's modules for a probe only: a dry run, a stopped container and a
+        # disabled probe start none
+        from pveclean.proxmox.pct import PctReader
+        from pveclean.proxmox.probe import start_probe
         try:
             probing = PctReader(start_probe(scope, run.cfg.pct_command))
             sources["probe"] = Source(State.PENDING)
@@ -113,6 +116,7 @@ def _merge_probe(run: Run, disc: Discovery, wait: float = 0.0) -> list[Holder]:
     if proc is None or not proc.pump(wait):  # drained as it comes: it may write a lot
         return []
     disc.probe = None
+    from pveclean.proxmox.probe import finish_probe  # imported when the probe was started
     try:
         result = finish_probe(proc, max(wait, 0.01))
     except RuntimeError as exc:
@@ -338,6 +342,7 @@ def _stop_units(run: Run, disc: Discovery) -> UnitStops | None:
     """Stop the holders' units first, when asked (None: not asked)."""
     if not run.opts.stop_units:
         return None
+    from pveclean.proxmox import guestunits  # asked for (or holders found) only
     run.freezer.release()  # systemctl runs in the container
     return guestunits.before_stop(run.vmid, run.cfg, run.scope, disc, run.deadline,
                                   run.opts.dry_run, run.opts.progress)
@@ -389,6 +394,7 @@ def _conclude(run: Run, disc: Discovery, unit_stops: UnitStops | None,
                        run.opts.dry_run, found, run.ctconf.gpu_lines(), run.cfg)
     last_exit = None if stopped is None else stopped.last_exit
     if unit_stops is not None or holders:  # else there is nothing to say of units
+        from pveclean.proxmox import guestunits  # not for a run that found nothing
         if run.opts.phase == "manual" and last_exit is not None:
             # a stopping container's units stop with it: hooks do not wait for restarts
             guestunits.await_restarts(holders, run.scope.cgroup_dir.parent.parent,
