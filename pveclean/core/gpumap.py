@@ -10,9 +10,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from pveclean.core.gpunodes import NVIDIA_MAJOR as NVIDIA_MAJOR
-from pveclean.core.gpunodes import Nodes, nodes_of
 from pveclean.core.gpunodes import major_minor as major_minor
 from pveclean.core.gpunodes import makedev as makedev
+from pveclean.core.gpunodes import sort_nodes
 from pveclean.core.owners import Owner, OwnerKind
 from pveclean.core.pci import PciAddress
 from pveclean.core.records import (
@@ -60,6 +60,21 @@ class GpuProc:
                 "vmid": self.owner.vmid, "ct_pid": self.ct_pid, "unit": self.unit,
                 "cgroup": self.cgroup, "devices": device_labels(self.devices, self.devices_more),
                 "gpu_memory_mib": {int(k): v for k, v in sorted(self.memory.items())}}
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """What a process's GPU device numbers are: the N of each /dev/nvidiaN (one GPU each),
+    whether it holds a node of no single GPU (nvidiactl, nvidia-uvm, nvidia-caps), and the
+    device numbers that can be tied to neither (a GPU major whose node this host lacks)."""
+
+    minors: frozenset[int] = frozenset()
+    shared: bool = False
+    untied: frozenset[int] = frozenset()
+
+
+def nodes_of(rdevs: Iterable[int], devices: GpuDevices) -> Nodes:
+    return Nodes(*sort_nodes(rdevs, devices))
 
 
 @dataclass(frozen=True)

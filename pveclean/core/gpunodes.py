@@ -1,13 +1,14 @@
 """Which GPU a device number is: the N of /dev/nvidiaN, a node of the driver's that is no single
 GPU's (nvidiactl, nvidia-uvm, nvidia-caps), or one that ties to neither. A run's scan and
-`pveclean gpus`' map both ask it, so it stays light (no map records)."""
+`pveclean gpus`' map both ask it, so it stays light: no records (the map's Nodes is
+core/gpumap.py's; a run's scan needs the GPUs' minors only, and each record costs every hook
+run its import)."""
 
 from __future__ import annotations
 
 import posixpath
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from pveclean.core.records import GpuDevices
 
@@ -29,18 +30,13 @@ def major_minor(rdev: int) -> tuple[int, int]:
     return major, minor
 
 
-@dataclass(frozen=True)
-class Nodes:
+Sorted = tuple[frozenset[int], bool, frozenset[int]]  # minors, shared, untied: see gpumap.Nodes
+
+
+def sort_nodes(rdevs: Iterable[int], devices: GpuDevices) -> Sorted:
     """What a process's GPU device numbers are: the N of each /dev/nvidiaN (one GPU each),
     whether it holds a node of no single GPU (nvidiactl, nvidia-uvm, nvidia-caps), and the
     device numbers that can be tied to neither (a GPU major whose node this host lacks)."""
-
-    minors: frozenset[int] = frozenset()
-    shared: bool = False
-    untied: frozenset[int] = frozenset()
-
-
-def nodes_of(rdevs: Iterable[int], devices: GpuDevices) -> Nodes:
     minors: set[int] = set()
     untied: set[int] = set()
     shared = False
@@ -56,4 +52,9 @@ def nodes_of(rdevs: Iterable[int], devices: GpuDevices) -> Nodes:
             minors.add(minor)  # /dev/nvidiaN on any host
         else:
             untied.add(rdev)
-    return Nodes(frozenset(minors), shared, frozenset(untied))
+    return frozenset(minors), shared, frozenset(untied)
+
+
+def gpu_minors(rdevs: Iterable[int], devices: GpuDevices) -> frozenset[int]:
+    """The N of each /dev/nvidiaN among a process's device numbers."""
+    return sort_nodes(rdevs, devices)[0]

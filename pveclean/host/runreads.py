@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pveclean.core import records
 from pveclean.core.discovery import merge_nvml, nvml_source, only_gpus
 from pveclean.core.gpufaults import GpuWatch, config_minors, with_faults
-from pveclean.core.gpunodes import nodes_of
+from pveclean.core.gpunodes import gpu_minors
 from pveclean.core.records import (
     Deadline,
     GpuMemory,
@@ -204,8 +204,8 @@ class Reads:
             return view, [], status, []
         # each GPU judged on its own: one NVML could not answer for is marked, and a problem
         # when it may be the container's
-        held = {m for pid in view.holders for m in nodes_of(view.rdevs.get(pid, ()),
-                                                            scope.devices).minors}
+        held = {m for pid in view.holders for m in gpu_minors(view.rdevs.get(pid, ()),
+                                                              scope.devices)}
         self.gpus = GpuWatch(config_minors(scope.probe_patterns), held)
         self.problems += self.gpus.note(self.before, procs.faults)
         if self.before is not None and procs.faults:
