@@ -11,11 +11,10 @@ accepted only in systemd's unit-name syntax, never decides what is signalled, an
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from pveclean.core.records import Holder
+    pass
 
 
 # systemd's unit_name_is_valid(): prefix of [A-Za-z0-9:_.\-], at most one "@" with a
@@ -94,27 +93,3 @@ def stop_command(vmid: int, units: list[str]) -> list[str]:
 def shell_command(vmid: int, units: list[str]) -> str:
     """The line an admin types (names are validated: no quoting or `--` is needed)."""
     return f"pct exec {vmid} -- systemctl stop {' '.join(units)}"
-
-
-@dataclass
-class UnitInfo:
-    """A systemd unit inside a container that runs GPU holders."""
-
-    unit: str
-    cgroup: str | None  # the unit's own cgroup path on the host
-    pids: list[int]
-    refused: str | None = None
-
-
-def units_of(holders: list[Holder], init_unit: str | None) -> dict[str, UnitInfo]:
-    """The units the holders run in, who runs in each, and why a unit is never stopped."""
-    found: dict[str, UnitInfo] = {}
-    for h in holders:
-        if not h.unit:
-            continue
-        info = found.setdefault(h.unit, UnitInfo(h.unit, unit_cgroup(h.cgroup or "", h.unit),
-                                                 [], refusal(h.unit, init_unit)))
-        info.pids.append(h.host_pid)
-        if h.protected and info.refused is None:
-            info.refused = f"it runs a protected holder (PID {h.host_pid}: {h.protected})"
-    return found

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pveclean.core.text import safe
-from pveclean.core.units import shell_command, stop_command, unit_cgroup, unit_of, units_of
+from pveclean.core.unitgroups import units_of
+from pveclean.core.units import shell_command, stop_command, unit_cgroup, unit_of
 from pveclean.core.verdicts import STOPPED, Outcome
 from pveclean.host import cgroupfs
 from pveclean.proxmox.pct import PctMissing, run_pct

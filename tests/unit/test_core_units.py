@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pveclean.core import units
+from pveclean.core import unitgroups, units
 from tests.helpers import unit_holder
 
 
@@ -106,7 +106,7 @@ def test_units_of_groups_holders_by_unit() -> None:
         unit_holder(13, "/lxc/129/ns"),  # no unit
         unit_holder(14, "/lxc/129/ns/init.scope"),
     ]
-    found = units.units_of(holders, None)
+    found = unitgroups.units_of(holders, None)
     assert sorted(found) == ["a.service", "b.service", "init.scope"]
     a = found["a.service"]
     assert (a.cgroup, a.pids, a.refused) == ("/lxc/129/ns/system.slice/a.service", [10, 11], None)
@@ -117,7 +117,7 @@ def test_units_of_groups_holders_by_unit() -> None:
 
 def test_units_of_refuses_the_unit_that_holds_init() -> None:
     holders = [unit_holder(5, "/lxc/1/ns/a.service"), unit_holder(6, "/lxc/1/ns")]
-    found = units.units_of(holders, init_unit="a.service")
+    found = unitgroups.units_of(holders, init_unit="a.service")
     assert list(found) == ["a.service"]
     assert found["a.service"].pids == [5]
     assert found["a.service"].refused == "it holds the container's init (PID 1)"
