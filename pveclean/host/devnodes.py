@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from pveclean.core.records import DeviceHow, DeviceUse, GpuDevices
-from pveclean.host import fstext, procfs, statx, uring
+from pveclean.host import fstext, procfs, statx
 from pveclean.host.procfs import read_text, readlink, thread_bases
 
 # File systems whose getattr answers statx(AT_STATX_DONT_SYNC) from kernel memory: local
@@ -116,7 +116,7 @@ class _FdTable:
                  out: Judged) -> None:
         self.base, self.dfd, self.devices, self.cache, self.out = base, dfd, devices, cache, out
         self.seen: set[tuple[tuple[int, int], int]] = set()  # GPU files already held
-        self.ring_done: dict[bytes, DeviceUse | uring.NotJudged | None] = {}
+        self.ring_done: dict[bytes, DeviceUse | str | None] = {}  # uring.judge_ring's
         self.risky: Risky | None = None
 
     def judge(self, name: str) -> None:
@@ -139,14 +139,14 @@ class _FdTable:
                 self.out.held.append(DeviceUse(link, os.major(st.rdev), os.minor(st.rdev),
                                                DeviceHow.FD, None if link else name))
                 self.out.rdevs.add(st.rdev)
-        elif st.dev == statx.anon_inode_dev() and self._link(name) == uring.URING:
+        elif st.dev == statx.anon_inode_dev() and self._link(name) == fstext.URING:
             self._ring(name)
 
     def _failed(self, name: str, err: int) -> None:
         target = self._link(name)
         if target is None:
             return  # closed since it was listed
-        if target == uring.URING:
+        if target == fstext.URING:
             self._ring(name)
         elif target.startswith("/"):
             self.out.unjudged.append(f"fd {name} ({target[:200]}): statx failed "
@@ -159,6 +159,7 @@ class _FdTable:
             return None
 
     def _ring(self, name: str) -> None:
+        from pveclean.host import uring  # a ring's registered files: rare, so judged apart
         uring.judge_ring(self.base, name, self.devices, self.out.held, self.out.unjudged,
                          self.ring_done, self.out.rdevs)
 

@@ -135,6 +135,9 @@ def parse_fdinfo(text: bytes) -> FdInfo | None:
         return None
 
 
+URING = "anon_inode:[io_uring]"  # the link of an io_uring fd (host/uring.py judges its files)
+
+
 @dataclass(frozen=True)
 class UringFiles:
     """An io_uring ring's registered files, from its fdinfo. `count` is the table's size

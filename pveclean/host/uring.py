@@ -13,7 +13,7 @@ from pveclean.host import fstext, statx
 
 MAX_RING_INFO = 8 << 20  # bytes of a ring's fdinfo: its SQ and CQ entries come first
 MAX_RING_FILES = 4096  # distinct registered paths judged per process
-URING = "anon_inode:[io_uring]"
+URING = fstext.URING
 
 
 def ring_files(base: str, fd: str) -> fstext.UringFiles | str:
