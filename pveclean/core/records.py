@@ -324,19 +324,6 @@ class Sent:
         return f"{text} failed: {self.error}" if self.error is not None else text
 
 
-class NotProven(StrEnum):
-    """Why a holder was not signalled: it could not be proven the process that was found."""
-
-    EXITED = "exited"  # gone before it was signalled: nothing to signal
-    REUSED = "reused"  # its PID is another process's now
-    LEFT_TREE = "left tree"  # no longer in the container's cgroup tree
-    HOST_NAMESPACE = "host namespace"
-    INIT = "init"  # the container's PID 1
-    NO_DEVICE = "no device"  # no longer holds a GPU device
-    UNCHECKED = "unchecked"  # its identity could not be checked (a read failed or hung)
-    PIDFD = "pidfd"  # its pidfd could not be opened or signalled
-
-
 @dataclass
 class GpuMemory:
     """One GPU's memory as NVML reads it (or why it could not)."""

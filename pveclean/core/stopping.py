@@ -1,5 +1,5 @@
-"""The stop loop's records: where it stands (Loop), why a holder was not signalled (Rejection)
-and what the loop did (Stopped).
+"""The stop loop's records: where it stands (Loop), why a holder was not signalled (Rejection,
+NotProven) and what the loop did (Stopped).
 
 Imported by the stop loop only (cleanup.stop_and_verify), as core/policy.py is: a dry run and a
 run with nothing to stop make neither, and each dataclass costs every hook run its import."""
@@ -7,8 +7,9 @@ run with nothing to stop make neither, and each dataclass costs every hook run i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
-from pveclean.core.records import NotProven, Sent
+from pveclean.core.records import Sent
 from pveclean.core.verdicts import Outcome
 
 TYPE_CHECKING = False
@@ -30,6 +31,19 @@ class Loop:
     def add(self, h: Holder) -> None:
         self.handled.add(h.identity)
         self.holders.append(h)
+
+
+class NotProven(StrEnum):
+    """Why a holder was not signalled: it could not be proven the process that was found."""
+
+    EXITED = "exited"  # gone before it was signalled: nothing to signal
+    REUSED = "reused"  # its PID is another process's now
+    LEFT_TREE = "left tree"  # no longer in the container's cgroup tree
+    HOST_NAMESPACE = "host namespace"
+    INIT = "init"  # the container's PID 1
+    NO_DEVICE = "no device"  # no longer holds a GPU device
+    UNCHECKED = "unchecked"  # its identity could not be checked (a read failed or hung)
+    PIDFD = "pidfd"  # its pidfd could not be opened or signalled
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,10 @@ from pveclean.core import records
 from pveclean.core.records import (
     GpuDevices,
     Holder,
-    NotProven,
     Sent,
     Sig,
 )
-from pveclean.core.stopping import Rejection
+from pveclean.core.stopping import NotProven, Rejection
 from pveclean.core.verdicts import Outcome
 from pveclean.host import cgroupfs, devnodes, procfs, worker
 

@@ -18,7 +18,6 @@ from pveclean.core.records import (
     GpuMemory,
     Holder,
     HostView,
-    NotProven,
     NvmlProcesses,
     Scope,
     Source,
@@ -157,7 +156,7 @@ class Reads:
                    ) -> list[Rejection | None]:
         """pidfds.check_identities of `holders`: why each may not be signalled, or None; a
         PID whose reads hang is not signalled."""
-        from pveclean.core.stopping import Rejection
+        from pveclean.core.stopping import NotProven, Rejection
         from pveclean.host import pidfds  # a stop only: a run that stops nothing needs neither
         try:
             out: list[Rejection | None] = self.scan.call(

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from pveclean.core.discovery import stall_problem
-from pveclean.core.records import GpuDevices, Holder, NotProven, Scope
+from pveclean.core.records import GpuDevices, Holder, Scope
+from pveclean.core.stopping import NotProven
 from pveclean.host import worker
 from pveclean.host.clock import start_deadline
 from pveclean.host.reads import Reader, Unread, stalled_on
