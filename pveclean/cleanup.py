@@ -18,7 +18,6 @@ from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, devnodes, notify, reportfiles
 from pveclean.host.clock import stamp, start_deadline
 from pveclean.host.freezer import Freezer
-from pveclean.host.lock import Busy, container_lock
 from pveclean.host.nvml import Nvml
 from pveclean.host.procfs import raise_open_files_limit
 from pveclean.host.procscan import w_make_holders, w_parents
@@ -275,6 +274,7 @@ def clean(vmid: int, cfg: Config, worker: Worker, opts: RunOptions = RunOptions(
         if opts.dry_run:
             res = _clean(asked, worker, scan)
         else:
+            from pveclean.host.lock import Busy, container_lock  # a dry run takes no lock
             wait = min(cfg.lock_wait_seconds, deadline.work_left())
             try:
                 with container_lock(cfg.state_dir, vmid, wait, f"{opts.phase} run"):
