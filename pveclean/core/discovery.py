@@ -11,6 +11,7 @@ import posixpath
 from collections.abc import Callable
 
 from pveclean.core import records
+from pveclean.core.cgpaths import ct_path
 from pveclean.core.records import Holder, HostView, NvmlProcesses, Scope
 
 TYPE_CHECKING = False
@@ -58,7 +59,7 @@ def unwalked(reason: str, scope: Scope) -> Holder:
     the verdict at `residual` and carries the reason into the report."""
     return Holder(host_pid=0, starttime=0, ct_pid=None, name="(cgroups not walked)", exe=None,
                   argv=(), uid=0, user="-", state="?", ppid=0,
-                  cgroup=f"/lxc/{scope.vmid}", protected=f"not looked at: {reason}")
+                  cgroup=ct_path(scope.vmid), protected=f"not looked at: {reason}")
 
 
 def merge_probe(view: HostView, result: probe.ProbeResult, scope: Scope,
