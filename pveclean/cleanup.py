@@ -334,7 +334,7 @@ def _found(run: Run, idle: bool) -> Discovery:
     if idle:
         disc.sources["nvml"] = Source(State.NOT_RUN, "not needed: container stopped, its "
                                       "cgroup tree is empty")
-    run.say(f"found {len(disc.holders)} GPU holder(s) in CT {run.vmid}")
+    run.found(len(disc.holders))
     return disc
 
 

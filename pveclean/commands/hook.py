@@ -8,7 +8,6 @@ ExitCode.REFUSE (see errors.py); the others always exit 0.
 
 from __future__ import annotations
 
-import re
 import signal
 import sys
 import time
@@ -59,23 +58,23 @@ def _where(res: RunResult) -> str:
     return f"report NOT written: {safe(res.report_error, 300)}{kept}"
 
 
-_FOUND = re.compile(r"found (\d+) GPU holder")
 
 
-def progress_to_log(vmid: int, phase: str, grace: float) -> Callable[[str], None]:
-    """What a phase says before it waits, so that the task log is not silent for up to the
-    deadline: `stopping 6 GPU holder(s) of CT 129, grace 10 s ...`, then rounds and unit
-    stops as they come. Finding nothing says nothing (the outcome line follows at once)."""
+def logged_run(vmid: int, phase: str, grace: float) -> RunOptions:
+    """A hook phase's run, saying before it waits, so that the task log is not silent for up
+    to the deadline: `stopping 6 GPU holder(s) of CT 129, grace 10 s ...` (from the count
+    discovery tells, never read back from text), then rounds and unit stops as they come.
+    Finding nothing says nothing (the outcome line follows at once)."""
 
     def tell(msg: str) -> None:
-        m = _FOUND.match(msg)
-        if m is None:
-            say(f"pveclean: CT {vmid} {phase}: {safe(msg, 300)} ...")
-        elif int(m.group(1)):
-            say(f"pveclean: CT {vmid} {phase}: stopping {m.group(1)} GPU holder(s) of CT "
+        say(f"pveclean: CT {vmid} {phase}: {safe(msg, 300)} ...")
+
+    def found(holders: int) -> None:
+        if holders:
+            say(f"pveclean: CT {vmid} {phase}: stopping {holders} GPU holder(s) of CT "
                 f"{vmid}, grace {grace:g} s ...")
 
-    return tell
+    return RunOptions(phase=phase, write_report=False, progress=tell, on_found=found)
 
 
 def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
@@ -87,9 +86,8 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     if task is None or not task.kills:
         return _pre_shutdown(vmid, cfg, nvml, task)
     deadline = start_deadline(cfg.deadline_seconds)
-    res = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(phase="pre-stop",
-                write_report=False,
-                progress=progress_to_log(vmid, "pre-stop", cfg.grace_seconds)), deadline)
+    res = clean(vmid, cfg, nvml.warm(cfg, vmid),
+                logged_run(vmid, "pre-stop", cfg.grace_seconds), deadline)
     rep = res.report
     if rep.verdict == Verdict.NOTHING_TO_DO and not cfg.report_nothing_to_do:
         say(f"pveclean: CT {vmid} pre-stop: no GPU holders ({rep.duration_s:.2f} s); no "
@@ -242,8 +240,8 @@ def _busy(vmid: int, phase: str, res: RunResult) -> int:
 def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) -> int:
     """`nvml` was not forked ahead: a start asks NVML nothing unless something is left (see
     prelude.forks_early). `via`: as post_stop's."""
-    res = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(phase="pre-start", write_report=False,
-                progress=progress_to_log(vmid, "pre-start", cfg.grace_seconds)))
+    res = clean(vmid, cfg, nvml.warm(cfg, vmid),
+                logged_run(vmid, "pre-start", cfg.grace_seconds))
     if res.ctconf is not None:
         startrecord.write(cfg, vmid, res.ctconf.gpu_lines(), by_hook=via is None)
     rep = res.report.ran_by(via)

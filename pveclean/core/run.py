@@ -31,6 +31,8 @@ class RunOptions:
     stop_units: bool = False  # stop the holders' units before any signal
     only: OnlyGpus | None = None  # only holders of these GPUs count (make_scope)
     progress: Progress | None = None
+    # told the number of holders discovery found, instead of progress's "found N" line
+    on_found: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,4 +68,12 @@ class Run(Asked):
     def say(self, text: str) -> None:
         if self.opts.progress:
             self.opts.progress(text)
+
+    def found(self, holders: int) -> None:
+        """Discovery found `holders`: told as a number where asked (a hook's task log), never
+        as text to be read back."""
+        if self.opts.on_found is not None:
+            self.opts.on_found(holders)
+        else:
+            self.say(f"found {holders} GPU holder(s) in CT {self.vmid}")
 
