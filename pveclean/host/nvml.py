@@ -17,6 +17,7 @@ from pveclean.host import worker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import ModuleType
     from typing import Any, TypedDict, TypeVar
 
     from pveclean.core.pci import PciAddress
@@ -216,6 +217,20 @@ class Nvml:
         except Exception as exc:  # GPU_IS_LOST, UNKNOWN, TIMEOUT...: this GPU only
             return None, fault_of(exc, "handle")
         return self._handles[index], None
+
+    def device_call(self, index: int, what: str, fn: Callable[[ModuleType, object], T],
+                    timeout: float | None = None) -> T:
+        """fn(pynvml, handle of GPU `index`), bounded as every query; a GPU with no handle,
+        or a call that fails, raises NvmlUnavailable naming the GPU and why."""
+
+        def q(nv: ModuleType) -> tuple[list[T], Fault | None]:
+            h, fault = self._handle(nv, index)
+            return ([], fault) if h is None else ([fn(nv, h)], None)
+
+        value, fault = self._query(what, q, timeout)
+        if fault is not None:
+            raise NvmlUnavailable(f"NVML {what} of GPU {index}: {fault[1]}")
+        return value[0]
 
     def memory(self, timeout: float | None = None) -> list[GpuMemory]:
         return gpu_memory(self.memory_rows(timeout))

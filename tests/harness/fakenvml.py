@@ -34,7 +34,8 @@ LIB_NAME = "libnvidia-ml.so.1"
 STATE_NAME = "fakenvml.state"
 
 _KINDS = ("compute", "graphics")
-GETTERS = ("handle", "memory", "info", "minor", "procs", "pci")  # what gpu_error can fail
+# what gpu_error can fail ("persistence": the mode's getter and setter)
+GETTERS = ("handle", "memory", "info", "minor", "procs", "pci", "persistence")
 PROC_VERSIONS = ("v3", "v2")  # process getters an old driver lacks (v2: v3 too)
 
 
@@ -98,6 +99,8 @@ class FakeNvml:
     gpu_errors: dict[tuple[int, str], str] = field(default_factory=dict)  # (gpu, getter)
     pci_domains: dict[int, int] = field(default_factory=dict)
     missing: str | None = None  # "v3" or "v2": the process getters an old driver lacks
+    # GPU index -> persistence mode on; the library appends a line when NVML changes it
+    persistence: dict[int, bool] = field(default_factory=dict)
     # Built without these process getter symbols at all (a driver before R510: ("v3",));
     # the library's build is then kept apart from a full one by its flags.
     without: tuple[str, ...] = ()
@@ -280,6 +283,28 @@ class FakeNvml:
             self.gpu_errors[(gpu, getter)] = _error_token(error)
         self.write()
 
+    def set_persistence(self, gpu: int, enabled: bool) -> None:
+        """GPU ``gpu``'s persistence mode, as the host's boot (or nvidia-smi -pm) left it."""
+        self.persistence[_non_negative(gpu, "gpu")] = enabled
+        self.write()
+
+    def persistence_of(self, gpu: int) -> bool:
+        """GPU ``gpu``'s persistence mode now, including what NVML's setter changed."""
+        self._absorb_library_changes()
+        return self.persistence.get(gpu, False)
+
+    def _absorb_library_changes(self) -> None:
+        """The persistence lines nvmlDeviceSetPersistenceMode appended (the last wins), so
+        that a rewrite of the file keeps them."""
+        try:
+            text = self.state_path.read_text(encoding="ascii")
+        except FileNotFoundError:
+            return
+        for line in text.splitlines():
+            words = line.split()
+            if len(words) == 3 and words[0] == "persistence" and words[1].isdigit():
+                self.persistence[int(words[1])] = words[2] == "on"
+
     def lose(self, gpu: int, getters: tuple[str, ...] = GETTERS) -> None:
         """GPU ``gpu`` fell off the bus (Xid 79): its ``getters`` answer GPU_IS_LOST, while
         init and the other GPUs work, as with the driver's NVML."""
@@ -317,6 +342,8 @@ class FakeNvml:
             lines.append(f"missing {self.missing}")
         for (gpu, getter), code in sorted(self.gpu_errors.items()):
             lines.append(f"gpu_error {gpu} {getter} {code}")
+        for gpu, on in sorted(self.persistence.items()):
+            lines.append(f"persistence {gpu} {'on' if on else 'off'}")
         for gpu, domain in sorted(self.pci_domains.items()):
             lines.append(f"pci_domain {gpu} {domain:x}")
         for g in sorted(self.gpus.values(), key=lambda g: g.index):
@@ -338,6 +365,7 @@ class FakeNvml:
 
     def write(self) -> None:
         """Atomically rewrite the state file (temp file + rename)."""
+        self._absorb_library_changes()
         fd, tmp = tempfile.mkstemp(prefix=".fakenvml.", suffix=".tmp", dir=self.directory)
         try:
             with os.fdopen(fd, "w", encoding="ascii") as f:

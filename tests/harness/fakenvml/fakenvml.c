@@ -24,6 +24,7 @@
  *   gpu_error <gpu_index> handle|memory|info|minor|procs|pci <NAME|code>
  *   pci_domain <gpu_index> <hex domain>
  *   missing v3|v2
+ *   persistence <gpu_index> on|off
  *
  * A proc line with <gi> <ci> is one row of a MIG instance: one PID may have several
  * rows on one GPU (one per GPU/compute instance), each listed and counted on its own.
@@ -34,6 +35,12 @@
  * and never answers (tests/harness/hangfs.py), the caller sleeps uninterruptibly in the
  * kernel and even SIGKILL does not end it until the server goes, as a process stuck in the
  * GPU driver does ("hang" only sleeps, which SIGKILL ends).
+ * persistence sets a GPU's persistence mode (off when no line says; the last line wins).
+ * nvmlDeviceSetPersistenceMode appends such a line to the state file, as the driver keeps the
+ * mode until the next change or reboot; it needs root (NO_PERMISSION otherwise, as NVML
+ * says), and `gpu_error <i> persistence <CODE>` makes both getter and setter fail. What the
+ * persistence daemon does when the mode changes (it closes the GPU's node) is the lab's
+ * persistenced stand-in's part, not this library's.
  * pci_domain gives a GPU a PCI domain (Intel VMD: 0x10000 and above).
  * "missing v3" makes the _v3 process calls answer FUNCTION_NOT_FOUND, as pynvml sees a
  * driver before R510 (no such symbol); "missing v2" the _v2 ones too.  A build with
@@ -61,6 +68,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define API __attribute__((visibility("default")))
 
@@ -71,6 +79,7 @@ enum {
     NVML_SUCCESS = 0,
     NVML_ERROR_UNINITIALIZED = 1,
     NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NO_PERMISSION = 4,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
@@ -173,9 +182,9 @@ struct proc {
     unsigned long long mib;
 };
 
-enum { F_HANDLE, F_MEMORY, F_INFO, F_MINOR, F_PROCS, F_PCI, NFAULTS };
-static const char *const FAULT_NAMES[NFAULTS] = {"handle", "memory", "info",
-                                                 "minor", "procs", "pci"};
+enum { F_HANDLE, F_MEMORY, F_INFO, F_MINOR, F_PROCS, F_PCI, F_PERSIST, NFAULTS };
+static const char *const FAULT_NAMES[NFAULTS] = {"handle", "memory", "info",  "minor",
+                                                 "procs",  "pci",    "persistence"};
 
 struct state {
     int ngpus, nprocs;
@@ -187,6 +196,7 @@ struct state {
     struct proc procs[MAX_PROCS];
     int fault[MAX_GPUS][NFAULTS]; /* per GPU index, per getter: an NVML error or 0 */
     unsigned int domain[MAX_GPUS];
+    unsigned char persistence[MAX_GPUS]; /* 1: persistence mode enabled */
 };
 
 /* One static byte per possible GPU: handles are real pointers into it. */
@@ -335,6 +345,14 @@ static void parse_line(struct state *st, char *line)
             st->missing_v3 = 1;
         else if (strcmp(tok[1], "v2") == 0)
             st->missing_v2 = st->missing_v3 = 1;
+    } else if (strcmp(tok[0], "persistence") == 0 && n == 3) {
+        unsigned int gi;
+        if (parse_uint(tok[1], &gi) && gi < MAX_GPUS) {
+            if (strcmp(tok[2], "on") == 0)
+                st->persistence[gi] = 1;
+            else if (strcmp(tok[2], "off") == 0)
+                st->persistence[gi] = 0;
+        }
     } else if (strcmp(tok[0], "stuck") == 0 && n == 2) {
         snprintf(st->stuck, sizeof(st->stuck), "%s", tok[1]);
     } else if (strcmp(tok[0], "hang") == 0 && n == 2) {
@@ -883,3 +901,52 @@ PROC_FN(nvmlDeviceGetGraphicsRunningProcesses_v2, KIND_GRAPHICS, 2)
 PROC_FN(nvmlDeviceGetComputeRunningProcesses_v3, KIND_COMPUTE, 3)
 PROC_FN(nvmlDeviceGetGraphicsRunningProcesses_v3, KIND_GRAPHICS, 3)
 #endif
+
+/* ---- persistence mode ------------------------------------------------- */
+
+#define NVML_FEATURE_DISABLED 0
+#define NVML_FEATURE_ENABLED 1
+
+API nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode)
+{
+    struct state *st;
+    struct gpu *g;
+    nvmlReturn_t r = enter_dev(device, &st, &g);
+    if (r == NVML_SUCCESS) {
+        if (!mode)
+            r = NVML_ERROR_INVALID_ARGUMENT;
+        else if ((r = fault(st, g->index, F_PERSIST)) == NVML_SUCCESS)
+            *mode = st->persistence[g->index] ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    }
+    free(st);
+    return r;
+}
+
+API nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t device, int mode)
+{
+    char path[4096];
+    struct state *st;
+    struct gpu *g;
+    FILE *f;
+    nvmlReturn_t r = enter_dev(device, &st, &g);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (mode != NVML_FEATURE_ENABLED && mode != NVML_FEATURE_DISABLED)
+        r = NVML_ERROR_INVALID_ARGUMENT;
+    else if (geteuid() != 0)
+        r = NVML_ERROR_NO_PERMISSION;
+    else if ((r = fault(st, g->index, F_PERSIST)) == NVML_SUCCESS) {
+        state_path(path, sizeof(path));
+        f = fopen(path, "ae");
+        if (!f)
+            r = NVML_ERROR_UNKNOWN;
+        else {
+            fprintf(f, "persistence %u %s\n", g->index,
+                    mode == NVML_FEATURE_ENABLED ? "on" : "off");
+            if (fclose(f) != 0)
+                r = NVML_ERROR_UNKNOWN;
+        }
+    }
+    free(st);
+    return r;
+}
