@@ -103,23 +103,30 @@ def _call(wk: Worker, fn: Callable[..., T], *args: object, deadline: Deadline, w
 
 def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     from pveclean.host.worker import Worker
-    from pveclean.proxmox import passthrough
+    from pveclean.proxmox import passthrough, vmtake
 
     deadline = start_deadline(cfg.deadline_seconds)
     pve = str(Path(cfg.pve_config_dir).parent)
     with Worker() as scan:
-        drivers = _call(scan, passthrough.w_vm_gpus, pve, vmid, cfg.pci_sysfs,
-                        deadline=deadline, what="reading the VM's config")
-        if not drivers:
+        take = _call(scan, vmtake.w_vm_take, pve, vmid, cfg.pci_sysfs, cfg.qemu_run_dir,
+                     os.environ.get("PVE_MIGRATED_FROM"), deadline=deadline,
+                     what="reading the VM's config")
+        if take is None or not take.nvidia:
             return 0  # no NVIDIA GPU passed through (or no VM of that id here): not ours
+        for line in take.notes + ([f"the start will fail: {take.fails}"] if take.fails else []):
+            say(f"pveclean: VM {vmid} pre-start: {line}")
+        drivers = take.drivers
+        if not drivers:
+            return 0  # nothing the start unbinds: nothing to guard
         addrs = sorted(drivers, key=sysfs_order)
-        say(f"pveclean: VM {vmid} pre-start: checking who holds GPU {_listed(addrs)}")
+        say(f"pveclean: VM {vmid} pre-start: checking who holds {_listed(addrs)} (the IOMMU "
+            "group qemu-server unbinds)")
         gmap = _look(cfg, deadline)
         minors = {g.minor: g.pci_bus_id for g in gmap.gpus
                   if g.pci_bus_id is not None and g.pci_bus_id in addrs and g.minor is not None}
         keeping = _call(scan, passthrough.w_keeping, cfg.pve_config_dir, minors,
                         deadline=deadline, what="reading the containers' configs")
-    reservations = passthrough.pci_reservations(Path(cfg.qemu_run_dir))
+    reservations = {a: r.vmid for a, r in vmtake.reservations(Path(cfg.qemu_run_dir)).items()}
     plan = vmguard.plan(vmguard.VmStart(vmid, addrs, reservations, keeping, drivers), gmap,
                         cfg.vm_gpu_policy, cfg.vm_gpu_allow_host)
     for line in plan.notes:
@@ -138,7 +145,7 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
             return _finish(cfg, record, VmVerdict.RESIDUAL, ExitCode.REFUSE, deadline=deadline)
         say(f"pveclean: VM {vmid} pre-start: GPU {_listed(addrs)} verified free")
     if cfg.vm_gpu_rebind:
-        record = record.with_rebind(_rebind(vmid, cfg, addrs, deadline))
+        record = record.with_rebind(_rebind(vmid, cfg, take.groups, deadline))
     return _finish(cfg, record, VmVerdict.CLEAR if plan.decision is vmguard.Decision.CLEAR
                    else VmVerdict.STOPPED, ExitCode.OK, deadline=deadline)
 
