@@ -137,11 +137,22 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
         for line in plan.blockers:
             say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
         return _finish(cfg, record, VmVerdict.REFUSED, ExitCode.REFUSE, deadline=deadline)
-    if plan.decision is vmguard.Decision.STOP:
+    if plan.persistence:
+        from pveclean.commands import vmpersist
+
+        failed = vmpersist.turn_off(cfg, vmid, gmap, plan.persistence,
+                                    max(min(deadline.remaining() - 1.0, 10.0), 0.5))
+        if failed:
+            for line in failed:
+                say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
+            return _finish(cfg, record, VmVerdict.REFUSED, ExitCode.REFUSE, deadline=deadline)
+    if plan.decision is vmguard.Decision.STOP or plan.persistence:
         record, left = _stop_holders(vmid, cfg, nvml, plan, deadline, record)
         if left:
             for line in left:
                 say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
+            if plan.persistence:  # the start is refused: no post-stop will turn it back on
+                _persistence_back(vmid, cfg, "pre-start")
             return _finish(cfg, record, VmVerdict.RESIDUAL, ExitCode.REFUSE, deadline=deadline)
         say(f"pveclean: VM {vmid} pre-start: GPU {_listed(addrs)} verified free")
     if cfg.vm_gpu_rebind:
@@ -230,12 +241,32 @@ def _save_handoffs(cfg: Config, vmid: int, done: list[Handoff]) -> None:
 
 
 def post_stop(vmid: int, cfg: Config, fs: pcibind.Sysfs | None = None) -> None:
-    """The GPUs pre-start handed to vfio-pci, back to the drivers they had."""
+    """The GPUs pre-start handed to vfio-pci, back to the drivers they had; persistence
+    back on for those pre-start turned it off for."""
+
+
+    fs = fs or pcibind.Sysfs(cfg.pci_sysfs)
+    try:
+        _give_back(vmid, cfg, fs)
+    finally:
+        _persistence_back(vmid, cfg)
+
+
+def _persistence_back(vmid: int, cfg: Config, phase: str = "post-stop") -> None:
+    from pveclean.commands import vmpersist
+
+    if not vmpersist.read_record(cfg, vmid):
+        return
+    deadline = start_deadline(cfg.deadline_seconds)
+    for line in vmpersist.restore(cfg, vmid, _look(cfg, deadline),
+                                  max(min(deadline.remaining() - 1.0, 10.0), 0.5)):
+        say(f"pveclean: VM {vmid} {phase}: {line}")
+
+
+def _give_back(vmid: int, cfg: Config, fs: pcibind.Sysfs) -> None:
     import yaml
 
     from pveclean.host.worker import Worker
-
-    fs = fs or pcibind.Sysfs(cfg.pci_sysfs)
 
     path = _handoff_file(cfg, vmid)
     try:

@@ -10,9 +10,11 @@ src/PVE/QemuServer/PCI.pm, src/PVE/CLI/qm.pm):
   $stop_on_error (a failure aborts the start: "hookscript error for <vmid> on pre-start:
   ..."), then reserves each hostpci device (PCI.pm's reserve_pci_usage: another live VM's
   reservation dies "PCI device '<id>' already in use by VMID '<vmid>'"), binds it to
-  vfio-pci (prepare_pci_device; here: the device's `driver` in the lab's sysfs root must not
-  be nvidia with a holder: any process holding the GPU's /dev/nvidiaN fails the start "device
-  busy", as the unbind in the driver does), starts QEMU (a sleeping process, its pid in
+  vfio-pci (prepare_pci_device -> SysFSTools::pci_dev_group_bind_to_vfio: any function of
+  the GPU's IOMMU group; the unbind from nvidia is NVIDIA's nv_pci_remove, which does not fail
+  while a process holds the GPU's /dev/nvidiaN but waits, polling every 500 ms, until nothing
+  does: the start hangs there, the config lock held, with no timeout), starts QEMU (a
+  sleeping process, its pid in
   <lab>/run/qemu-server/<vmid>.pid, the reservation turned to `pid:<pid>`), then post-start;
 - `stop`: _do_vm_stop runs pre-stop under the lock, ends QEMU, and vm_stop_cleanup drops the
   reservations and runs post-stop;
@@ -133,18 +135,25 @@ def _holders_of(node: Path) -> list[int]:
     return out
 
 
+UNBIND_POLL = 0.5  # nv_pci_remove's wait for the usage count: os_delay(500)
+
+
 def prepare_devices(lab: VmLab, vmid: str, ids: list[str]) -> None:
-    """prepare_pci_device: the unbind from nvidia fails while a process holds the GPU (the
-    lab's GPU N is PCI 0000:(0x18+N):00.0, as the fake NVML says)."""
+    """prepare_pci_device: the group's unbind from nvidia (nv_pci_remove) waits while a
+    process holds the GPU, for ever (the lab's GPU N is PCI 0000:(0x18+N):00.x, display and
+    audio in one IOMMU group, as lay_out_pci has it): a test bounds it with its timeout."""
     for pci in ids:
-        m = re.fullmatch(r"0000:([0-9a-f]{2}):00(?:\.0)?", pci)
+        m = re.fullmatch(r"0000:([0-9a-f]{2}):00(?:\.[0-7])?", pci)
         if not m:
             continue
         node = lab.devices_dir / f"nvidia{int(m.group(1), 16) - 0x18}"
-        busy = _holders_of(node)
-        if busy:
-            raise pct.PctError(f"can't unbind/bind PCI group to VFIO '{pci}': device busy "
-                               f"(held by {', '.join(map(str, busy))})")
+        said = False
+        while _holders_of(node):
+            if not said:  # the kernel's log line, on the stand-in's stderr
+                print(f"NVRM: Attempting to remove device {pci} with non-zero usage count!",
+                      file=sys.stderr, flush=True)
+                said = True
+            time.sleep(UNBIND_POLL)
 
 
 def cmd_start(lab: VmLab, vmid: str) -> None:

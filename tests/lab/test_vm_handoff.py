@@ -1,0 +1,104 @@
+"""The GPU hand-off to a VM as NVIDIA's driver does it: nvidia-persistenced (the lab's
+stand-in, tests/harness/persistenced.py) holds every GPU's node, so without pveclean a VM's
+start hangs in the driver's unbind; with it, persistence goes off for the VM's GPU alone, the
+start goes on, and post-stop turns it back on."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import persistenced, qm
+from tests.harness.lxclab import Lab
+from tests.lab.test_vm_guard import make_vm
+
+
+@pytest.fixture
+def daemon(vm_host: Lab) -> Iterator[int]:
+    """nvidia-persistenced's stand-in holding GPU 0 and 1 (persistence on for both): its
+    PID."""
+    lab = vm_host
+    assert lab.nvml is not None
+    for gpu in (0, 1):
+        lab.nvml.set_persistence(gpu, True)
+    link = lab.root / "hostbin" / "nvidia-persistenced"
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(os.path.realpath(sys.executable))
+    ready = lab.root / "persistenced.ready"
+    proc = subprocess.Popen([str(link), persistenced.__file__, str(lab.nvml.state_path),
+                             str(ready), str(lab.nodes["nvidia0"]), str(lab.nodes["nvidia1"])],
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(200):
+            if ready.exists():
+                break
+            time.sleep(0.05)
+        assert ready.exists(), "the persistenced stand-in did not start"
+        yield proc.pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def holds(pid: int, node: Path) -> bool:
+    rdev = node.stat().st_rdev
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.stat(f"/proc/{pid}/fd/{fd}").st_rdev == rdev:
+                return True
+    return False
+
+
+def test_without_pveclean_persistenced_hangs_the_start(vm_host: Lab, daemon: int,
+                                                        vmid: int) -> None:
+    lab = vm_host
+    qm.create_vm(lab.root, vmid, (0,), None)
+    with pytest.raises(subprocess.TimeoutExpired):
+        qm.run(lab.root, "start", str(vmid), timeout=3)
+    assert holds(daemon, lab.nodes["nvidia0"])
+
+
+def test_persistence_goes_off_for_the_vms_gpu_alone_and_back_at_post_stop(
+        vm_host: Lab, daemon: int, vmid: int) -> None:
+    lab = vm_host
+    assert lab.nvml is not None
+    make_vm(lab, vmid, (0,))
+    res = qm.run(lab.root, "start", str(vmid), timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "persistence mode is turned off for this GPU alone" in res.stdout, res.stdout
+    assert "verified free" in res.stdout
+    assert not lab.nvml.persistence_of(0) and lab.nvml.persistence_of(1)
+    assert not holds(daemon, lab.nodes["nvidia0"]) and holds(daemon, lab.nodes["nvidia1"])
+    assert (lab.root / "state" / f"persistence-{vmid}.yaml").is_file()
+    res = qm.run(lab.root, "stop", str(vmid), timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert lab.nvml.persistence_of(0)
+    for _ in range(40):
+        if holds(daemon, lab.nodes["nvidia0"]):
+            break
+        time.sleep(0.05)
+    assert holds(daemon, lab.nodes["nvidia0"])
+    assert not (lab.root / "state" / f"persistence-{vmid}.yaml").exists()
+
+
+def test_an_allowed_host_holder_of_the_gpu_still_refuses(vm_host: Lab, vmid: int) -> None:
+    """vm_gpu_allow_host may not let a holder of the node stay: the start would hang."""
+    lab = vm_host
+    w = lab.run_on_host("nv-hostengine", hold=[str(lab.nodes["nvidia0"])])
+    (pid,) = w.host_pids(lab)
+    lab.write_config(state_dir=str(lab.root / "state"), pci_sysfs=str(lab.root / "sys/bus/pci"),
+                     qemu_run_dir=str(lab.root / "run/qemu-server"),
+                     vm_gpu_allow_host=["nv-hostengine"])
+    make_vm(lab, vmid, (0,))
+    res = qm.run(lab.root, "start", str(vmid), timeout=60)
+    assert res.returncode != 0 and "the start would hang" in res.stdout, res.stdout
+    assert lab.alive(pid)
