@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
     from pveclean.core.records import Deadline
     from pveclean.core.vmreport import Moved
-    from pveclean.host.pcibind import Handoff
     from pveclean.host.worker import Worker
 
     T = TypeVar("T")
@@ -219,32 +218,15 @@ def _rebind(vmid: int, cfg: Config, addrs: list[PciAddress], deadline: Deadline,
             out[addr] = got
             done.append(got)
     if done:
-        _save_handoffs(cfg, vmid, done)
+        from pveclean.commands import vmhandoff
+
+        vmhandoff.add(cfg, vmid, done)
     return out
-
-
-def _handoff_file(cfg: Config, vmid: int) -> Path:
-    return Path(cfg.state_dir) / f"vfio-{vmid}.yaml"
-
-
-def _save_handoffs(cfg: Config, vmid: int, done: list[Handoff]) -> None:
-    import yaml
-
-    path = _handoff_file(cfg, vmid)
-    from pveclean.host.reportfiles import exclusive_temp
-
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = exclusive_temp(path.parent, f".vfio-{vmid}-", ".tmp", 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(yaml.dump([h.as_dict() for h in done], Dumper=yaml.CSafeDumper))
-    os.replace(tmp, path)
 
 
 def post_stop(vmid: int, cfg: Config, fs: pcibind.Sysfs | None = None) -> None:
     """The GPUs pre-start handed to vfio-pci, back to the drivers they had; persistence
     back on for those pre-start turned it off for."""
-
-
     fs = fs or pcibind.Sysfs(cfg.pci_sysfs)
     try:
         _give_back(vmid, cfg, fs)
@@ -264,35 +246,40 @@ def _persistence_back(vmid: int, cfg: Config, phase: str = "post-stop") -> None:
 
 
 def _give_back(vmid: int, cfg: Config, fs: pcibind.Sysfs) -> None:
-    import yaml
-
+    """Each recorded group back to its drivers, but one another VM reserved or has open
+    (kept); one that fails stays recorded, and the report says `give-back failed`."""
+    from pveclean.commands import vmhandoff
     from pveclean.host.worker import Worker
 
-    path = _handoff_file(cfg, vmid)
-    try:
-        saved = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
-    except FileNotFoundError:
+    if vmhandoff.read(cfg, vmid) is None:
         return
-    except (OSError, yaml.YAMLError) as exc:
-        raise PvecleanError(f"cannot read {path}: {exc}") from None
+    give, keep = vmhandoff.plan(cfg, vmid)
     deadline = start_deadline(cfg.deadline_seconds)
     given_back: dict[str, list[str]] = {}
+    left = [g for g, _ in keep]
+    for g, why in keep:
+        say(f"pveclean: VM {vmid} post-stop: {g.address} left on vfio-pci ({why}); kept for "
+            "a later give-back")
     with Worker() as wk:
-        for item in saved if isinstance(saved, list) else []:
-            h = pcibind.Handoff(str(item["pci_bus_id"]), dict(item["drivers_before"]))
+        for g in give:
+            h = vmhandoff.as_handoff(g)
             try:
                 failed = _call(wk, pcibind.w_give_back, fs, h, deadline=deadline,
                                what=f"giving {h.address} back")
             except PvecleanError as exc:
                 failed = [str(exc)]
             given_back[h.address] = failed
+            if failed:
+                left.append(g)
             say(f"pveclean: VM {vmid} post-stop: {h.address} "
                 + ("back on " + ", ".join(f"{f}: {d}" for f, d in h.before.items())
-                   if not failed else f"NOT given back: {'; '.join(failed)}"))
-    path.unlink()
+                   if not failed else f"NOT given back: {'; '.join(failed)} (kept)"))
+    vmhandoff.write(cfg, vmid, left)
     record = VmReport(vmid, "post-stop", os.uname().nodename, 0.0, cfg.vm_gpu_policy,
                       given_back=given_back)
-    _finish(cfg, record, VmVerdict.GIVEN_BACK, ExitCode.OK, deadline=deadline)
+    verdict = (VmVerdict.GIVE_BACK_FAILED if any(given_back.values())
+               else VmVerdict.GIVEN_BACK)
+    _finish(cfg, record, verdict, ExitCode.OK, deadline=deadline)
 
 
 def _finish(cfg: Config, record: VmReport, outcome: VmVerdict, code: int,
