@@ -69,6 +69,12 @@ def main(argv: list[str], nvml: NvmlWorker) -> int:
     except ConfigError as exc:
         say(f"pveclean: VM {vmid} {phase}: config error, nothing done: {exc}")
         return 0
+    # The VM's own previous hookscript (install --vm --chain) runs first in every phase, as it
+    # did before pveclean; one that fails pre-start refuses the start, and then pveclean stops
+    # nothing for a start that will not happen.
+    if _chained(vmid, phase, cfg) != 0 and phase == "pre-start":
+        say(f"pveclean: VM {vmid} pre-start: refusing to start: the chained hookscript failed")
+        return ExitCode.REFUSE
     try:
         if phase == "pre-start" and cfg.phase_enabled(phase):
             return pre_start(vmid, cfg, nvml)
@@ -80,6 +86,18 @@ def main(argv: list[str], nvml: NvmlWorker) -> int:
         say(f"pveclean: VM {vmid} {phase}: internal error: {type(exc).__name__}: "
             f"{safe(exc, 300)}")
     return 0
+
+
+def _chained(vmid: int, phase: str, cfg: Config) -> int:
+    """The chained hookscript's exit code; a failure to run it is said, not fatal."""
+    from pveclean.proxmox import chain
+
+    try:
+        return chain.run_chained(vmid, phase, cfg, guest="VM")
+    except Exception as exc:
+        say(f"pveclean: VM {vmid} {phase}: chained hookscript not run: "
+            f"{type(exc).__name__}: {safe(exc, 300)}")
+        return 0
 
 
 def _look(cfg: Config, deadline: Deadline) -> GpuMap:

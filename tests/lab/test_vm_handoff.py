@@ -102,3 +102,35 @@ def test_an_allowed_host_holder_of_the_gpu_still_refuses(vm_host: Lab, vmid: int
     res = qm.run(lab.root, "start", str(vmid), timeout=60)
     assert res.returncode != 0 and "the start would hang" in res.stdout, res.stdout
     assert lab.alive(pid)
+
+
+def test_the_vms_chained_hookscript_runs_in_every_phase(vm_host: Lab, vmid: int,
+                                                        vmid2: int) -> None:
+    """install --vm --chain keeps the VM's own hookscript: it runs in every phase, and one
+    failing pre-start refuses the start before pveclean stops anything for it."""
+    from pveclean.core.config import Config
+    from pveclean.proxmox import chain
+
+    lab = vm_host
+    other = lab.snippets / "site-hook"
+    other.write_text("#!/bin/sh\necho site ran $2\n[ \"$2\" != pre-start ] || exit ${FAIL:-0}\n")
+    other.chmod(0o755)
+    make_vm(lab, vmid, (0,))
+    chain.write_record(Config(state_dir=str(lab.root / "state")), vmid,
+                       "local:snippets/site-hook", str(other))
+    res = qm.run(lab.root, "start", str(vmid), timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "site ran pre-start" in res.stdout and "site ran post-start" in res.stdout
+    res = qm.run(lab.root, "stop", str(vmid), timeout=60)
+    assert "site ran pre-stop" in res.stdout, res.stdout
+    other.write_text("#!/bin/sh\necho site ran $2\n[ \"$2\" != pre-start ] || exit 3\n")
+    lab.create_ct(vmid2, gpus=(0,))
+    w = lab.run_in_ct(vmid2, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 500})
+    lab.write_config(state_dir=str(lab.root / "state"), pci_sysfs=str(lab.root / "sys/bus/pci"),
+                     qemu_run_dir=str(lab.root / "run/qemu-server"),
+                     vm_gpu_policy="stop-containers")
+    res = qm.run(lab.root, "start", str(vmid), timeout=60)
+    assert res.returncode != 0, res.stdout
+    assert f"VM {vmid} pre-start: chained hookscript local:snippets/site-hook exited 3" \
+        in res.stdout and "refusing to start: the chained hookscript failed" in res.stdout
+    assert all(lab.alive(p) for p in w.host_pids(lab))  # nothing stopped for it
