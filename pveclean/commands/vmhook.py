@@ -144,12 +144,12 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
         keeping = _call(scan, passthrough.w_keeping, cfg.pve_config_dir, minors,
                         deadline=deadline, what="reading the containers' configs")
     reservations = {a: r.vmid for a, r in vmtake.reservations(Path(cfg.qemu_run_dir)).items()}
+    policy = _policy(vmid, cfg)
     plan = vmguard.plan(vmguard.VmStart(vmid, addrs, reservations, keeping, drivers), gmap,
-                        cfg.vm_gpu_policy, cfg.vm_gpu_allow_host)
+                        policy, cfg.vm_gpu_allow_host)
     for line in plan.notes:
         say(f"pveclean: VM {vmid} pre-start: {line}")
-    record = VmReport(vmid, "pre-start", os.uname().nodename, 0.0, cfg.vm_gpu_policy,
-                      plan=plan)
+    record = VmReport(vmid, "pre-start", os.uname().nodename, 0.0, policy, plan=plan)
     if plan.decision is vmguard.Decision.REFUSE:
         for line in plan.blockers:
             say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
@@ -176,6 +176,19 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
         record = record.with_rebind(_rebind(vmid, cfg, take.groups, deadline))
     return _finish(cfg, record, VmVerdict.CLEAR if plan.decision is vmguard.Decision.CLEAR
                    else VmVerdict.STOPPED, ExitCode.OK, deadline=deadline)
+
+
+def _policy(vmid: int, cfg: Config) -> str:
+    """vm_gpu_policy, or vm_gpu_backup when the start is a backup's (a vzdump task starts a
+    stopped VM paused: enforce_vm_running_for_backup; its devices are bound all the same)."""
+    from pveclean.proxmox import tasks
+
+    task = tasks.running_task()
+    if task is None or task.type != "vzdump":
+        return cfg.vm_gpu_policy
+    say(f"pveclean: VM {vmid} pre-start: a backup's start (vzdump): vm_gpu_backup "
+        f"{cfg.vm_gpu_backup} applies")
+    return cfg.vm_gpu_backup
 
 
 def _listed(addrs: list[PciAddress]) -> str:

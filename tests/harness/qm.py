@@ -156,12 +156,12 @@ def prepare_devices(lab: VmLab, vmid: str, ids: list[str]) -> None:
             time.sleep(UNBIND_POLL)
 
 
-def cmd_start(lab: VmLab, vmid: str) -> None:
+def cmd_start(lab: VmLab, vmid: str, task: str = "qmstart") -> None:
     fd = lab.lock(vmid)
     try:
         if lab.qemu_pid(vmid):
             raise pct.PctError(f"VM {vmid} already running")
-        pct.hook_phase(lab, vmid, "pre-start", fatal=True, task="qmstart")
+        pct.hook_phase(lab, vmid, "pre-start", fatal=True, task=task)
         ids = lab.hostpci(vmid)
         reserve(lab, vmid, ids, f"time:{int(time.time()) + 10}")
         prepare_devices(lab, vmid, ids)
@@ -209,7 +209,15 @@ def cmd_status(lab: VmLab, vmid: str) -> None:
     print(f"status: {'running' if lab.qemu_pid(vmid) else 'stopped'}")
 
 
-COMMANDS = {"start": cmd_start, "stop": cmd_stop, "status": cmd_status}
+def cmd_vzdump(lab: VmLab, vmid: str) -> None:
+    """vzdump of a stopped VM (VZDump::QemuServer::enforce_vm_running_for_backup): vm_start
+    with `paused`, in the vzdump task; every hook phase of a start runs, devices are bound."""
+    if lab.qemu_pid(vmid):
+        return
+    cmd_start(lab, vmid, task="vzdump")
+
+
+COMMANDS = {"start": cmd_start, "stop": cmd_stop, "status": cmd_status, "vzdump": cmd_vzdump}
 
 
 # ---- for the tests: a lab's VMs -----------------------------------------------------------

@@ -134,3 +134,23 @@ def test_the_vms_chained_hookscript_runs_in_every_phase(vm_host: Lab, vmid: int,
     assert f"VM {vmid} pre-start: chained hookscript local:snippets/site-hook exited 3" \
         in res.stdout and "refusing to start: the chained hookscript failed" in res.stdout
     assert all(lab.alive(p) for p in w.host_pids(lab))  # nothing stopped for it
+
+
+def test_a_backups_start_follows_vm_gpu_backup(vm_host: Lab, vmid: int, vmid2: int) -> None:
+    """vzdump of a stopped VM starts it paused (enforce_vm_running_for_backup): the hook knows
+    it by its task and applies vm_gpu_backup, not vm_gpu_policy."""
+    lab = vm_host
+    base = {"state_dir": str(lab.root / "state"), "pci_sysfs": str(lab.root / "sys/bus/pci"),
+            "qemu_run_dir": str(lab.root / "run/qemu-server")}
+    lab.create_ct(vmid2, gpus=(0,))
+    w = lab.run_in_ct(vmid2, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 500})
+    make_vm(lab, vmid, (0,))
+    lab.write_config(**base, vm_gpu_policy="stop-containers")  # vm_gpu_backup: refuse
+    res = qm.run(lab.root, "vzdump", str(vmid), timeout=60)
+    assert res.returncode != 0, res.stdout
+    assert "a backup's start (vzdump): vm_gpu_backup refuse applies" in res.stdout
+    assert f"held by CT {vmid2}" in res.stdout and all(lab.alive(p) for p in w.host_pids(lab))
+    lab.write_config(**base, vm_gpu_backup="stop-containers")
+    res = qm.run(lab.root, "vzdump", str(vmid), timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"stopping CT {vmid2}'s holders of GPU 0" in res.stdout
