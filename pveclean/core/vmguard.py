@@ -87,6 +87,7 @@ class _Found:
     blockers: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     persistence: set[int] = field(default_factory=set)
+    daemon: dict[int, str] = field(default_factory=dict)  # GPU index -> its line
 
 
 def _holders(where: str, g: GpuUse, allow_host: list[str], found: _Found) -> None:
@@ -107,8 +108,7 @@ def _holders(where: str, g: GpuUse, allow_host: list[str], found: _Found) -> Non
                                       f"`pveclean ct {ct}` or `pct stop {ct}`")
         elif _persistenced(row.proc):
             found.persistence.add(g.index)
-            found.notes.append(f"{where}: held by {text}: persistence mode is turned off "
-                               "for this GPU alone, and back on when it comes back")
+            found.daemon[g.index] = f"{where}: held by {text}"
         elif _allowed(row.proc, allow_host):
             found.blockers.append(
                 f"{where} is held by host process {text}: vm_gpu_allow_host lets pass only "
@@ -180,6 +180,9 @@ def plan(start: VmStart, gmap: GpuMap, policy: str, allow_host: list[str]) -> Pl
         notes.append(f"CT {ct}'s config passes {passed} too: its next start takes the GPU back")
     frozen = {ct: (frozenset(i), frozenset(m)) for ct, (i, m) in found.stop.items()}
     decision = (Decision.REFUSE if blockers else Decision.STOP if frozen else Decision.CLEAR)
+    then = ("would be turned off for this GPU alone" if decision is Decision.REFUSE
+            else "is turned off for this GPU alone, and back on when it comes back")
+    notes[:0] = [f"{line}: persistence mode {then}" for _, line in sorted(found.daemon.items())]
     return Plan(decision, targets, frozen if decision is Decision.STOP else {}, blockers,
                 notes, frozenset(found.persistence) if decision is not Decision.REFUSE
                 else frozenset())
