@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pveclean.core.gpumap import VfioGpu, VmName
-from pveclean.core.pci import HostPci, PciAddress, sysfs_order
+from pveclean.core.pci import HostPci, PciAddress
 from pveclean.core.vmdevices import node_name
 from pveclean.proxmox import pveconf
 
@@ -129,23 +129,6 @@ def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[VfioGp
 
 
 # ---- one VM's start ------------------------------------------------------------------------
-def nvidia_functions(lines: list[tuple[str, str]], mappings: dict[str, list[str]],
-                     pci_root: Path) -> list[PciAddress]:
-    """The NVIDIA display functions on this node that a VM config's hostpci lines name."""
-    refs = hostpci_ids(lines, mappings)
-    if not refs:
-        return []
-    try:
-        devs = sorted((a for a in map(PciAddress.parse, (d.name for d in pci_root.iterdir()))
-                       if a is not None), key=sysfs_order)
-    except OSError:
-        return []
-    return [a for a in devs
-            if any(r.covers(a) for r in refs)
-            and _read(pci_root / str(a) / "vendor") == NVIDIA_VENDOR
-            and _read(pci_root / str(a) / "class").startswith("0x03")]
-
-
 def w_keeping(ct_dir: str, minors: dict[int, PciAddress]) -> dict[int, list[PciAddress]]:
     """In a worker: container -> the addresses among `minors` (GPU minor -> PCI address) that
     its config grants (a grant of every GPU counts for each); its next start takes them."""

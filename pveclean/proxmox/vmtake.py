@@ -102,6 +102,28 @@ def driver_of(pci_root: Path, addr: PciAddress) -> str | None:
         return None
 
 
+def read_mappings(path: Path, node: str) -> dict[str, list[tuple[PciAddress, ...]]]:
+    """This node's resource mappings (mapping/pci.cfg), each a list of alternatives."""
+    return vmdevices.parse_mappings(_read(path), node)
+
+
+def _lines(conf_lines: list[tuple[str, str]], maps: dict[str, list[tuple[PciAddress, ...]]]
+           ) -> list[vmdevices.HostPciLine]:
+    return [vmdevices.parse_hostpci(int(k[7:]), v, maps) for k, v in conf_lines
+            if re.fullmatch(r"hostpci(\d|1[0-5])", k)]
+
+
+def unbinds_nvidia(conf_lines: list[tuple[str, str]],
+                   maps: dict[str, list[tuple[PciAddress, ...]]], pci_root: Path) -> bool:
+    """Whether a start of a VM with this config unbinds an NVIDIA function (its hostpci lines
+    as qemu-server takes them, no reservation counted): `driver=keep`, vGPU and mdev lines do
+    not."""
+    choice = vmdevices.choose(_lines(conf_lines, maps), 0, host_pci(pci_root), {})
+    return any(_read(pci_root / str(a) / "vendor") == NVIDIA_VENDOR
+               for a in vmdevices.group_endpoints(
+                   choice.unbound, {f: group_of(pci_root, f) for f in choice.unbound}))
+
+
 def w_vm_take(pve_dir: str, vmid: int, pci_sysfs: str, run_dir: str,
               migrated_from: str | None = None) -> VmTake | None:
     """In a worker (/etc/pve is pmxcfs): what VM `vmid`'s start takes; None when it has no
@@ -114,9 +136,7 @@ def w_vm_take(pve_dir: str, vmid: int, pci_sysfs: str, run_dir: str,
         return None
     node = vmdevices.node_name(os.uname().nodename)
     maps = vmdevices.parse_mappings(_read(pve / "mapping" / "pci.cfg"), node)
-    lines = [vmdevices.parse_hostpci(int(k[7:]), v, maps)
-             for k, v in pveconf.parse_vm_config(text, vmid).lines
-             if re.fullmatch(r"hostpci(\d|1[0-5])", k)]
+    lines = _lines(pveconf.parse_vm_config(text, vmid).lines, maps)
     root = Path(pci_sysfs) / "devices"
     choice = vmdevices.choose(lines, vmid, host_pci(root), reservations(Path(run_dir)))
     groups = {f: group_of(root, f) for f in choice.unbound}

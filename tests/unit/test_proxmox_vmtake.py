@@ -101,3 +101,15 @@ def test_driver_keep_is_said_and_takes_nothing(host: Path) -> None:
     assert t.drivers == {} and t.nvidia
     assert t.notes == ["hostpci0: driver=keep: the driver keeps 0000:18:00.0, 0000:18:00.1; "
                        "not guarded"]
+
+
+def test_install_selects_only_vms_whose_start_unbinds_an_nvidia_function(host: Path) -> None:
+    """`install --all-gpu-vms`: driver=keep, vGPU and mdev VMs are no passthrough that unbinds;
+    a VM passing only the GPU's audio function takes the GPU's group."""
+    root = host / "sys/bus/pci/devices"
+    maps = vmtake.read_mappings(host / "etc/pve/mapping/pci.cfg", "pve1")
+    assert vmtake.unbinds_nvidia([("hostpci0", "0000:18:00.1")], maps, root)
+    assert vmtake.unbinds_nvidia([("hostpci0", "mapping=gpus")], maps, root)
+    assert not vmtake.unbinds_nvidia([("hostpci0", "0000:18:00,driver=keep")], maps, root)
+    assert not vmtake.unbinds_nvidia([("hostpci0", "0000:18:00.0,mdev=nvidia-42")], maps, root)
+    assert not vmtake.unbinds_nvidia([("hostpci0", "0000:18:00.0,bogus=1")], maps, root)

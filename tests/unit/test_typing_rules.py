@@ -105,7 +105,6 @@ TEXT_PARSERS: dict[str, str] = {
     "proxmox.passthrough:read_pci_mappings": "mapping/pci.cfg",
     "proxmox.passthrough:hostpci_ids": "a VM config's hostpciN value",
     "proxmox.passthrough:vfio_gpus": "sysfs PCI class text",
-    "proxmox.passthrough:nvidia_functions": "sysfs PCI class text",
     "proxmox.vmtake:reservations": "qemu-server's pci-id-reservations file",
     "proxmox.pct:PctReader._read": "pct exec's output, read in chunks",
     "proxmox.probe:parse_probe": "the in-container probe's output (the guest's text)",
