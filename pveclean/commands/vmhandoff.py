@@ -86,3 +86,32 @@ def plan(cfg: Config, vmid: int) -> tuple[list[GroupHandoff], list[tuple[GroupHa
 
 def as_handoff(g: GroupHandoff) -> pcibind.Handoff:
     return pcibind.Handoff(g.address, dict(g.before))
+
+
+def stranded(cfg: Config, vmid: int, taken: set[str]) -> list[int]:
+    """Other VMs whose hand-off record is stranded: no QEMU of theirs runs and they hold no
+    reservation (a start that failed after pre-start, a migration's source, a post-stop that
+    never came), and none of whose functions VM `vmid`'s start takes."""
+    import re
+
+    from pveclean.proxmox import vmtake
+
+    run = Path(cfg.qemu_run_dir)
+    live = {r.vmid for r in vmtake.reservations(run).values()}
+    out: list[int] = []
+    try:
+        names = sorted(os.listdir(cfg.state_dir))
+    except OSError:
+        return out
+    for name in names:
+        m = re.fullmatch(r"vfio-(\d+)\.yaml", name)
+        other = int(m.group(1)) if m else vmid
+        if other == vmid or other in live or vmtake.qemu_running(run, other):
+            continue
+        try:
+            groups = read(cfg, other) or []
+        except PvecleanError:
+            continue
+        if not any(fn in taken for g in groups for fn in g.functions):
+            out.append(other)
+    return out

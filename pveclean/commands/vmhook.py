@@ -173,6 +173,7 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
             return _finish(cfg, record, VmVerdict.RESIDUAL, ExitCode.REFUSE, deadline=deadline)
         say(f"pveclean: VM {vmid} pre-start: GPU {_listed(addrs)} verified free")
     if cfg.vm_gpu_rebind:
+        _give_back_stranded(vmid, cfg, {str(a) for a in drivers})
         record = record.with_rebind(_rebind(vmid, cfg, take.groups, deadline))
     return _finish(cfg, record, VmVerdict.CLEAR if plan.decision is vmguard.Decision.CLEAR
                    else VmVerdict.STOPPED, ExitCode.OK, deadline=deadline)
@@ -274,6 +275,18 @@ def _persistence_back(vmid: int, cfg: Config, phase: str = "post-stop") -> None:
     for line in vmpersist.restore(cfg, vmid, _look(cfg, deadline),
                                   max(min(deadline.remaining() - 1.0, 10.0), 0.5)):
         say(f"pveclean: VM {vmid} {phase}: {line}")
+
+
+def _give_back_stranded(vmid: int, cfg: Config, taken: set[str],
+                        fs: pcibind.Sysfs | None = None) -> None:
+    """Other VMs' stranded hand-offs (vmhandoff.stranded) given back now: qemu-server runs no
+    post-stop after a start that failed past pre-start, nor on a migration's source."""
+    from pveclean.commands import vmhandoff
+
+    for other in vmhandoff.stranded(cfg, vmid, taken):
+        say(f"pveclean: VM {vmid} pre-start: VM {other}'s hand-off is stranded (no QEMU, no "
+            "reservation): giving it back")
+        _give_back(other, cfg, fs or pcibind.Sysfs(cfg.pci_sysfs))
 
 
 def _give_back(vmid: int, cfg: Config, fs: pcibind.Sysfs) -> None:

@@ -73,6 +73,13 @@ def reservations(run_dir: Path, now: float | None = None
     return out
 
 
+def qemu_running(run_dir: Path, vmid: int) -> bool:
+    """Helpers::vm_running_locally, as far as pveclean needs it: the VM's pidfile names a
+    live process."""
+    pid = _read(run_dir / f"{vmid}.pid")
+    return pid.isdigit() and os.path.exists(f"/proc/{pid}")
+
+
 def host_pci(pci_root: Path) -> vmdevices.Host:
     """Every PCI function sysfs lists, and those with the nvidia driver's vGPU directory."""
     try:

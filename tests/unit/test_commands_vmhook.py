@@ -112,3 +112,19 @@ def test_a_failed_give_back_keeps_its_record_and_says_so(
     (rep,) = [yaml.safe_load(p.read_text())
               for p in (tmp_path / "reports").glob("200-post-stop-*.yaml")]
     assert rep["verdict"] == "give-back failed" and rep["given_back"][GPU] != "ok"
+
+
+def test_a_stranded_hand_off_is_given_back_by_the_next_pre_start(
+        tmp_path: Path, cfg: Config, capsys: pytest.CaptureFixture[str]) -> None:
+    """VM 200's start failed after pre-start (no post-stop): its record is stranded (no QEMU,
+    no reservation). VM 300's pre-start gives it back, unless VM 300 takes that group."""
+    qm.lay_out_pci(tmp_path, 2)
+    fs = KernelSim(tmp_path / "sys/bus/pci")
+    cfg = replace(cfg, qemu_run_dir=str(tmp_path / "run"))
+    vmhook._rebind(200, cfg, [pci(GPU)], start_deadline(10), fs)
+    vmhook._give_back_stranded(300, cfg, {GPU, AUDIO}, fs)  # 300 takes it: left
+    assert fs.driver(GPU) == "vfio-pci"
+    vmhook._give_back_stranded(300, cfg, {"0000:19:00.0"}, fs)
+    assert (fs.driver(GPU), fs.driver(AUDIO)) == ("nvidia", "snd_hda_intel")
+    assert not (tmp_path / "state/vfio-200.yaml").exists()
+    assert "VM 200's hand-off is stranded" in capsys.readouterr().out
