@@ -8,7 +8,8 @@ src/PVE/QemuServer/PCI.pm, src/PVE/CLI/qm.pm):
   <lab>/run/lock/qemu-server/lock-<vmid>.conf (PVE::QemuConfig's lock file), 10 s;
 - `start`: vm_start takes the lock, vm_start_nolock runs the pre-start hook with
   $stop_on_error (a failure aborts the start: "hookscript error for <vmid> on pre-start:
-  ..."), then reserves each hostpci device (PCI.pm's reserve_pci_usage: another live VM's
+  ..."), then chooses each line's device (choose_hostpci_devices: a mapping's first free
+  alternative; `mdev=` and `driver=keep` unbind nothing), reserves each hostpci device (PCI.pm's reserve_pci_usage: another live VM's
   reservation dies "PCI device '<id>' already in use by VMID '<vmid>'"), binds it to
   vfio-pci (prepare_pci_device -> SysFSTools::pci_dev_group_bind_to_vfio: any function of
   the GPU's IOMMU group; the unbind from nvidia is NVIDIA's nv_pci_remove, which does not fail
@@ -56,20 +57,42 @@ class VmLab(pct.Lab):
             return None
         return pid if Path(f"/proc/{pid}").exists() else None
 
-    def hostpci(self, vmid: str) -> list[str]:
-        """The PCI ids of each hostpciN line, as PCI.pm parses them (`host=` or the bare
-        first value; `;`-separated lists; the 0000 domain added)."""
+    def hostpci(self, vmid: str) -> list[tuple[int, list[list[str]], dict[str, str]]]:
+        """Each hostpciN line as PCI.pm's parse_hostpci reads it: its index, its alternatives
+        (`host=` or the bare first value: one; `mapping=`: each of this node's `map` entries
+        in the order of /etc/pve/mapping/pci.cfg, PVE::Mapping::PCI::find_on_current_node
+        with PVE::INotify::nodename, the host name before its first dot), each a list of ids
+        (`;`-separated, the 0000 domain added), and its other properties."""
         out = []
         for key, value in self.read_conf(vmid):
-            if not re.fullmatch(r"hostpci\d+", key):
+            m = re.fullmatch(r"hostpci(\d+)", key)
+            if not m:
                 continue
             opts = value.split(",")
-            host = next((o for o in opts if "=" not in o),
-                        dict(o.split("=", 1) for o in opts if "=" in o).get("host", ""))
-            for part in host.split(";"):
-                part = part.strip().lower()
-                if part:
-                    out.append(part if part.count(":") == 2 else f"0000:{part}")
+            props = dict(o.split("=", 1) for o in opts if "=" in o)
+            host = next((o for o in opts if "=" not in o), props.get("host"))
+            alts = ([host.split(";")] if host else
+                    self.mapping(props.get("mapping", "")))
+            alts = [[i.strip().lower() if i.count(":") == 2 else f"0000:{i.strip().lower()}"
+                     for i in alt if i.strip()] for alt in alts]
+            out.append((int(m.group(1)), alts, props))
+        return sorted(out)
+
+    def mapping(self, name: str) -> list[list[str]]:
+        node = os.uname().nodename.split(".", 1)[0]
+        out, cur = [], None
+        with contextlib.suppress(OSError):
+            for line in (self.root / "etc/pve/mapping/pci.cfg").read_text().splitlines():
+                if line and not line[0].isspace():
+                    cur = line.strip()
+                    continue
+                words = line.split(None, 1)
+                if cur == name and len(words) == 2 and words[0] == "map":
+                    props = dict(kv.split("=", 1) for kv in words[1].split(",") if "=" in kv)
+                    if props.get("node") == node and "path" in props:
+                        out.append(props["path"].split(";"))
+        if not out:
+            raise pct.PctError(f"PCI device mapping not found for '{name}'")
         return out
 
 
@@ -156,15 +179,39 @@ def prepare_devices(lab: VmLab, vmid: str, ids: list[str]) -> None:
             time.sleep(UNBIND_POLL)
 
 
+def choose(lab: VmLab, vmid: str) -> tuple[list[str], list[str]]:
+    """choose_hostpci_devices, then what vm_start_nolock reserves and prepare_pci_device
+    unbinds: (ids to reserve, ids to unbind). A line with several alternatives takes the
+    first no earlier line uses and no other VM has reserved live; `mdev=` is neither
+    reserved nor unbound, `driver=keep` reserved but not unbound."""
+    res = _reservations(lab)
+    used: set[str] = set()
+    reserve_ids: list[str] = []
+    unbind: list[str] = []
+    for index, alts, props in lab.hostpci(vmid):
+        if "mdev" in props:
+            continue
+        free = [a for a in alts if not used.intersection(a) and not any(
+            i in res and res[i][0] != vmid and _live(res[i]) for i in a)]
+        if len(alts) > 1 and not free:
+            raise pct.PctError(f"could not find a free device for 'hostpci{index}'")
+        ids = alts[0] if len(alts) == 1 else free[0]
+        used.update(ids)
+        reserve_ids += ids
+        if props.get("driver") != "keep":
+            unbind += ids
+    return reserve_ids, unbind
+
+
 def cmd_start(lab: VmLab, vmid: str, task: str = "qmstart") -> None:
     fd = lab.lock(vmid)
     try:
         if lab.qemu_pid(vmid):
             raise pct.PctError(f"VM {vmid} already running")
         pct.hook_phase(lab, vmid, "pre-start", fatal=True, task=task)
-        ids = lab.hostpci(vmid)
+        ids, unbind = choose(lab, vmid)
         reserve(lab, vmid, ids, f"time:{int(time.time()) + 10}")
-        prepare_devices(lab, vmid, ids)
+        prepare_devices(lab, vmid, unbind)
         proc = subprocess.Popen(["sleep", "100000"], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)

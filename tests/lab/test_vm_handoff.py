@@ -154,3 +154,43 @@ def test_a_backups_start_follows_vm_gpu_backup(vm_host: Lab, vmid: int, vmid2: i
     res = qm.run(lab.root, "vzdump", str(vmid), timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"stopping CT {vmid2}'s holders of GPU 0" in res.stdout
+
+
+def _mapping(lab: Lab, *gpus: int) -> None:
+    node = os.uname().nodename.split(".", 1)[0]
+    path = lab.root / "etc/pve/mapping/pci.cfg"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("pool\n" + "".join(
+        f"\tmap id=10de:2330,node={node},path={qm.gpu_address(g)[:-2]}\n" for g in gpus))
+
+
+def test_a_mapping_is_a_pool_and_only_the_chosen_gpu_is_guarded(vm_host: Lab, vmid: int,
+                                                                 vmid2: int) -> None:
+    """choose_hostpci_devices takes the first free alternative: another VM on GPU 0 moves the
+    start to GPU 1 (not a refusal), and a container computing on the alternative the VM will
+    not get is left alone."""
+    lab = vm_host
+    _mapping(lab, 0, 1)
+    lab.create_ct(vmid2 + 1, gpus=(1,))
+    w = lab.run_in_ct(vmid2 + 1, "python3", hold=["/dev/nvidia1"], gpu_mib={1: 500})
+    make_vm(lab, vmid2, (0,))
+    conf = lab.root / "etc/pve/qemu-server" / f"{vmid2}.conf"
+    conf.write_text(conf.read_text().replace(f"hostpci0: {qm.gpu_address(0)},pcie=1",
+                                             "hostpci0: mapping=pool,pcie=1"))
+    lab.write_config(state_dir=str(lab.root / "state"), pci_sysfs=str(lab.root / "sys/bus/pci"),
+                     qemu_run_dir=str(lab.root / "run/qemu-server"),
+                     vm_gpu_policy="stop-containers")
+    res = qm.run(lab.root, "start", str(vmid2), timeout=60)  # takes GPU 0: CT's GPU 1 free
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"checking who holds {qm.gpu_address(0)}" in res.stdout, res.stdout
+    assert "stopping CT" not in res.stdout and all(lab.alive(p) for p in w.host_pids(lab))
+    assert qm.run(lab.root, "stop", str(vmid2), timeout=60).returncode == 0
+    qm.create_vm(lab.root, vmid, (0,), None)
+    assert qm.run(lab.root, "start", str(vmid), timeout=60).returncode == 0  # VM on GPU 0
+    lab.write_config(state_dir=str(lab.root / "state"), pci_sysfs=str(lab.root / "sys/bus/pci"),
+                     qemu_run_dir=str(lab.root / "run/qemu-server"))  # refuse
+    res = qm.run(lab.root, "start", str(vmid2), timeout=60)  # GPU 1, held by the CT
+    assert res.returncode != 0, res.stdout
+    assert f"{qm.gpu_address(0)} is reserved by VM {vmid} (running)" in res.stdout, res.stdout
+    assert f"GPU 1 ({qm.gpu_address(1)}) is held by CT {vmid2 + 1}" in res.stdout
+    assert "in use by VM" not in res.stdout
