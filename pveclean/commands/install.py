@@ -92,11 +92,12 @@ class _GpuCheck:
     here: str
     majors: frozenset[int]  # the NVIDIA device nodes' majors
     mappings: dict[str, list[tuple[PciAddress, ...]]]
+    api: Api | None = None  # a VM's hostpci lines as its next start has them (pending too)
 
     @classmethod
-    def of(cls, cfg: Config, here: str, kind: str) -> _GpuCheck:
+    def of(cls, cfg: Config, here: str, kind: str, api: Api | None = None) -> _GpuCheck:
         return cls(cfg, here, devnodes.nvidia_majors(),
-                   _pci_mappings(cfg, here) if kind == "qemu" else {})
+                   _pci_mappings(cfg, here) if kind == "qemu" else {}, api)
 
     def passes(self, c: Container, conf: pveconf.CtConfig) -> bool | None:
         """None for a VM on another node (cannot tell from here)."""
@@ -104,6 +105,8 @@ class _GpuCheck:
             return bool(conf.gpu_lines(self.majors))
         if c.node != self.here:
             return None
+        if self.api is not None:  # pending hostpci lines apply before the next pre-start
+            conf = self.api.ct_config(c.node, c.vmid, "qemu", current=False)
         return vmtake.unbinds_nvidia(conf.lines, self.mappings,
                                      Path(self.cfg.pci_sysfs) / "devices")
 
@@ -165,7 +168,7 @@ def plan_install(api: Api, cfg: Config, req: InstallRequest) -> Plan:
                      "choose a directory storage (dir, nfs, cifs, cephfs) with --storage")
         return plan
     volid = _plan_snippet(p, req, st, sdir)
-    gpus = _GpuCheck.of(cfg, p.here, req.kind)
+    gpus = _GpuCheck.of(cfg, p.here, req.kind, p.api)
     targets = (_gpu_guests(p, req, st, gpus) if req.every
                else _named_guests(p, req, st, gpus))
     for c, conf in targets:

@@ -194,3 +194,22 @@ def test_a_mapping_is_a_pool_and_only_the_chosen_gpu_is_guarded(vm_host: Lab, vm
     assert f"{qm.gpu_address(0)} is reserved by VM {vmid} (running)" in res.stdout, res.stdout
     assert f"GPU 1 ({qm.gpu_address(1)}) is held by CT {vmid2 + 1}" in res.stdout
     assert "in use by VM" not in res.stdout
+
+
+def test_install_reads_a_pending_hostpci_the_next_start_applies(vm_host: Lab, vmid: int,
+                                                                vmid2: int) -> None:
+    """vm_start_nolock applies pending changes before pre-start: a GPU added as pending is
+    guarded at the next start, so install --all-gpu-vms selects that VM; a driver=keep VM is
+    no passthrough that unbinds and is left alone."""
+    from tests.helpers import pveclean
+
+    lab = vm_host
+    d = lab.root / "etc/pve/qemu-server"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{vmid}.conf").write_text(f"name: pend\nmemory: 512\n\n[pve:pending]\n"
+                                    f"hostpci0: {qm.gpu_address(0)},pcie=1\n")
+    (d / f"{vmid2}.conf").write_text(f"name: keep\nhostpci0: {qm.gpu_address(1)},driver=keep\n")
+    r = pveclean(lab, "install", "--all-gpu-vms", "--enable-snippets")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"VM {vmid}: hookscript local:snippets/pveclean-vm-hook" in r.stdout, r.stdout
+    assert "hookscript" not in (d / f"{vmid2}.conf").read_text()
