@@ -11,11 +11,11 @@ src/PVE/QemuServer/PCI.pm, src/PVE/CLI/qm.pm):
   ..."), then chooses each line's device (choose_hostpci_devices: a mapping's first free
   alternative; `mdev=` and `driver=keep` unbind nothing), reserves each hostpci device
   (PCI.pm's reserve_pci_usage: another live VM's reservation dies "PCI device '<id>'
-  already in use by VMID '<vmid>'"), binds it to vfio-pci (prepare_pci_device -> SysFSTools::pci_dev_group_bind_to_vfio: any function of
-  the GPU's IOMMU group; the unbind from nvidia is NVIDIA's nv_pci_remove, which does not fail
-  while a process holds the GPU's /dev/nvidiaN but waits, polling every 500 ms, until nothing
-  does: the start hangs there, the config lock held, with no timeout), starts QEMU (a
-  sleeping process, its pid in
+  already in use by VMID '<vmid>'"), binds it to vfio-pci (prepare_pci_device ->
+  SysFSTools::pci_dev_group_bind_to_vfio: any function of the GPU's IOMMU group; the unbind
+  from nvidia is NVIDIA's nv_pci_remove, which does not fail while a process holds the GPU's
+  /dev/nvidiaN but waits, polling every 500 ms, until nothing does: the start hangs there,
+  the config lock held, with no timeout), starts QEMU (a sleeping process, its pid in
   <lab>/run/qemu-server/<vmid>.pid, the reservation turned to `pid:<pid>`), then post-start;
 - `stop`: _do_vm_stop runs pre-stop under the lock, ends QEMU, and vm_stop_cleanup drops the
   reservations and runs post-stop;
