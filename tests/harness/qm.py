@@ -20,7 +20,10 @@ src/PVE/QemuServer/PCI.pm, src/PVE/CLI/qm.pm):
 - `stop`: _do_vm_stop runs pre-stop under the lock, ends QEMU, and vm_stop_cleanup drops the
   reservations and runs post-stop;
 - `status`: `status: running|stopped` (qm status).
-Usage: qm.py --lab DIR <subcommand> VMID
+- `start VMID --migratedfrom NODE`: a live migration's target start (the config still in
+  <lab>/etc/pve/nodes/NODE/qemu-server, PVE_MIGRATED_FROM set for the hook);
+- `vzdump`: a backup of a stopped VM, started paused in a `vzdump` task.
+Usage: qm.py --lab DIR <subcommand> VMID [--migratedfrom NODE]
 """
 
 from __future__ import annotations
@@ -329,11 +332,18 @@ def stop_all(lab_root: Path) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[0] != "--lab" or argv[2] not in COMMANDS:
-        print("usage: qm.py --lab DIR start|stop|status VMID", file=sys.stderr)
+        print("usage: qm.py --lab DIR start|stop|status|vzdump VMID [--migratedfrom NODE]",
+              file=sys.stderr)
         return 255
     lab = VmLab(Path(argv[1]))
     vmid = argv[3]
     os.environ["PATH"] = pct.CLI_PATH
+    if argv[2] == "start" and argv[4:5] == ["--migratedfrom"] and len(argv) == 6:
+        # the target of a live migration (QemuMigrate: `qm start --migratedfrom SRC`):
+        # vm_start loads the config from the source node's directory (load_config($vmid,
+        # $migratedfrom)), and vm_start_nolock sets PVE_MIGRATED_FROM for the hook
+        lab.confdir = lab.root / "etc/pve/nodes" / argv[5] / "qemu-server"
+        os.environ["PVE_MIGRATED_FROM"] = argv[5]
     try:
         if not lab.conf_path(vmid).exists():
             raise pct.PctError(f"Configuration file 'nodes/{pct.NODE}/qemu-server/{vmid}.conf'"

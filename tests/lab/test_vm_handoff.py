@@ -213,3 +213,21 @@ def test_install_reads_a_pending_hostpci_the_next_start_applies(vm_host: Lab, vm
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"VM {vmid}: hookscript local:snippets/pveclean-vm-hook" in r.stdout, r.stdout
     assert "hookscript" not in (d / f"{vmid2}.conf").read_text()
+
+
+def test_a_migrations_target_start_is_guarded_from_the_source_nodes_config(
+        vm_host: Lab, vmid: int, vmid2: int) -> None:
+    """On the target, pre-start runs while the config is still in the source node's
+    directory (PVE_MIGRATED_FROM): pveclean reads it there instead of checking nothing."""
+    lab = vm_host
+    lab.create_ct(vmid2, gpus=(0,))
+    w = lab.run_in_ct(vmid2, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 500})
+    make_vm(lab, vmid, (0,))
+    here = lab.root / "etc/pve/qemu-server" / f"{vmid}.conf"
+    src = lab.root / "etc/pve/nodes/pve2/qemu-server"
+    src.mkdir(parents=True)
+    here.rename(src / f"{vmid}.conf")
+    res = qm.run(lab.root, "start", str(vmid), "--migratedfrom", "pve2", timeout=60)
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert f"held by CT {vmid2}" in res.stdout, res.stdout
+    assert all(lab.alive(p) for p in w.host_pids(lab))
