@@ -88,11 +88,20 @@ def restore(cfg: Config, vmid: int, gmap: GpuMap, timeout: float) -> list[str]:
     wanted = read_record(cfg, vmid)
     if not wanted:
         return []
+    from pveclean.proxmox import vmtake
+
     rows = {g.pci_bus_id: g.index for g in gmap.gpus if g.pci_bus_id is not None}
+    reserved = {a: r.vmid for a, r in vmtake.reservations(Path(cfg.qemu_run_dir)).items()
+                if r.vmid != vmid}
     left, lines = [], []
     with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
         for addr in wanted:
             index = rows.get(addr)
+            if addr in reserved:  # a late post-stop: another VM starts with it or runs
+                left.append(addr)
+                lines.append(f"{addr} is reserved by VM {reserved[addr]}: persistence stays "
+                             "off (kept for the next post-stop)")
+                continue
             if index is None:
                 left.append(addr)
                 lines.append(f"{addr} is not on the nvidia driver: persistence stays off "

@@ -66,18 +66,23 @@ def reservations(run_dir: Path, now: float | None = None
         if kind == "time":
             live = value > now
         else:
-            live = (_read(run_dir / f"{vmid}.pid") == str(value)
-                    and os.path.exists(f"/proc/{value}"))
+            live = _read(run_dir / f"{vmid}.pid") == str(value) and _alive(value)
         if live:
             out[addr] = vmdevices.Reservation(vmid, starting=kind == "time")
     return out
+
+
+def _alive(pid: int) -> bool:
+    """A process that runs (a zombie's cmdline is empty: vm_running_locally's check_cmdline
+    would not take it)."""
+    return bool(_read(Path(f"/proc/{pid}/cmdline")))
 
 
 def qemu_running(run_dir: Path, vmid: int) -> bool:
     """Helpers::vm_running_locally, as far as pveclean needs it: the VM's pidfile names a
     live process."""
     pid = _read(run_dir / f"{vmid}.pid")
-    return pid.isdigit() and os.path.exists(f"/proc/{pid}")
+    return pid.isdigit() and _alive(int(pid))
 
 
 def host_pci(pci_root: Path) -> vmdevices.Host:

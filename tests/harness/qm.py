@@ -22,7 +22,9 @@ src/PVE/QemuServer/PCI.pm, src/PVE/CLI/qm.pm):
 - `status`: `status: running|stopped` (qm status).
 - `start VMID --migratedfrom NODE`: a live migration's target start (the config still in
   <lab>/etc/pve/nodes/NODE/qemu-server, PVE_MIGRATED_FROM set for the hook);
-- `vzdump`: a backup of a stopped VM, started paused in a `vzdump` task.
+- `vzdump`: a backup of a stopped VM, started paused in a `vzdump` task;
+- `stop-late` and `cleanup`: a stop whose vm_stop_cleanup and post-stop come later, from the
+  `qm cleanup` qmeventd forks (qemu-server < 9.1.13, a shutdown inside the guest).
 Usage: qm.py --lab DIR <subcommand> VMID [--migratedfrom NODE]
 """
 
@@ -120,11 +122,15 @@ def _write_reservations(lab: VmLab, res: dict[str, tuple[str, str]]) -> None:
     os.replace(tmp, lab.qemu_run / RESERVATIONS)
 
 
-def _live(entry: tuple[str, str]) -> bool:
+def _live(entry: tuple[str, str], lab: VmLab | None = None) -> bool:
+    """reserve_pci_usage's test: a `time:` window still open, or a `pid:` that is the VM's
+    running QEMU (Helpers::vm_running_locally: its pidfile names that PID, alive)."""
     kind, _, value = entry[1].partition(":")
     if kind == "time":
         return int(value) > time.time()
-    return Path(f"/proc/{value}").exists()
+    if lab is not None and lab.qemu_pid(entry[0]) != int(value):
+        return False
+    return Path(f"/proc/{value}").exists() and not _zombie(int(value))
 
 
 def reserve(lab: VmLab, vmid: str, ids: list[str], how: str) -> None:
@@ -132,7 +138,7 @@ def reserve(lab: VmLab, vmid: str, ids: list[str], how: str) -> None:
     res = _reservations(lab)
     for pci in ids:
         held = res.get(pci)
-        if held is not None and held[0] != vmid and _live(held):
+        if held is not None and held[0] != vmid and _live(held, lab):
             raise pct.PctError(f"PCI device '{pci}' already in use by VMID '{held[0]}'")
     for pci in ids:
         res[pci] = (vmid, how)
@@ -195,7 +201,7 @@ def choose(lab: VmLab, vmid: str) -> tuple[list[str], list[str]]:
         if "mdev" in props:
             continue
         free = [a for a in alts if not used.intersection(a) and not any(
-            i in res and res[i][0] != vmid and _live(res[i]) for i in a)]
+            i in res and res[i][0] != vmid and _live(res[i], lab) for i in a)]
         if len(alts) > 1 and not free:
             raise pct.PctError(f"could not find a free device for 'hostpci{index}'")
         ids = alts[0] if len(alts) == 1 else free[0]
@@ -226,7 +232,9 @@ def cmd_start(lab: VmLab, vmid: str, task: str = "qmstart") -> None:
         os.close(fd)
 
 
-def cmd_stop(lab: VmLab, vmid: str) -> None:
+def cmd_stop(lab: VmLab, vmid: str, late: bool = False) -> None:
+    """_do_vm_stop; with `late` (qemu-server < 9.1.13, a shutdown from inside the guest),
+    vm_stop_cleanup and post-stop are left to `qm cleanup`, which qmeventd forks later."""
     fd = lab.lock(vmid)
     try:
         pid = lab.qemu_pid(vmid)
@@ -239,13 +247,32 @@ def cmd_stop(lab: VmLab, vmid: str) -> None:
             if not Path(f"/proc/{pid}").exists() or _zombie(pid):
                 break
             time.sleep(0.01)
-        with contextlib.suppress(OSError):
-            lab.pidfile(vmid).unlink()
-        res = {k: v for k, v in _reservations(lab).items() if v[0] != vmid}
-        _write_reservations(lab, res)  # vm_stop_cleanup -> cleanup_pci_devices
-        pct.hook_phase(lab, vmid, "post-stop", fatal=False, task="qmstop")
+        if not late:
+            _cleanup(lab, vmid, "qmstop")
     finally:
         os.close(fd)
+
+
+def _cleanup(lab: VmLab, vmid: str, task: str) -> None:
+    """vm_stop_cleanup: the pidfile, the VM's reservations (cleanup_pci_devices), post-stop."""
+    with contextlib.suppress(OSError):
+        lab.pidfile(vmid).unlink()
+    res = {k: v for k, v in _reservations(lab).items() if v[0] != vmid}
+    _write_reservations(lab, res)
+    pct.hook_phase(lab, vmid, "post-stop", fatal=False, task=task)
+
+
+def cmd_cleanup(lab: VmLab, vmid: str) -> None:
+    """`qm cleanup VMID` as qmeventd forks it after the QEMU process ended."""
+    fd = lab.lock(vmid)
+    try:
+        _cleanup(lab, vmid, "qmcleanup")
+    finally:
+        os.close(fd)
+
+
+def cmd_stop_late(lab: VmLab, vmid: str) -> None:
+    cmd_stop(lab, vmid, late=True)
 
 
 def _zombie(pid: int) -> bool:
@@ -267,7 +294,8 @@ def cmd_vzdump(lab: VmLab, vmid: str) -> None:
     cmd_start(lab, vmid, task="vzdump")
 
 
-COMMANDS = {"start": cmd_start, "stop": cmd_stop, "status": cmd_status, "vzdump": cmd_vzdump}
+COMMANDS = {"start": cmd_start, "stop": cmd_stop, "status": cmd_status, "vzdump": cmd_vzdump,
+            "stop-late": cmd_stop_late, "cleanup": cmd_cleanup}
 
 
 # ---- for the tests: a lab's VMs -----------------------------------------------------------

@@ -231,3 +231,21 @@ def test_a_migrations_target_start_is_guarded_from_the_source_nodes_config(
     assert res.returncode != 0, res.stdout + res.stderr
     assert f"held by CT {vmid2}" in res.stdout, res.stdout
     assert all(lab.alive(p) for p in w.host_pids(lab))
+
+
+def test_a_late_post_stop_leaves_persistence_off_for_a_gpu_another_vm_took(
+        vm_host: Lab, daemon: int, vmid: int, vmid2: int) -> None:
+    """post-stop from a late `qm cleanup`: VM B already started with the GPU; turning
+    persistence back on would have the daemon open B's GPU. It stays off, recorded."""
+    lab = vm_host
+    assert lab.nvml is not None
+    make_vm(lab, vmid, (0,))
+    assert qm.run(lab.root, "start", str(vmid), timeout=60).returncode == 0
+    assert not lab.nvml.persistence_of(0)
+    assert qm.run(lab.root, "stop-late", str(vmid), timeout=60).returncode == 0
+    qm.create_vm(lab.root, vmid2, (0,), None)
+    res = qm.run(lab.root, "start", str(vmid2), timeout=60)
+    assert res.returncode == 0, res.stderr
+    qm.run(lab.root, "cleanup", str(vmid), timeout=60)
+    assert not lab.nvml.persistence_of(0) and not holds(daemon, lab.nodes["nvidia0"])
+    assert (lab.root / "state" / f"persistence-{vmid}.yaml").is_file()
