@@ -69,6 +69,8 @@ def main(argv: list[str], nvml: NvmlWorker) -> int:
     except ConfigError as exc:
         say(f"pveclean: VM {vmid} {phase}: config error, nothing done: {exc}")
         return 0
+    if phase == "give-back":  # by hand: a stranded hand-off (pveclean vmhook VMID give-back)
+        return _give_back_by_hand(vmid, cfg)
     # The VM's own previous hookscript (install --vm --chain) runs first in every phase, as it
     # did before pveclean; one that fails pre-start refuses the start, and then pveclean stops
     # nothing for a start that will not happen.
@@ -287,6 +289,29 @@ def _give_back_stranded(vmid: int, cfg: Config, taken: set[str],
         say(f"pveclean: VM {vmid} pre-start: VM {other}'s hand-off is stranded (no QEMU, no "
             "reservation): giving it back")
         _give_back(other, cfg, fs or pcibind.Sysfs(cfg.pci_sysfs))
+
+
+def _give_back_by_hand(vmid: int, cfg: Config, fs: pcibind.Sysfs | None = None) -> int:
+    """`pveclean vmhook VMID give-back`: VM `vmid`'s recorded hand-off back to its drivers
+    (and its persistence back on) when the VM runs no QEMU and holds no reservation; a
+    running or starting VM keeps its GPUs."""
+    from pveclean.commands import vmhandoff, vmpersist
+    from pveclean.proxmox import vmtake
+
+    run = Path(cfg.qemu_run_dir)
+    held = any(r.vmid == vmid for r in vmtake.reservations(run).values())
+    try:
+        recorded = vmhandoff.read(cfg, vmid) is not None or bool(vmpersist.read_record(cfg,
+                                                                                      vmid))
+        if not recorded:
+            say(f"pveclean: VM {vmid} give-back: nothing recorded; nothing to do")
+        elif held or vmtake.qemu_running(run, vmid):
+            say(f"pveclean: VM {vmid} give-back: the VM runs or is starting: its GPUs stay")
+        else:
+            post_stop(vmid, cfg, fs)
+    except PvecleanError as exc:
+        say(f"pveclean: VM {vmid} give-back: {safe(exc, 300)}; nothing done")
+    return 0
 
 
 def _give_back(vmid: int, cfg: Config, fs: pcibind.Sysfs) -> None:

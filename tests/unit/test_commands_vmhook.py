@@ -128,3 +128,27 @@ def test_a_stranded_hand_off_is_given_back_by_the_next_pre_start(
     assert (fs.driver(GPU), fs.driver(AUDIO)) == ("nvidia", "snd_hda_intel")
     assert not (tmp_path / "state/vfio-200.yaml").exists()
     assert "VM 200's hand-off is stranded" in capsys.readouterr().out
+
+
+def test_give_back_by_hand_only_for_a_vm_that_neither_runs_nor_starts(
+        tmp_path: Path, cfg: Config, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import time
+
+    qm.lay_out_pci(tmp_path, 1)
+    fs = KernelSim(tmp_path / "sys/bus/pci")
+    cfg = replace(cfg, qemu_run_dir=str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    vmhook._rebind(200, cfg, [pci(GPU)], start_deadline(10), fs)
+    (tmp_path / "run/pci-id-reservations").write_text(f"{GPU} 200 time:{int(time.time()) + 60}\n")
+    assert vmhook._give_back_by_hand(200, cfg, fs) == 0
+    assert fs.driver(GPU) == "vfio-pci" and "its GPUs stay" in capsys.readouterr().out
+    (tmp_path / "run/pci-id-reservations").write_text("")
+    (tmp_path / "run/200.pid").write_text(f"{os.getpid()}\n")  # its QEMU runs
+    vmhook._give_back_by_hand(200, cfg, fs)
+    assert fs.driver(GPU) == "vfio-pci"
+    (tmp_path / "run/200.pid").unlink()
+    vmhook._give_back_by_hand(200, cfg, fs)
+    assert (fs.driver(GPU), fs.driver(AUDIO)) == ("nvidia", "snd_hda_intel")
+    vmhook._give_back_by_hand(200, cfg, fs)
+    assert "nothing recorded" in capsys.readouterr().out
