@@ -5,7 +5,8 @@ them. Stdlib only; the hook machinery is pct.py's (PVE::GuestHelpers is shared).
 Each behaviour names the qemu-server function it mirrors (src/PVE/QemuServer.pm,
 src/PVE/QemuServer/PCI.pm, src/PVE/CLI/qm.pm):
 - config in <lab>/etc/pve/qemu-server/<vmid>.conf; the config lock is
-  <lab>/run/lock/qemu-server/lock-<vmid>.conf (PVE::QemuConfig's lock file), 10 s;
+  <lab>/run/lock/qemu-server/lock-<vmid>.conf (PVE::QemuConfig::config_file_lock, whose
+  messages name /var/lock/qemu-server/lock-<vmid>.conf), 10 s;
 - `start`: vm_start takes the lock, vm_start_nolock runs the pre-start hook with
   $stop_on_error (a failure aborts the start: "hookscript error for <vmid> on pre-start:
   ..."), then chooses each line's device (choose_hostpci_devices: a mapping's first free
@@ -50,6 +51,13 @@ class VmLab(pct.Lab):
         self.lockdir = root / "run/lock/qemu-server"
         self.qemu_run = root / "run/qemu-server"
         self.devices_dir = root / "dev"
+
+    def lock_file(self, vmid: str) -> Path:
+        """PVE::QemuConfig::config_file_lock: /var/lock/qemu-server/lock-<vmid>.conf."""
+        return self.lockdir / f"lock-{vmid}.conf"
+
+    def lock_shown(self, vmid: str) -> str:
+        return f"/var/lock/qemu-server/lock-{vmid}.conf"
 
     def pidfile(self, vmid: str) -> Path:
         return self.qemu_run / f"{vmid}.pid"
@@ -139,6 +147,9 @@ def reserve(lab: VmLab, vmid: str, ids: list[str], how: str) -> None:
     for pci in ids:
         held = res.get(pci)
         if held is not None and held[0] != vmid and _live(held, lab):
+            if held[1].startswith("time:"):
+                raise pct.PctError(f"PCI device '{pci}' is currently reserved for use by "
+                                   f"VMID '{held[0]}'")
             raise pct.PctError(f"PCI device '{pci}' already in use by VMID '{held[0]}'")
     for pci in ids:
         res[pci] = (vmid, how)
@@ -167,6 +178,7 @@ def _holders_of(node: Path) -> list[int]:
     return out
 
 
+START_TIMEOUT = 30  # config_aware_timeout's floor
 UNBIND_POLL = 0.5  # nv_pci_remove's wait for the usage count: os_delay(500)
 
 
@@ -219,7 +231,9 @@ def cmd_start(lab: VmLab, vmid: str, task: str = "qmstart") -> None:
             raise pct.PctError(f"VM {vmid} already running")
         pct.hook_phase(lab, vmid, "pre-start", fatal=True, task=task)
         ids, unbind = choose(lab, vmid)
-        reserve(lab, vmid, ids, f"time:{int(time.time()) + 10}")
+        # vm_start_nolock reserves for $start_timeout (config_aware_timeout: 30 s for a small
+        # VM), reserve_pci_usage writes `time:` now + timeout + 5
+        reserve(lab, vmid, ids, f"time:{int(time.time()) + START_TIMEOUT + 5}")
         prepare_devices(lab, vmid, unbind)
         proc = subprocess.Popen(["sleep", "100000"], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
