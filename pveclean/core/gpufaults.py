@@ -11,13 +11,13 @@ changes nothing.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping
 
+from pveclean.core.lazyre import lazy
 from pveclean.core.records import GpuFault, GpuMemory, GpuStatus, NvmlProcesses
 
 Fault = GpuFault  # (status, reason)
-_NODE = re.compile(r"/dev/nvidia(\d+)")
+_NODE = lazy(r"/dev/nvidia(\d+)")
 
 
 def config_minors(paths: list[str]) -> set[int] | None:

@@ -7,12 +7,12 @@ run its import)."""
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Iterable
 
+from pveclean.core.lazyre import lazy
 from pveclean.core.records import GpuDevices
 
-_NODE = re.compile(r"nvidia(\d+)")
+_NODE = lazy(r"nvidia(\d+)")
 NVIDIA_MAJOR = 195  # /dev/nvidiaN, nvidia-modeset (254), nvidiactl (255) on every host
 
 

@@ -10,7 +10,7 @@ accepted only in systemd's unit-name syntax, never decides what is signalled, an
 
 from __future__ import annotations
 
-import re
+from pveclean.core.lazyre import lazy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 # systemd's unit_name_is_valid(): prefix of [A-Za-z0-9:_.\-], at most one "@" with a
 # non-empty instance (a template itself never runs), a unit type suffix, at most 255 bytes.
 _CHARS = r"[A-Za-z0-9:_.\\-]"
-_UNIT = re.compile(rf"(?:{_CHARS}+)(?:@{_CHARS}+)?\.([a-z]+)")
+_UNIT = lazy(rf"(?:{_CHARS}+)(?:@{_CHARS}+)?\.([a-z]+)")
 UNIT_TYPES = ("service", "socket", "target", "device", "mount", "automount", "swap", "timer",
               "path", "slice", "scope")
 PROCESS_TYPES = ("service", "scope", "socket", "mount", "swap")  # units that hold processes

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import select
 import time
 from pathlib import Path
 
 from pveclean.core.cgpaths import Layout
+from pveclean.core.lazyre import lazy
 from pveclean.errors import PvecleanError
 from pveclean.host import procfs
 from pveclean.host.procfs import read_text
 
-_OCTAL = re.compile(rb"\\([0-7]{3})")
+_OCTAL = lazy(rb"\\([0-7]{3})")
 
 
 def parse_mounts(raw: bytes) -> list[tuple[str, str, str]]:

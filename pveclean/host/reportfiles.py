@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pveclean.core.bounds import UNSAVED_SHOWN
+from pveclean.core.lazyre import lazy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,8 +39,8 @@ def utc_stamp(t: float) -> str:
 
 
 WIDTH = 2**31 - 1  # columns: a long string is never folded over lines
-_SURROGATES = re.compile("[\ud800-\udfff]")  # os.fsdecode's stand-ins for undecodable bytes
-_BREAKS = re.compile("[\r\x85\u2028\u2029]")  # line breaks besides \n
+_SURROGATES = lazy("[\ud800-\udfff]")  # os.fsdecode's stand-ins for undecodable bytes
+_BREAKS = lazy("[\r\x85\u2028\u2029]")  # line breaks besides \n
 
 
 def to_yaml(report: Mapping[str, object], terminal: bool = False) -> str:
@@ -264,7 +264,7 @@ def prune(report_dir: str, vmid: int, keep: int, max_age_days: float) -> int:
     return removed
 
 
-_NAME_STAMP = re.compile(r"-(\d{8}T\d{6}\.\d{6}Z)(?:-\d+)?\.yaml")
+_NAME_STAMP = lazy(r"-(\d{8}T\d{6}\.\d{6}Z)(?:-\d+)?\.yaml")
 
 
 def name_time(name: str) -> float | None:

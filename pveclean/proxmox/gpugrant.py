@@ -15,18 +15,20 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pveclean.core.lazyre import lazy
+
 NVIDIA_MAJOR = 195  # nvidia's fixed character major; nvidia-uvm's and -caps' are dynamic
-_DEV_KEY = re.compile(r"dev\d{1,3}")
+_DEV_KEY = lazy(r"dev\d{1,3}")
 _ALLOW_KEYS = ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow")
 # LXC's device_cgroup_rule_parse: "a" alone, or a type, ONE blank, major:minor, one blank and
 # the access characters, of which it reads three: what follows three (an inline "# comment")
 # is not read, so the rule applies; fewer than three must end the value. Else: no rule.
-_ALLOW_RULE = re.compile(r"([abc])[ \t\n\v\f\r](\*|\d+):(\*|\d+)[ \t\n\v\f\r]"
-                         r"(?:[rwm]{3}|[rwm]{0,2}$)", re.ASCII)
+_ALLOW_RULE = lazy(r"([abc])[ \t\n\v\f\r](\*|\d+):(\*|\d+)[ \t\n\v\f\r]"
+                   r"(?:[rwm]{3}|[rwm]{0,2}$)", re.ASCII)
 # A rule that may open every device, for may_use_gpus (whether `gpus` reads a container's
 # tree): read wide on purpose, as looking once too often costs a scan, not a holder.
-_ALLOW_ANY = re.compile(r"^\s*(a\b|[abc*]\s+\*:\*)", re.ASCII)
-_GPU_NODE = re.compile(r"nvidia(\d+)")
+_ALLOW_ANY = lazy(r"^\s*(a\b|[abc*]\s+\*:\*)", re.ASCII)
+_GPU_NODE = lazy(r"nvidia(\d+)")
 _NVIDIA_HOOK = "nvidia"  # /usr/share/lxc/hooks/nvidia: nvidia-container-cli --device=all
 
 
@@ -59,7 +61,7 @@ def allow_rule(value: str) -> tuple[str, int | None, bool] | None:
 # The names NVIDIA's driver gives its nodes (nvidia-modprobe, nvidia-caps): a source so named
 # is a node wherever it lives (a host may keep bind sources elsewhere); a library directory
 # `.../nvidia` or a tool `nvidia-smi` is not one.
-_NODE_NAME = re.compile(r"nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-caps|-cap\d+)")
+_NODE_NAME = lazy(r"nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset|-caps|-cap\d+)")
 
 
 def _is_nvidia_source(source: str) -> bool:

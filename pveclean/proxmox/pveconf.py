@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pveclean.core.lazyre import lazy
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.proxmox import gpugrant
 
@@ -15,13 +16,13 @@ MAX_DEVICES = 256  # dev0..dev255 (PVE::LXC::Config $MAX_DEVICES)
 
 # PVE::LXC::Config::parse_pct_config, line by line: a line is read from its first column
 # (Perl's \s is ASCII whitespace: re.ASCII); a section starts only at these headers.
-_PENDING = re.compile(r"^\[pve:pending\]\s*$", re.IGNORECASE | re.ASCII)
-_SNAPSHOT = re.compile(r"^\[([a-z][a-z0-9_\-]+)\]\s*$", re.IGNORECASE | re.ASCII)
-_RAW_LINE = re.compile(r"^(lxc\.[a-z0-9_\-.]+)(?::|\s*=)\s*(.*?)\s*$", re.ASCII)
-_DESCRIPTION = re.compile(r"^description:\s*(.*\S)\s*$", re.ASCII)
-_SNAPSTATE = re.compile(r"snapstate:\s*(prepare|delete)\s*$", re.ASCII)  # not anchored there
-_DELETE = re.compile(r"^delete:\s*(.*\S)\s*$", re.ASCII)
-_KEY_LINE = re.compile(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$", re.ASCII)
+_PENDING = lazy(r"^\[pve:pending\]\s*$", re.IGNORECASE | re.ASCII)
+_SNAPSHOT = lazy(r"^\[([a-z][a-z0-9_\-]+)\]\s*$", re.IGNORECASE | re.ASCII)
+_RAW_LINE = lazy(r"^(lxc\.[a-z0-9_\-.]+)(?::|\s*=)\s*(.*?)\s*$", re.ASCII)
+_DESCRIPTION = lazy(r"^description:\s*(.*\S)\s*$", re.ASCII)
+_SNAPSTATE = lazy(r"snapstate:\s*(prepare|delete)\s*$", re.ASCII)  # not anchored there
+_DELETE = lazy(r"^delete:\s*(.*\S)\s*$", re.ASCII)
+_KEY_LINE = lazy(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$", re.ASCII)
 
 def _words(text: str) -> frozenset[str]:
     return frozenset(text.split())
@@ -199,8 +200,8 @@ def parse_config(text: str, vmid: int) -> CtConfig:
     return cfg
 
 
-_VM_SECTION = re.compile(r"^\[[^\]]*\]\s*$", re.ASCII)  # [PENDING], [special:...], snapshots
-_VM_KEY_LINE = re.compile(r"^([a-z][a-z_\-]*\d*):\s*(.+?)\s*$", re.ASCII)
+_VM_SECTION = lazy(r"^\[[^\]]*\]\s*$", re.ASCII)  # [PENDING], [special:...], snapshots
+_VM_KEY_LINE = lazy(r"^([a-z][a-z_\-]*\d*):\s*(.+?)\s*$", re.ASCII)
 
 
 def parse_vm_config(text: str, vmid: int) -> CtConfig:
