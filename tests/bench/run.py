@@ -6,14 +6,15 @@ Sections: discovery (host load of 1,000 and 5,000 idle processes with ~20 fds ea
 ct --dry-run against fuser -v and lsof on the lab's GPU nodes), growth (the container grows
 to 500 processes, its holders to 200), cleanup (the seeds' situation: pveclean against
 `fuser -k` on the host and in the container and `ps aux | grep | kill`), hooks (pre-start,
-post-start, pre-stop with nothing to clean), gpus (pveclean gpus against fuser -v with the
-load in the host's cgroups, then in a container without GPUs), metrics (CPU per run of
-`pveclean metrics`, the timer's command, with 5,000 processes: its share of one core at
-30 s), bloat (40 processes with 20,000 fds each beside an 8 GiB NVML holder, and 1 GB of
-maps: ct --dry-run, gpus and a cleanup within the deadline + 1 s and 100 MB), report-bloat
-(400 holders of 64 long GPU paths: report size, task log, wall time against the deadline,
-peak RSS). Prints the tables
-with the date and machine on top and writes them as Markdown and JSON to bench/results/
+post-start, pre-stop with nothing to clean), imports (python -X importtime of each command's
+path: its top ten imports, and no heavy module it must not import), gpus (pveclean gpus
+against fuser -v with the load in the host's cgroups, then in a container without GPUs),
+metrics (CPU per run of `pveclean metrics`, the timer's command, with 5,000 processes: its
+share of one core at 30 s), bloat (40 processes with 20,000 fds each beside an 8 GiB NVML
+holder, and 1 GB of maps: ct --dry-run, gpus and a cleanup within the deadline + 1 s and
+100 MB), report-bloat (400 holders of 64 long GPU paths: report size, task log, wall time
+against the deadline, peak RSS). Prints the tables with the date and machine on top and
+writes them as Markdown and JSON to bench/results/
 (git-ignored).
 
 Needs root and LXC, like the lab; without them it prints one line and exits 2. Everything it
@@ -46,6 +47,7 @@ from .discovery import bench_discovery, bench_growth
 from .flood import bench_flood
 from .gpus import bench_gpus
 from .hooks import bench_hooks
+from .imports import bench_imports
 from .load import HostLoad, build_loadproc
 from .measure import VmidPool, machine_info, new_lab, shielded
 from .metrics import bench_metrics
@@ -53,7 +55,8 @@ from .reportbloat import bench_report_bloat
 from .settings import BenchConfig, quick
 from .table import Results, Row, Table, render_text, write_results
 
-SECTIONS = ("discovery", "growth", "cleanup", "hooks", "gpus", "metrics", "bloat", "report-bloat")
+SECTIONS = ("discovery", "growth", "cleanup", "hooks", "imports", "gpus", "metrics", "bloat",
+            "report-bloat")
 RESULTS_DIR = REPO / "bench" / "results"
 Section = tuple[list[Row], list[Table], dict[str, Any]]
 
@@ -151,6 +154,8 @@ def run_sections(cfg: BenchConfig, sections: list[str], res: Results, log: Logge
         record("flood", lambda: bench_flood(pool, cfg, log))
     if "hooks" in sections:
         record("hooks", lambda: bench_hooks(pool, cfg, log))
+    if "imports" in sections:
+        record("imports", lambda: bench_imports(cfg, log))
     if "gpus" in sections:
         record("gpus", lambda: bench_gpus(pool, cfg, log))
     if "metrics" in sections:

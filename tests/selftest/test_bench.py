@@ -150,7 +150,7 @@ def test_quick_bench_run_has_every_section(tmp_path: Path) -> None:
                         "Metrics", "Bloat", "Report bloat"}
     assert all(t["verdict"] in ("met", "NOT met", "-") for t in data["targets"])
     assert not [t for t in data["targets"] if t["measure"] == "section failed"]
-    assert set(data["raw"]) >= {"discovery", "growth", "cleanup", "hooks", "gpus",
+    assert set(data["raw"]) >= {"discovery", "growth", "cleanup", "hooks", "imports", "gpus",
                                 "metrics", "report-bloat"}
     # every tool sees the same holders; counts of the cleanup are exact, not timings
     for level in data["raw"]["discovery"]["levels"]:
