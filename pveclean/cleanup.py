@@ -15,7 +15,7 @@ from pveclean.core.report import Findings, Report, RunResult, build_report, busy
 from pveclean.core.run import Asked, OnlyGpus, Run, RunOptions
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.errors import ExitCode, PvecleanError
-from pveclean.host import cgroupfs, devnodes, notify, reportfiles
+from pveclean.host import cgroupfs, devnodes
 from pveclean.host.clock import stamp, start_deadline
 from pveclean.host.freezer import Freezer
 from pveclean.host.nvml import Nvml
@@ -410,6 +410,8 @@ def _write_report(rep: Report, cfg: Config) -> str:
     """In a worker (a report dir or metrics file on a hung NFS mount blocks here, not in the
     run): publish first, naming the file about to be written, so that what could not be
     logged or written as metrics is recorded in the report itself; then write, prune."""
+    from pveclean.host import notify, reportfiles  # a run that writes: not a dry run's
+
     name = reportfiles.report_name(rep.vmid, rep.phase, rep.started)
     failed = notify.publish(rep, str(Path(cfg.report_dir) / name), cfg.syslog,
                             cfg.syslog_socket, cfg.metrics_path, cfg.journal_socket)
@@ -428,6 +430,8 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
     code = verdicts.exit_code(rep.verdict)
     if not write_report:
         return RunResult(rep, None, code)
+    from pveclean.host import notify, reportfiles  # a run that writes: not a dry run's
+
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
     with contextlib.nullcontext(writer) if writer else Worker() as wk:
         try:

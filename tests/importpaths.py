@@ -30,7 +30,8 @@ _NOT_HOOK = (*_NOT_ONE_CT, "typer", "click", "pveclean.commands.cli",
 PATHS: dict[str, tuple[list[str], tuple[str, ...]]] = {
     # name: (argv, modules the path must not import)
     "ct --dry-run": (["ct", str(VMID), "--dry-run"], (
-        *_NOT_ONE_CT, "pveclean.host.lock", "pveclean.host.pidfds",
+        *_NOT_ONE_CT, "pveclean.host.lock", "pveclean.host.pidfds", "pveclean.host.reportfiles",
+        "pveclean.host.notify", "pveclean.host.journal",
         "pveclean.proxmox.guestunits", "pveclean.core.reportread", "pveclean.core.amendments")),
     "hook pre-start": (["hook", str(VMID), "pre-start"], (*_NOT_HOOK, "pveclean.core.reportread",
                                                           "pveclean.core.amendments")),

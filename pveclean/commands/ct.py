@@ -15,7 +15,6 @@ from pveclean.core.text import safe
 from pveclean.errors import ExitCode
 from pveclean.host.configfile import load
 from pveclean.host.prelude import NvmlWorker
-from pveclean.host.reportfiles import to_yaml, unsaved_text
 from pveclean.proxmox.pveconf import parse_vmid
 
 TYPE_CHECKING = False
@@ -40,6 +39,8 @@ class CtArgs:
 def save_to(path: str, rep: Report) -> str | None:
     """The report as YAML in a new file `path` (0600, never over another file), where the
     admin asks for it (--report-file); the error, in one line, or None."""
+    from pveclean.host.reportfiles import to_yaml  # the report writer: not a dry run's
+
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except OSError as exc:
@@ -103,6 +104,7 @@ def run(args: CtArgs, nvml: NvmlWorker) -> int:
     if result.report_error:
         print(f"pveclean: {result.report_error}", file=sys.stderr)
         if not args.as_json:
+            from pveclean.host.reportfiles import unsaved_text
 
             print("--- report (not saved) ---", file=sys.stderr)
             print(unsaved_text(result.report, result.spare), file=sys.stderr)

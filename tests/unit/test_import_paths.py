@@ -1,8 +1,8 @@
 """Each command's path imports only what it uses (issue 42): a dry run and every hook phase
 with nothing to clean never import `gpus`' map and renderer, the API client (proxmoxer,
 requests), the metrics exposition or the install commands; a hook never imports typer or
-click; `--version` neither the config's YAML nor the cleanup. A module moved back to the top
-of a shared one fails here, with the modules named."""
+click, a dry run not the report writer (reportfiles, notify); `--version` neither the config's
+YAML nor the cleanup. A module moved back to the top of a shared one fails here, named."""
 
 from __future__ import annotations
 
