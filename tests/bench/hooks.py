@@ -31,6 +31,7 @@ TARGET_WALL_S = 0.3
 TARGET_RSS_MB = 60.0
 TARGET_SLOW_PCT_S = 0.3  # issue 16: pre-stop with nothing to clean and a 0.5 s pct
 TARGET_SLOW_PCT_RATIO = 1.5  # ... and at most 1.5x its time with a fast pct
+TARGET_VS_VERSION = 1.5  # issue 42: a hook phase with nothing to clean vs `pveclean --version`
 TARGET_DRY_VS_BARE = 3.5  # `pveclean ct VMID --dry-run`, no holders, vs `python3 -c pass`
 PHASES = ("pre-start", "post-start", "pre-stop")
 # What the dry run's start-up is made of, timed beside it: the Python modules its main process
@@ -68,13 +69,18 @@ def bench_hooks(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
         lab.install_hook(vmid)
         script = str(lab.snippets / "pveclean-hook")
         runs: dict[str, list[Spawned]] = {}
+        versions: dict[str, list[Spawned]] = {}
+        version = [*pveclean_exe(), "--version"]
         for phase in PHASES:
             if phase == "post-start":
                 lab.pct("start", str(vmid))  # runs pre-start and post-start hooks itself
             log(f"hooks: {phase} x {cfg.hook_runs}")
             argv = [script, str(vmid), phase]
             spawn_like_proxmox(argv, lab.root)  # warm-up: first run writes .pyc files
-            runs[phase] = [spawn_like_proxmox(argv, lab.root) for _ in range(cfg.hook_runs)]
+            runs[phase], versions[phase] = [], []
+            for _ in range(cfg.hook_runs):  # interleaved with --version, as drift hits both
+                runs[phase].append(spawn_like_proxmox(argv, lab.root))
+                versions[phase].append(spawn_like_proxmox(version, lab.root))
         # the same pre-stop with a pct as slow as Proxmox's (its probe must not gate the run)
         lab.set_pct_latency(cfg.pct_latency_s)
         argv = [script, str(vmid), "pre-stop"]
@@ -111,6 +117,10 @@ def bench_hooks(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
                         f"< {TARGET_WALL_S * 1000:.0f} ms", wall < TARGET_WALL_S))
         rows.append(Row("Hook", f"{phase}: peak RSS", f"{_mb(rss):.1f} MB",
                         f"< {TARGET_RSS_MB:.0f} MB", _mb(rss) < TARGET_RSS_MB))
+        v = median([r.seconds for r in versions[phase]])
+        rows.append(Row("Hook", f"{phase}, nothing to clean, vs pveclean --version "
+                        "(interleaved)", f"{ms(wall)} vs {ms(v)}: {wall / v:.2f}x",
+                        f"<= {TARGET_VS_VERSION}x", wall <= TARGET_VS_VERSION * v))
     fast, slowed = median([r.seconds for r in runs["pre-stop"]]), median([r.seconds for r in slow])
     lat = f"{cfg.pct_latency_s:.1f} s pct"
     table.rows.append([f"pre-stop, {lat}", ms(slowed), ms(max(r.seconds for r in slow)),
@@ -139,5 +149,6 @@ def bench_hooks(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
                        "pveclean, and the pct stand-in pveclean runs for its probe); "
                        "1 MB = 10^6 bytes.")
     raw = {phase: [r.__dict__ for r in rs] for phase, rs in runs.items()}
+    raw["version"] = [r.__dict__ for rs in versions.values() for r in rs]
     raw["pre-stop-slow-pct"] = raw_slow
     return rows, [table], raw

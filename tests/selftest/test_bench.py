@@ -163,7 +163,7 @@ def test_quick_bench_run_has_every_section(tmp_path: Path) -> None:
                                                                  "other CT's worker"]
     assert len(cleanup["ct-ps-busybox"]["holders_left"]) == 6
     hooks = data["raw"]["hooks"]
-    assert set(hooks) == {"pre-start", "post-start", "pre-stop", "pre-stop-slow-pct"}
+    assert set(hooks) == {"pre-start", "post-start", "pre-stop", "pre-stop-slow-pct", "version"}
     assert all(r["returncode"] == 0 for runs in hooks.values() for r in runs)
     md = (tmp_path / "latest.md").read_text()
     assert "| Section | Measure | Result | Target | Met |" in md
