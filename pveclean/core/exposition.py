@@ -14,10 +14,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pveclean.core.lazyre import lazy
+
 MIB = 1 << 20
 MAX_LABEL = 256  # characters of one label value: a container's text cannot bloat the file
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_NAME = lazy(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL = lazy(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 @dataclass
@@ -97,8 +99,8 @@ def render(families: Iterable[Family]) -> str:
     return "\n".join(out) + "\n" if out else ""
 
 
-_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?")
-_PAIR = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_SAMPLE = lazy(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?")
+_PAIR = lazy(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
 
 def _unescape(value: str) -> str:

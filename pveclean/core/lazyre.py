@@ -32,8 +32,8 @@ class Lazy(Generic[AnyStr]):
     def pattern(self) -> AnyStr:
         return self._pattern
 
-    def match(self, string: AnyStr) -> re.Match[AnyStr] | None:
-        return self.compiled.match(string)
+    def match(self, string: AnyStr, pos: int = 0) -> re.Match[AnyStr] | None:
+        return self.compiled.match(string, pos)
 
     def fullmatch(self, string: AnyStr) -> re.Match[AnyStr] | None:
         return self.compiled.fullmatch(string)

@@ -4,7 +4,6 @@ out (`/lxc/<vmid>/...` a Proxmox container's, `/lxc.monitor/<vmid>` its monitor 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -13,6 +12,7 @@ from pveclean.core.cgpaths import Layout as Layout
 from pveclean.core.cgpaths import ct_path as ct_path
 from pveclean.core.cgpaths import in_tree as in_tree
 from pveclean.core.cgpaths import rel_path as rel_path
+from pveclean.core.lazyre import lazy
 
 
 class OwnerKind(StrEnum):
@@ -52,7 +52,7 @@ class Place:
         return HOST
 
 
-_PLACE = re.compile(r"/(?:(lxc|lxc\.monitor)/|(lxc\.payload)\.)([0-9]+)(?:/|$)")
+_PLACE = lazy(r"/(?:(lxc|lxc\.monitor)/|(lxc\.payload)\.)([0-9]+)(?:/|$)")
 
 
 def place(cgroup: str) -> Place:

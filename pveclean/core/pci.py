@@ -8,10 +8,11 @@ each with or without its domain (0 when left out)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
-_ADDRESS = re.compile(r"(?:([0-9a-f]{4,}):)?([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-9a-f]))?")
+from pveclean.core.lazyre import lazy
+
+_ADDRESS = lazy(r"(?:([0-9a-f]{4,}):)?([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-9a-f]))?")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pveclean.core.amendments import Leak, NotListed, PreStopBrief, UnitStop, UnitStops
+from pveclean.core.lazyre import lazy
 from pveclean.core.records import (
     MORE,
     DeviceHow,
@@ -68,7 +69,7 @@ def _mib(v: object) -> dict[int, int | None]:
     return {int(k): _opt_int(m) for k, m in _doc(v).items() if str(k).lstrip("-").isdigit()}
 
 
-_SENT = re.compile(r"(SIGTERM|SIGKILL) \+(\d+(?:\.\d+)?)s(?: failed: (.*))?", re.S)
+_SENT = lazy(r"(SIGTERM|SIGKILL) \+(\d+(?:\.\d+)?)s(?: failed: (.*))?", re.S)
 
 
 _STATES = {"ok": SourceState.OK, "pending": SourceState.PENDING,
@@ -102,8 +103,8 @@ def _outcome(v: object) -> Outcome | None:
     return Outcome(v) if isinstance(v, str) and v in set(Outcome) else None
 
 
-_DEVICE = re.compile(r"(.*) \((mmap |io_uring fixed file, )?(\d+):(\d+)\)", re.DOTALL)
-_DEVICES_MORE = re.compile(MORE + r"\+(\d+) more")
+_DEVICE = lazy(r"(.*) \((mmap |io_uring fixed file, )?(\d+):(\d+)\)", re.DOTALL)
+_DEVICES_MORE = lazy(MORE + r"\+(\d+) more")
 _HOW = {None: DeviceHow.FD, "mmap ": DeviceHow.MMAP, "io_uring fixed file, ": DeviceHow.URING}
 
 

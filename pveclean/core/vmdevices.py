@@ -24,12 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from pveclean.core.lazyre import lazy
 from pveclean.core.pci import PciAddress, sysfs_order
 
 MAX_HOSTPCI = 16  # PCI.pm's $MAX_HOSTPCI_DEVICES
 _PCIRE = r"(?:[a-f0-9]{4,}:)?[a-f0-9]{2}:[a-f0-9]{2}(?:\.[a-f0-9])?"
-_HOST = re.compile(rf"{_PCIRE}(?:;{_PCIRE})*")
-_MAP_PATH = re.compile(r"[a-f0-9]{4,}:[a-f0-9]{2}:[a-f0-9]{2}(?:\.[a-f0-9])?")
+_HOST = lazy(rf"{_PCIRE}(?:;{_PCIRE})*")
+_MAP_PATH = lazy(r"[a-f0-9]{4,}:[a-f0-9]{2}:[a-f0-9]{2}(?:\.[a-f0-9])?")
 _KEYS = frozenset({"host", "mapping", "rombar", "romfile", "pcie", "x-vga", "legacy-igd",
                    "mdev", "vendor-id", "device-id", "sub-vendor-id", "sub-device-id",
                    "driver"})

@@ -10,9 +10,9 @@ GPU device (stop.prove).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
+from pveclean.core.lazyre import lazy
 from pveclean.core.records import Scope
 from pveclean.proxmox.pct import PctMissing, PctReader, start_pct, wait_pct
 
@@ -88,7 +88,7 @@ done
 echo end
 """
 
-_LINE = re.compile(r"^(fd|map) (\d{1,10}) (/\S.{0,4095})$")
+_LINE = lazy(r"^(fd|map) (\d{1,10}) (/\S.{0,4095})$")
 MAX_PIDS = 1024  # distinct container PIDs the probe may name
 MAX_PATHS = 32  # paths kept per PID
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from pveclean.core.config import Config
+from pveclean.core.lazyre import lazy
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.proxmox import pveconf
 from pveclean.proxmox.snippets import content_dirs, snippets_dir
@@ -29,7 +29,7 @@ TIMEOUT = 30  # seconds per call; pvesh pays a Perl start-up on every one
 ALWAYS_SHARED = ("nfs", "cifs", "cephfs", "glusterfs")  # shared without a `shared` flag
 # PVE::Tools::lock_file_full prints these on stderr while it waits for a contended lock; the
 # call then goes on and succeeds. proxmoxer's local backend turns any stderr into a 500.
-_LOCK_CHATTER = re.compile(r"^\s*(trying to acquire (cfs )?lock\.\.\.|OK)\s*$")
+_LOCK_CHATTER = lazy(r"^\s*(trying to acquire (cfs )?lock\.\.\.|OK)\s*$")
 
 
 def lock_chatter_only(text: str) -> bool:

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pveclean.core import vmdevices
+from pveclean.core.lazyre import lazy
 from pveclean.core.pci import PciAddress, sysfs_order
 from pveclean.proxmox import pveconf
 
 NVIDIA_VENDOR = "0x10de"
-_NODE = re.compile(r"[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?")  # pve-node
+_NODE = lazy(r"[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?")  # pve-node
 
 
 @dataclass
