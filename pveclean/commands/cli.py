@@ -24,6 +24,7 @@ from pveclean.commands.conventions import (
     need_root,
     wants_json,
 )
+from pveclean.commands.doctorcli import register as register_doctor
 from pveclean.commands.options import (
     ConfigOpt,
     DryRunOpt,
@@ -366,6 +367,7 @@ def metrics(
 
 
 VERDICTS = [str(v) for v in Verdict]
+register_doctor(app)
 
 
 @command()

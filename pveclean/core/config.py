@@ -79,6 +79,7 @@ class Config:
     vm_gpu_rebind: bool = False  # hand the GPU to vfio-pci at pre-start, back at post-stop
     pci_sysfs: str = "/sys/bus/pci"
     qemu_run_dir: str = "/run/qemu-server"  # qemu-server's pidfiles and PCI reservations
+    nvidia_version_file: str = "/proc/driver/nvidia/version"  # the loaded module's (doctor)
     source: str = "built-in defaults"
 
     def phase_enabled(self, phase: str) -> bool:
@@ -150,6 +151,7 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "vm_gpu_rebind": ("true or false", lambda v: isinstance(v, bool)),
     "pci_sysfs": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "qemu_run_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
+    "nvidia_version_file": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "api": (
         "a mapping with backend ('local' or 'https'), host, user, password_file (a path) and "
         "verify_ssl (true, false or a CA file path)",

@@ -119,6 +119,12 @@ TEXT_PARSERS: dict[str, str] = {
     "proxmox.snippets:storage_options": "/etc/pve/storage.cfg",
     "proxmox.tasks:parse_upid": "a Proxmox task UPID",
     "proxmox.tasks:running_task": "a task worker's /proc cmdline",
+    "host.ctfiles:_Look._entries": "file names in a container's library directory",
+    "host.hostfacts:char_majors": "/proc/devices",
+    "host.hostfacts:_name": "a device path the config's devices globs found",
+    "proxmox.doctorconf:numbered": "/etc/pve/lxc/<vmid>.conf, its lines numbered",
+    "proxmox.doctorconf:_host_node": "a device path from a guest config",
+    "proxmox.doctorconf:_mount": "a guest config's lxc.mount.entry value",
 }
 
 # --- rule 3 -----------------------------------------------------------------------------------
