@@ -100,7 +100,7 @@ def test_a_missing_uvm_node_says_nvidia_modprobe() -> None:
 
 def test_devn_and_mount_entry_for_the_same_node() -> None:
     [f] = checks(GOOD + "dev0: /dev/nvidia0,gid=44\n")
-    assert f.check is Check.DUPLICATE_NODE and "remove line 8" == f.fix
+    assert f.check is Check.DUPLICATE_NODE and f.fix == "remove line 8"
 
 
 def test_a_gpu_granted_and_passed_to_a_vm() -> None:

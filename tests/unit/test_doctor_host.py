@@ -11,7 +11,8 @@ from pveclean.host import ctfiles, hostfacts
 
 OPEN = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.127.05  Release Build  "
         "(dvs-builder@U16-I3-B03-4-3)  Tue Oct  8 03:01:57 UTC 2024\nGCC version:  gcc 12\n")
-CLOSED = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024\n"
+CLOSED = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC "
+          "2024\n")
 
 
 def test_module_version_of_the_open_and_the_proprietary_module(tmp_path: Path) -> None:
