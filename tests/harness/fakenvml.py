@@ -104,6 +104,8 @@ class FakeNvml:
     # Built without these process getter symbols at all (a driver before R510: ("v3",));
     # the library's build is then kept apart from a full one by its flags.
     without: tuple[str, ...] = ()
+    # what nvmlSystemGetDriverVersion reports (None: the library's 550.127.05)
+    driver_version: str | None = None
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory).resolve()
@@ -305,6 +307,11 @@ class FakeNvml:
             if len(words) == 3 and words[0] == "persistence" and words[1].isdigit():
                 self.persistence[int(words[1])] = words[2] == "on"
 
+    def set_driver_version(self, version: str | None) -> None:
+        """The driver version NVML reports (None: the library's default, 550.127.05)."""
+        self.driver_version = None if version is None else _token(version, "driver version")
+        self.write()
+
     def lose(self, gpu: int, getters: tuple[str, ...] = GETTERS) -> None:
         """GPU ``gpu`` fell off the bus (Xid 79): its ``getters`` answer GPU_IS_LOST, while
         init and the other GPUs work, as with the driver's NVML."""
@@ -346,6 +353,8 @@ class FakeNvml:
             lines.append(f"persistence {gpu} {'on' if on else 'off'}")
         for gpu, domain in sorted(self.pci_domains.items()):
             lines.append(f"pci_domain {gpu} {domain:x}")
+        if self.driver_version is not None:
+            lines.append(f"driver_version {self.driver_version}")
         for g in sorted(self.gpus.values(), key=lambda g: g.index):
             lines.append(
                 f"gpu {g.index} {g.uuid} {g.name} {g.total_mib} {g.reserved_mib} {g.minor}"
