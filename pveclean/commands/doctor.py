@@ -26,8 +26,6 @@ from pveclean.host.nvmlfacts import nvml_facts
 from pveclean.host.worker import RemoteError, Worker, WorkerError
 from pveclean.proxmox import doctorconf, pveconf
 
-LXC_PATH = "/var/lib/lxc"  # where Proxmox mounts a container's rootfs (pct mount)
-
 
 @dataclass(frozen=True)
 class Gathered:
@@ -68,7 +66,7 @@ def _asked(cfg: Config, vmids: list[int], warnings: list[str]
     return cts, vms
 
 
-def w_gather(cfg: Config, vmids: list[int], lxc_path: str, with_nvml: bool = True,
+def w_gather(cfg: Config, vmids: list[int], with_nvml: bool = True,
              seconds: float = 2.0) -> Gathered:
     """Everything doctor reads, in a worker."""
     warnings: list[str] = []
@@ -80,7 +78,7 @@ def w_gather(cfg: Config, vmids: list[int], lxc_path: str, with_nvml: bool = Tru
         user = None
         if conf.grants:
             running = cgroupfs.monitor_running(root, conf.vmid)
-            user = ctfiles.userspace(root, lxc_path, conf.vmid, running, seconds)
+            user = ctfiles.userspace(root, cfg.lxc_path, conf.vmid, running, seconds)
         out.append((conf, user))
     return Gathered(host, tuple(out), tuple(vms), tuple(warnings))
 
@@ -101,11 +99,11 @@ def diagnose(g: Gathered) -> Diagnosis:
     return Diagnosis(tuple(findings), tuple(looked), tuple(warnings))
 
 
-def gather(cfg: Config, vmids: list[int], lxc_path: str) -> Gathered:
+def gather(cfg: Config, vmids: list[int]) -> Gathered:
     limit = cfg.deadline_seconds
     with Worker(**Nvml.settings(cfg.nvml_library, limit)) as wk:
         try:
-            got: Gathered = wk.call(w_gather, cfg, vmids, lxc_path, True,
+            got: Gathered = wk.call(w_gather, cfg, vmids, True,
                                     min(2.0, limit / 4), timeout=limit, what="doctor")
         except (WorkerError, RemoteError) as exc:
             raise PvecleanError(f"doctor: {exc}", ExitCode.ACCESS) from None
@@ -126,22 +124,20 @@ def render(d: Diagnosis) -> str:
     return "\n".join(lines)
 
 
-def run(cfg: Config, args: list[str], as_json: bool, lxc_path: str,
-        echo: Callable[[str], None]) -> int:
+def run(cfg: Config, args: list[str], as_json: bool, echo: Callable[[str], None]) -> int:
     vmids = [pveconf.parse_vmid(a) for a in args]
-    d = diagnose(gather(cfg, vmids, lxc_path))
+    d = diagnose(gather(cfg, vmids))
     echo(json.dumps(d.as_dict(), indent=2) if as_json else render(d))
     return ExitCode.RESIDUAL if d.findings else ExitCode.OK
 
 
 # ---- pre-start --------------------------------------------------------------------------------
-def prestart(vmid: int, cfg: Config, say: Callable[[str], None],
-             lxc_path: str = LXC_PATH) -> None:
+def prestart(vmid: int, cfg: Config, say: Callable[[str], None]) -> None:
     """One task-log line per mismatch container `vmid` is about to start with (a library
     version, a stale major, a missing node); never raises, asks NVML nothing."""
     try:
         with Worker() as wk:
-            g: Gathered = wk.call(w_gather, cfg, [vmid], lxc_path, False, 1.0,
+            g: Gathered = wk.call(w_gather, cfg, [vmid], False, 1.0,
                                   timeout=min(3.0, cfg.deadline_seconds), what="doctor")
     except (WorkerError, RemoteError, OSError) as exc:
         say(f"pveclean: WARNING: CT {vmid} pre-start: doctor's checks skipped ({exc})")

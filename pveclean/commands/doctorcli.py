@@ -18,10 +18,6 @@ def doctor(
                        "GPU container.", show_default=False, autocompletion=complete_vmids),
     ] = None,
     as_json: JsonOpt = False,
-    lxc_path: Annotated[
-        str, typer.Option("--lxc-path", hidden=True, help="Where stopped containers' rootfs "
-                          "are mounted (pct mount).")
-    ] = "/var/lib/lxc",
     config: ConfigOpt = None,
 ) -> None:
     """Why a GPU container will not see its GPU: its NVIDIA libraries against the host
@@ -38,7 +34,7 @@ def doctor(
     from pveclean.commands.doctor import run
 
     need_root()
-    raise typer.Exit(run(load(config), list(vmids or []), as_json, lxc_path, typer.echo))
+    raise typer.Exit(run(load(config), list(vmids or []), as_json, typer.echo))
 
 
 def register(app: typer.Typer) -> None:

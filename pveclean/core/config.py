@@ -80,6 +80,7 @@ class Config:
     pci_sysfs: str = "/sys/bus/pci"
     qemu_run_dir: str = "/run/qemu-server"  # qemu-server's pidfiles and PCI reservations
     nvidia_version_file: str = "/proc/driver/nvidia/version"  # the loaded module's (doctor)
+    lxc_path: str = "/var/lib/lxc"  # <lxc_path>/<vmid>/rootfs: a mounted container's root
     source: str = "built-in defaults"
 
     def phase_enabled(self, phase: str) -> bool:
@@ -152,6 +153,7 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "pci_sysfs": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "qemu_run_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "nvidia_version_file": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
+    "lxc_path": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "api": (
         "a mapping with backend ('local' or 'https'), host, user, password_file (a path) and "
         "verify_ssl (true, false or a CA file path)",
