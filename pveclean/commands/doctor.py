@@ -144,3 +144,26 @@ def prestart(vmid: int, cfg: Config, say: Callable[[str], None]) -> None:
         return
     for line in doctor.prestart_warnings(diagnose(g).findings):
         say(f"pveclean: WARNING: CT {vmid} pre-start: {safe(line, 400)}")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+def write_metrics(cfg: Config, textfile_dir: str) -> str | None:
+    """<textfile_dir>/pveclean_doctor.prom (`pveclean metrics`): the findings per guest and
+    check, or `pveclean_doctor_up 0` when the look did not finish; why it was not written,
+    or None."""
+    import os
+
+    from pveclean.core import metrics, metrics_doctor
+    from pveclean.host import notify
+
+    node = os.uname().nodename
+    try:
+        fams = metrics_doctor.families(diagnose(gather(cfg, [])), node)
+    except PvecleanError:
+        fams = metrics_doctor.failed(node)
+    path = Path(textfile_dir) / metrics_doctor.FILE_NAME
+    try:
+        notify.update_textfile(str(path), lambda _old: metrics.render(fams))
+    except OSError as exc:
+        return f"{path} not written: {exc.strerror or exc}"
+    return None
