@@ -146,6 +146,21 @@ def prestart(vmid: int, cfg: Config, say: Callable[[str], None]) -> None:
         say(f"pveclean: WARNING: CT {vmid} pre-start: {safe(line, 400)}")
 
 
+def counts(cfg: Config, vmids: list[int]) -> dict[int, dict[str, int]] | str:
+    """Findings per container and check, without NVML (`pveclean status`), or why not."""
+    try:
+        with Worker() as wk:
+            g: Gathered = wk.call(w_gather, cfg, vmids, False, 1.0,
+                                  timeout=cfg.deadline_seconds, what="doctor")
+    except (WorkerError, RemoteError, OSError) as exc:
+        return str(exc)
+    out: dict[int, dict[str, int]] = {}
+    for (guest, check), n in diagnose(g).counts().items():
+        if guest != doctor.HOST:
+            out.setdefault(int(guest), {})[check] = n
+    return out
+
+
 # ---- metrics ------------------------------------------------------------------------------------
 def write_metrics(cfg: Config, textfile_dir: str) -> str | None:
     """<textfile_dir>/pveclean_doctor.prom (`pveclean metrics`): the findings per guest and

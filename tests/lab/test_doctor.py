@@ -198,3 +198,19 @@ def test_binds_without_allow_allows_without_bind_and_no_device(lab: Lab, vmid: i
                   extra=[("lxc.cgroup2.devices.allow", "c 195:* rwm")])
     code, got = doctor(lab, vmid2)
     assert code == 1 and checks(got) == ["allow_without_bind"], got
+
+
+def test_status_counts_the_findings_per_container(host: Lab, vmid: int, vmid2: int) -> None:
+    lab = host
+    set_up(lab)
+    lab.create_ct(vmid, gpus=(0,))
+    userspace(lab, vmid, "535.183.01")
+    lab.create_ct(vmid2, gpus=(1,))
+    r = pveclean(lab, "status", "--json")
+    assert r.returncode == 0, r.stderr
+    got = {c["vmid"]: c for c in json.loads(r.stdout)["containers"]}
+    assert got[vmid]["doctor_findings"] == {"library_version": 2}
+    assert got[vmid2]["doctor_findings"] == {}
+    text = pveclean(lab, "status").stdout
+    assert f"doctor: CT {vmid}: library_version 2 (pveclean doctor {vmid})" in text
+    assert f"doctor: CT {vmid2}" not in text
