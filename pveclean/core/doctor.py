@@ -21,6 +21,10 @@ NVIDIA_MAJOR = 195
 # Linux's dynamic character majors (fs/char_dev.c): where nvidia-uvm's and nvidia-caps' land
 DYNAMIC_LOW, DYNAMIC_HIGH = (234, 254), (384, 511)
 HOST = "host"  # the id of a finding about the host itself
+SYMPTOM = {"libnvidia-ml.so": "nvidia-smi: \"Failed to initialize NVML: Driver/library version "
+                              "mismatch\"",
+           "libcuda.so": "CUDA: error 803, \"system has unsupported display driver / cuda "
+                         "driver combination\""}
 
 
 class Check(StrEnum):
@@ -219,7 +223,7 @@ def library_findings(ct: str, host: HostFacts, user: Userspace) -> list[Finding]
     for lib in bad:
         out.append(Finding(ct, Check.LIBRARY_VERSION,
                            f"the container's {lib.library} is not the host driver's version "
-                           "(\"Failed to initialize NVML: Driver/library version mismatch\")",
+                           f"({SYMPTOM.get(lib.library, 'its calls fail')})",
                            f"{lib.path}: {lib.version}; host: {want} ({host.module_file})",
                            f"install the {want} userspace in the container, without its "
                            f"kernel module: sh NVIDIA-Linux-x86_64-{want}.run --no-kernel-module"))

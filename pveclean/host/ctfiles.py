@@ -159,4 +159,4 @@ def userspace(cgroup_root: str, lxc_path: str, vmid: int, running: bool,
         os.close(root_fd)
     if not running and not look.seen:
         return Userspace(why_not="stopped and its rootfs is not mounted (pct mount)")
-    return Userspace(tuple(look.libs), tuple(look.unjudged))
+    return Userspace(tuple(sorted(look.libs, key=lambda x: x.path)), tuple(look.unjudged))

@@ -214,3 +214,28 @@ def test_status_counts_the_findings_per_container(host: Lab, vmid: int, vmid2: i
     text = pveclean(lab, "status").stdout
     assert f"doctor: CT {vmid}: library_version 2 (pveclean doctor {vmid})" in text
     assert f"doctor: CT {vmid2}" not in text
+
+
+def test_metrics_write_the_findings_beside_the_gpu_map(lab: Lab, vmid: int) -> None:
+    import shutil
+    import subprocess
+
+    set_up(lab)
+    lab.create_ct(vmid, gpus=(0,))
+    userspace(lab, vmid, "535.183.01")
+    textfile = lab.root / "node-exporter"
+    textfile.mkdir()
+    r = lab.pveclean("metrics", "--textfile-dir", str(textfile))
+    assert r.returncode == 0, r.stderr
+    prom = (textfile / "pveclean_doctor.prom").read_text()
+    node = os.uname().nodename
+    assert (f'pveclean_doctor_findings{{node="{node}",id="lxc/{vmid}",'
+            f'check="library_version"}} 2') in prom
+    assert f'pveclean_doctor_findings{{node="{node}",id="lxc/{vmid}",check="stale_major"}} 0' \
+        in prom
+    assert f'pveclean_doctor_up{{node="{node}"}} 1' in prom
+    promtool = shutil.which("promtool")
+    if promtool:
+        c = subprocess.run([promtool, "check", "metrics"], input=prom, capture_output=True,
+                           text=True, timeout=60, check=False)
+        assert c.returncode == 0, c.stdout + c.stderr
