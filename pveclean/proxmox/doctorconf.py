@@ -23,7 +23,7 @@ from pveclean.core.doctor import (
     NodeBind,
     VmRef,
 )
-from pveclean.proxmox import gpugrant, passthrough, pveconf
+from pveclean.proxmox import gpugrant, pveconf
 
 _SECTION = re.compile(r"^\[[^\]]*\]\s*$", re.ASCII)
 _KEYED = re.compile(r"^(lxc\.[a-z0-9_\-.]+|[a-z][a-z_]*\d*)(?::|\s*=)\s*(.*?)\s*$", re.ASCII)
@@ -149,6 +149,8 @@ def gpu_containers(config_dir: str) -> Iterator[tuple[int, CtGrantConf]]:
 def vm_refs(pve_dir: str) -> list[VmRef]:
     """Each PCI id every VM's hostpci lines name (by address or resource mapping)."""
     import os
+
+    from pveclean.proxmox import passthrough  # (not at a container's pre-start)
 
     pve = Path(pve_dir)
     refs = passthrough.vm_passthrough(pve / "qemu-server", passthrough.read_pci_mappings(
