@@ -126,7 +126,11 @@ def render(d: Diagnosis) -> str:
 
 def run(cfg: Config, args: list[str], as_json: bool, echo: Callable[[str], None]) -> int:
     vmids = [pveconf.parse_vmid(a) for a in args]
-    d = diagnose(gather(cfg, vmids))
+    g = gather(cfg, vmids)
+    if vmids and not g.cts and not g.vms:
+        raise PvecleanError(g.warnings[0] if g.warnings else "nothing to look at",
+                            ExitCode.ACCESS)
+    d = diagnose(g)
     echo(json.dumps(d.as_dict(), indent=2) if as_json else render(d))
     return ExitCode.RESIDUAL if d.findings else ExitCode.OK
 
