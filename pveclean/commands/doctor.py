@@ -11,6 +11,7 @@ Exit 0: nothing found; 1: findings; 2: usage or config error; 3: the host could 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from pveclean.host import cgroupfs, ctfiles, hostfacts, worker
 from pveclean.host.nvml import Nvml
 from pveclean.host.nvmlfacts import nvml_facts
 from pveclean.host.worker import RemoteError, Worker, WorkerError
-from pveclean.proxmox import doctorconf, pveconf
+from pveclean.proxmox import ctrootfs, doctorconf, pveconf
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,10 @@ def w_gather(cfg: Config, vmids: list[int], with_nvml: bool = True,
         user = None
         if conf.grants:
             running = cgroupfs.monitor_running(root, conf.vmid)
-            user = ctfiles.userspace(root, cfg.lxc_path, conf.vmid, running, seconds)
+            roots = [os.path.join(cfg.lxc_path, str(conf.vmid), "rootfs")]
+            subvol = ctrootfs.read_rootfs_dir(str(Path(cfg.pve_config_dir).parent), conf.rootfs)
+            user = ctfiles.userspace(root, roots + ([subvol] if subvol else []), conf.vmid,
+                                     running, seconds)
         out.append((conf, user))
     return Gathered(host, tuple(out), tuple(vms), tuple(warnings))
 
@@ -170,8 +174,6 @@ def write_metrics(cfg: Config, textfile_dir: str) -> str | None:
     """<textfile_dir>/pveclean_doctor.prom (`pveclean metrics`): the findings per guest and
     check, or `pveclean_doctor_up 0` when the look did not finish; why it was not written,
     or None."""
-    import os
-
     from pveclean.core import metrics, metrics_doctor
     from pveclean.host import notify
 

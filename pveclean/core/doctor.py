@@ -96,6 +96,7 @@ class CtGrantConf:
     allow_all: bool = False  # 'a' or 'c *:* rwm'
     every_gpu: bool = False  # LXC's nvidia hook or the whole /dev
     minors: frozenset[int] | None = frozenset()  # host GPUs granted; None: every one
+    rootfs: str | None = None  # the config's rootfs: value
 
     @property
     def grants(self) -> bool:

@@ -67,21 +67,35 @@ def init_pid(cgroup_root: str, vmid: int) -> int | None:
     return None
 
 
-def open_root(cgroup_root: str, lxc_path: str, vmid: int, running: bool
+def open_root(cgroup_root: str, roots: list[str], vmid: int, running: bool
               ) -> tuple[int | None, str]:
-    """The container's root directory fd, or None and why not."""
+    """The container's root directory fd (a stopped one's: the first of `roots` that holds a
+    usr/ directory), or None and why not."""
     if running:
         pid = init_pid(cgroup_root, vmid)
         if pid is None:
             return None, "its init process was not found"
-        where = procfs.path(pid, "root")
-    else:
-        where = os.path.join(lxc_path, str(vmid), "rootfs")
+        roots = [procfs.path(pid, "root")]
+    why = ""
+    for where in roots:
+        try:
+            fd = os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+                         | (0 if running else os.O_NOFOLLOW))
+        except OSError as exc:
+            why = why or f"{where}: {exc.strerror}"
+            continue
+        if running or _has_usr(fd):
+            return fd, ""
+        os.close(fd)
+    return None, why or "stopped and its rootfs is not mounted (pct mount)"
+
+
+def _has_usr(root_fd: int) -> bool:
     try:
-        return os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-                       | (0 if running else os.O_NOFOLLOW)), ""
-    except OSError as exc:
-        return None, f"{where}: {exc.strerror}"
+        os.close(open_in_root(root_fd, "usr"))
+    except OSError:
+        return False
+    return True
 
 
 class _Look:
@@ -145,10 +159,11 @@ class _Look:
             self.libs.append(LibFile(f"/{rel}/{entry.name}", lib, version))
 
 
-def userspace(cgroup_root: str, lxc_path: str, vmid: int, running: bool,
+def userspace(cgroup_root: str, roots: list[str], vmid: int, running: bool,
               seconds: float = 2.0) -> Userspace:
-    """The container's NVIDIA libraries and what could not be judged, within `seconds`."""
-    root_fd, why = open_root(cgroup_root, lxc_path, vmid, running)
+    """The container's NVIDIA libraries and what could not be judged, within `seconds`;
+    `roots`: where a stopped container's root may be (a mount, its subvolume)."""
+    root_fd, why = open_root(cgroup_root, roots, vmid, running)
     if root_fd is None:
         return Userspace(why_not=why)
     look = _Look(time.monotonic() + seconds)
@@ -157,6 +172,4 @@ def userspace(cgroup_root: str, lxc_path: str, vmid: int, running: bool,
             look.directory(root_fd, rel)
     finally:
         os.close(root_fd)
-    if not running and not look.seen:
-        return Userspace(why_not="stopped and its rootfs is not mounted (pct mount)")
     return Userspace(tuple(sorted(look.libs, key=lambda x: x.path)), tuple(look.unjudged))

@@ -121,7 +121,8 @@ def grant_conf(text: str, vmid: int) -> CtGrantConf:
             every = every or bind.whole_dev
     g = cfg.gpu()
     allow_all = any(r.kind == "a" or (r.major is None and r.minor is None) for r in allows)
-    return CtGrantConf(vmid, tuple(binds), tuple(allows), allow_all, every, g.minors)
+    return CtGrantConf(vmid, tuple(binds), tuple(allows), allow_all, every, g.minors,
+                       cfg.get("rootfs"))
 
 
 def read_conf(config_dir: str, vmid: int) -> tuple[str, CtGrantConf | None]:

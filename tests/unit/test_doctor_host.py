@@ -38,7 +38,8 @@ def rootfs(tmp_path: Path, vmid: int = 129) -> Path:
 
 
 def look(tmp_path: Path, vmid: int = 129, seconds: float = 2.0) -> ctfiles.Userspace:
-    return ctfiles.userspace(str(tmp_path / "cg"), str(tmp_path), vmid, False, seconds)
+    return ctfiles.userspace(str(tmp_path / "cg"), [str(tmp_path / str(vmid) / "rootfs")], vmid,
+                             False, seconds)
 
 
 def test_versioned_libraries_are_read_from_their_names(tmp_path: Path) -> None:
@@ -95,3 +96,13 @@ def test_a_huge_directory_is_bounded(tmp_path: Path) -> None:
     got = look(tmp_path, seconds=0.0)
     assert time.monotonic() - t0 < 2
     assert any("not all were looked at" in u for u in got.unjudged)
+
+
+def test_a_stopped_containers_subvolume_is_read_when_nothing_is_mounted(tmp_path: Path) -> None:
+    (tmp_path / "129" / "rootfs").mkdir(parents=True)  # pct mount's place, empty
+    subvol = tmp_path / "rpool/data/subvol-129-disk-0"
+    (subvol / "usr/lib/x86_64-linux-gnu").mkdir(parents=True)
+    (subvol / "usr/lib/x86_64-linux-gnu/libcuda.so.535.183.01").write_bytes(b"")
+    got = ctfiles.userspace(str(tmp_path / "cg"), [str(tmp_path / "129" / "rootfs"),
+                                                   str(subvol)], 129, False)
+    assert [x.version for x in got.libs] == ["535.183.01"]

@@ -125,6 +125,9 @@ TEXT_PARSERS: dict[str, str] = {
     "proxmox.doctorconf:numbered": "/etc/pve/lxc/<vmid>.conf, its lines numbered",
     "proxmox.doctorconf:_host_node": "a device path from a guest config",
     "proxmox.doctorconf:_mount": "a guest config's lxc.mount.entry value",
+    "proxmox.ctrootfs:storage_section": "/etc/pve/storage.cfg",
+    "proxmox.ctrootfs:volid_of": "a guest config's rootfs value",
+    "proxmox.ctrootfs:rootfs_dir": "a Proxmox volume id (storage:volname)",
 }
 
 # --- rule 3 -----------------------------------------------------------------------------------
