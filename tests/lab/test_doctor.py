@@ -239,3 +239,35 @@ def test_metrics_write_the_findings_beside_the_gpu_map(lab: Lab, vmid: int) -> N
         c = subprocess.run([promtool, "check", "metrics"], input=prom, capture_output=True,
                            text=True, timeout=60, check=False)
         assert c.returncode == 0, c.stdout + c.stderr
+
+
+def test_a_library_directory_that_stops_answering_bounds_doctor_and_pre_start(
+        lab: Lab, vmid: int, hangfs: Any) -> None:
+    """The container's library directory on a FUSE mount whose server stopped answering:
+    doctor gives up at its deadline with exit 3, pre-start says its checks were skipped and
+    the container starts."""
+    import subprocess
+
+    set_up(lab)
+    cfg = yaml.safe_load(lab.config_path.read_text())
+    lab.write_config(**{**cfg, "deadline_seconds": 3})
+    lab.create_ct(vmid, gpus=(0,), start=False)
+    lib = lab.rootfs(vmid) / LIBS
+    lib.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(hangfs.mountpoint), str(lib)], check=True)
+    try:
+        lab.install_hook(vmid)
+        hangfs.hang()
+        t0 = time.monotonic()
+        r = pveclean(lab, "doctor", str(vmid))
+        took = time.monotonic() - t0
+        assert r.returncode == 3 and "doctor" in r.stderr, r
+        assert took < 3 + 3, took
+        t0 = time.monotonic()
+        res = lab.pct("start", str(vmid))
+        assert "pre-start: doctor's checks skipped" in res.stdout, res.stdout
+        assert time.monotonic() - t0 < 3 + 10
+        assert lab.pct("status", str(vmid)).stdout == "status: running\n"
+    finally:
+        hangfs.close()
+        subprocess.run(["umount", "-l", str(lib)], check=False)
