@@ -149,11 +149,9 @@ def gpu_containers(config_dir: str) -> Iterator[tuple[int, CtGrantConf]]:
 
 def vm_refs(pve_dir: str) -> list[VmRef]:
     """Each PCI id every VM's hostpci lines name (by address or resource mapping)."""
-    import os
-
     from pveclean.proxmox import passthrough  # (not at a container's pre-start)
 
     pve = Path(pve_dir)
     refs = passthrough.vm_passthrough(pve / "qemu-server", passthrough.read_pci_mappings(
-        pve / "mapping" / "pci.cfg", os.uname().nodename))
+        pve / "mapping" / "pci.cfg", passthrough.this_node()))
     return [VmRef(r.vmid, r.name, r.address) for r in refs]
