@@ -82,15 +82,22 @@ class XidLog:
     unparsed: tuple[str, ...] = ()
     lost: int = 0  # records the kernel dropped before they were read
     pids: Mapping[int, tuple[Owner, str]] = field(default_factory=dict)  # the last GPU map's
+    # pci -> the newest Xid that asks for a reset or a reboot and has not had one since
+    # (a new boot clears them all; `pveclean reset` its GPU's)
+    pending: Mapping[str, Seen] = field(default_factory=dict)
 
     def last_on(self, pci_prefix: str) -> tuple[Seen, ...]:
         """The last Xids of the GPU whose address starts `0000:01:00` (any function)."""
         return self.last.get(pci_prefix.lower(), ())
 
     def needs_reset(self, pci_prefix: str) -> Seen | None:
-        """The GPU's last Xid when it asks for a reset or a reboot (none after it)."""
-        got = self.last_on(pci_prefix)
-        return got[-1] if got and got[-1].action in (Action.RESET, Action.REBOOT) else None
+        """The GPU's newest Xid that asks for a reset or a reboot, unless one came since."""
+        return self.pending.get(pci_prefix.lower())
+
+    def reset_done(self, pci_prefix: str) -> XidLog:
+        """After a verified reset of that GPU: its pending Xid is resolved."""
+        return replace(self, pending={p: s for p, s in self.pending.items()
+                                      if p != pci_prefix.lower()})
 
     def with_map(self, pids: Mapping[int, tuple[Owner, str]]) -> XidLog:
         """The owners the latest GPU map saw, for Xids whose process is gone by then."""
@@ -103,7 +110,8 @@ class XidLog:
                 "last": {p: [s.as_dict() for s in seen] for p, seen in sorted(self.last.items())},
                 "unparsed": list(self.unparsed),
                 "pids": {str(p): [str(o.kind), o.vmid, n] for p, (o, n) in
-                         sorted(self.pids.items())}}
+                         sorted(self.pids.items())},
+                "pending": {p: s.as_dict() for p, s in sorted(self.pending.items())}}
 
 
 def from_dict(raw: object) -> XidLog:
@@ -117,8 +125,10 @@ def from_dict(raw: object) -> XidLog:
     last = {str(p): tuple(_seen_from(s) for s in seen)
             for p, seen in dict(raw.get("last", {})).items()}
     pids = {int(p): (_owner(v[0], v[1]), str(v[2])) for p, v in dict(raw.get("pids", {})).items()}
+    pending = {str(p): _seen_from(s) for p, s in dict(raw.get("pending", {})).items()}
     return XidLog(str(raw.get("boot_id", "")), int(raw.get("seq", -1)), counts, last,
-                  tuple(str(u) for u in raw.get("unparsed", [])), int(raw.get("lost", 0)), pids)
+                  tuple(str(u) for u in raw.get("unparsed", [])), int(raw.get("lost", 0)), pids,
+                  pending)
 
 
 def same_name(driver: str | None, comm: str | None) -> bool:
@@ -154,7 +164,9 @@ def fold(log: XidLog, boot_id: str, records: list[KmsgRecord], live: Mapping[int
     """The log after `records` (read in order from the kernel log). `live`: PID -> owner of
     each Xid PID that still lives under the name the driver wrote; `lost`: records the
     kernel dropped unread (EPIPE). A new boot starts the position afresh; counts go on."""
-    seq = log.seq if boot_id == log.boot_id else -1
+    same_boot = boot_id == log.boot_id
+    seq = log.seq if same_boot else -1
+    pending = dict(log.pending) if same_boot else {}  # a reboot resets every GPU
     counts = dict(log.counts)
     last = {p: list(s) for p, s in log.last.items()}
     unparsed = list(log.unparsed)
@@ -177,8 +189,10 @@ def fold(log: XidLog, boot_id: str, records: list[KmsgRecord], live: Mapping[int
         key = (x.pci, owner, x.xid, classify(x.xid, x.text))
         counts[key] = counts.get(key, 0) + 1
         last.setdefault(x.pci, []).append(s)
+        if s.action in (Action.RESET, Action.REBOOT):
+            pending[x.pci] = s
         new.append(s)
     out = XidLog(boot_id, seq, counts,
                  {p: tuple(s[-LAST_PER_GPU:]) for p, s in last.items()},
-                 tuple(unparsed[-UNPARSED_KEPT:]), log.lost + lost, log.pids)
+                 tuple(unparsed[-UNPARSED_KEPT:]), log.lost + lost, log.pids, pending)
     return out, new
