@@ -38,6 +38,7 @@ class Step:
     what: str
     ok: bool
     detail: str = ""
+    restore: bool = False  # a step that gives back what was changed
 
     def as_dict(self) -> dict[str, object]:
         return {"step": self.what, "ok": self.ok, "detail": self.detail}
@@ -65,7 +66,7 @@ class Result:
     @property
     def restored(self) -> bool:
         """Every service started again and the persistence mode given back."""
-        return all(s.ok for s in self.steps if s.what.startswith("restore"))
+        return all(s.ok for s in self.steps if s.restore)
 
 
 class _Interrupted(Exception):
@@ -119,10 +120,10 @@ def _prepare(ops: Ops, index: int, services: list[str], res: Result,
 def _restore(ops: Ops, index: int, undo: list[str], res: Result) -> None:
     for unit in reversed([u for u in undo if u != "persistence"]):
         why = ops.systemctl("start", unit)
-        res.steps.append(Step(f"restore: start {unit}", why is None, why or ""))
+        res.steps.append(Step(f"restore: start {unit}", why is None, why or "", True))
     if "persistence" in undo:
         why = ops.set_persistence(index, True)
-        res.steps.append(Step("restore: persistence mode on", why is None, why or ""))
+        res.steps.append(Step("restore: persistence mode on", why is None, why or "", True))
 
 
 def guarded_reset(ops: Ops, index: int, address: str, services: list[str],

@@ -52,6 +52,7 @@ TEXT_PARSERS: dict[str, str] = {
     "commands.unit:from_argv": "systemd's argv (--config=PATH)",
     "core.config:<module>": "config file values: a path must be absolute",
     "core.config:_api_ok": "config file values: a path must be absolute",
+    "commands.reset:parse_gpu": "argv: the GPU as the user names it",
     "core.xid:parse_line": "the NVIDIA driver's Xid line in the kernel log",
     "core.xid:parse_record": "a /dev/kmsg record (the kernel's format)",
     "host.kmsg:_split": "/dev/kmsg records and their continuation lines",
