@@ -85,6 +85,14 @@ class XidLog:
     # pci -> the newest Xid that asks for a reset or a reboot and has not had one since
     # (a new boot clears them all; `pveclean reset` its GPU's)
     pending: Mapping[str, Seen] = field(default_factory=dict)
+    # container -> its Xids not yet in one of its reports (the next one lists them)
+    unreported: Mapping[int, tuple[Seen, ...]] = field(default_factory=dict)
+
+    def take(self, vmid: int) -> tuple[XidLog, tuple[Seen, ...]]:
+        """Container `vmid`'s Xids for its report, and the log without them."""
+        got = self.unreported.get(vmid, ())
+        return replace(self, unreported={v: s for v, s in self.unreported.items()
+                                         if v != vmid}), got
 
     def last_on(self, pci_prefix: str) -> tuple[Seen, ...]:
         """The last Xids of the GPU whose address starts `0000:01:00` (any function)."""
@@ -111,7 +119,9 @@ class XidLog:
                 "unparsed": list(self.unparsed),
                 "pids": {str(p): [str(o.kind), o.vmid, n] for p, (o, n) in
                          sorted(self.pids.items())},
-                "pending": {p: s.as_dict() for p, s in sorted(self.pending.items())}}
+                "pending": {p: s.as_dict() for p, s in sorted(self.pending.items())},
+                "unreported": {str(v): [s.as_dict() for s in seen]
+                               for v, seen in sorted(self.unreported.items())}}
 
 
 def from_dict(raw: object) -> XidLog:
@@ -126,9 +136,11 @@ def from_dict(raw: object) -> XidLog:
             for p, seen in dict(raw.get("last", {})).items()}
     pids = {int(p): (_owner(v[0], v[1]), str(v[2])) for p, v in dict(raw.get("pids", {})).items()}
     pending = {str(p): _seen_from(s) for p, s in dict(raw.get("pending", {})).items()}
+    unreported = {int(v): tuple(_seen_from(s) for s in seen)
+                  for v, seen in dict(raw.get("unreported", {})).items()}
     return XidLog(str(raw.get("boot_id", "")), int(raw.get("seq", -1)), counts, last,
                   tuple(str(u) for u in raw.get("unparsed", [])), int(raw.get("lost", 0)), pids,
-                  pending)
+                  pending, unreported)
 
 
 def same_name(driver: str | None, comm: str | None) -> bool:
@@ -167,6 +179,7 @@ def fold(log: XidLog, boot_id: str, records: list[KmsgRecord], live: Mapping[int
     same_boot = boot_id == log.boot_id
     seq = log.seq if same_boot else -1
     pending = dict(log.pending) if same_boot else {}  # a reboot resets every GPU
+    unreported = {v: list(s) for v, s in log.unreported.items()}
     counts = dict(log.counts)
     last = {p: list(s) for p, s in log.last.items()}
     unparsed = list(log.unparsed)
@@ -191,8 +204,11 @@ def fold(log: XidLog, boot_id: str, records: list[KmsgRecord], live: Mapping[int
         last.setdefault(x.pci, []).append(s)
         if s.action in (Action.RESET, Action.REBOOT):
             pending[x.pci] = s
+        if owner.kind is OwnerKind.CT and owner.vmid is not None:
+            unreported.setdefault(owner.vmid, []).append(s)
         new.append(s)
     out = XidLog(boot_id, seq, counts,
                  {p: tuple(s[-LAST_PER_GPU:]) for p, s in last.items()},
-                 tuple(unparsed[-UNPARSED_KEPT:]), log.lost + lost, log.pids, pending)
+                 tuple(unparsed[-UNPARSED_KEPT:]), log.lost + lost, log.pids, pending,
+                 {v: tuple(s[-LAST_PER_GPU:]) for v, s in unreported.items()})
     return out, new

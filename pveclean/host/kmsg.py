@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from pveclean.core.owners import Owner, owner_of
+from pveclean.core.report import Report
 from pveclean.core.xid import KmsgRecord, parse_record
 from pveclean.core.xidlog import Seen, XidLog, fold, from_dict, same_name, xids_in
 from pveclean.host import cgroupfs, procfs
@@ -148,3 +149,22 @@ def read_xids(kmsg_path: str, state_dir: str, boot_id_path: str = BOOT_ID,
         new_log = new_log.with_map(pids)
     save(state_dir, new_log)
     return new_log, new, None
+
+
+def with_xids(rep: Report, state_dir: str) -> Report:
+    """The report with its container's Xids since its last report (a dry run's: none)."""
+    for line in [] if rep.dry_run else for_report(state_dir, rep.vmid):
+        rep = rep.with_warning(line)
+    return rep
+
+
+def for_report(state_dir: str, vmid: int) -> list[str]:
+    """Container `vmid`'s Xids since its last report, one line each, taken from the log
+    (the next report does not list them again)."""
+    log = load(state_dir)
+    rest, seen = log.take(vmid)
+    if not seen:
+        return []
+    save(state_dir, rest)
+    return [f"GPU fault: Xid {s.xid.xid} ({s.action}) on {s.xid.pci}, pid "
+            f"{s.xid.pid} {s.xid.name or '?'}: {s.xid.text[:160]}" for s in seen]
