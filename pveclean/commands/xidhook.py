@@ -68,6 +68,6 @@ def before_phase(vmid: int, phase: str, cfg: Config, say: Callable[[str], None])
     for s in seen:
         head = "refusing to start" if refuse else "WARNING"
         say(f"pveclean: CT {vmid} pre-start: {head}: GPU {s.xid.pci}'s last Xid asks for a "
-            f"{s.action}: {describe(s)}; {advice(s.action)}"
+            f"{s.action}: {describe(s)}; {advice(s.action, s.xid.pci)}"
             + ("" if refuse else "; starting anyway (pre_start_policy: warn)"))
     return refuse

@@ -22,10 +22,11 @@ def map_pids(gmap: GpuMap | None) -> dict[int, tuple[Owner, str]] | None:
     return {p.proc.host_pid: (p.owner, p.proc.name) for g in gmap.gpus for p in g.processes}
 
 
-def xid_pass(cfg: Config, gmap: GpuMap | None = None
+def xid_pass(cfg: Config, gmap: GpuMap | None = None, keep: bool = True
              ) -> tuple[XidLog, list[Seen], str | None]:
-    """One bounded pass; never raises for the kernel log (why it was not read is returned)."""
-    return kmsg.read_xids(cfg.kmsg_path, cfg.state_dir, pids=map_pids(gmap))
+    """One bounded pass; never raises for the kernel log (why it was not read is returned).
+    `keep` False: the log is read as far as the kernel has it, and nothing saved."""
+    return kmsg.read_xids(cfg.kmsg_path, cfg.state_dir, pids=map_pids(gmap), keep=keep)
 
 
 def describe(s: Seen) -> str:
@@ -37,9 +38,9 @@ def describe(s: Seen) -> str:
     return (f"Xid {x.xid} ({s.action}) on {x.pci}: {pid}{name}, {who}: {safe(x.text, 80)}")
 
 
-def advice(action: Action) -> str:
+def advice(action: Action, gpu: str = "GPU") -> str:
     if action is Action.RESET:
-        return "the GPU needs a reset: `pveclean reset GPU --dry-run` shows what it would do"
+        return f"the GPU needs a reset: `pveclean reset {gpu} --dry-run` shows what it would do"
     if action is Action.REBOOT:
         return "NVIDIA's catalog says the node needs a reboot"
     return ""
@@ -56,3 +57,26 @@ def gpu_lines(log: XidLog, gpus: Iterable[GpuUse]) -> dict[int, list[str]]:
         if seen:
             out[g.index] = [describe(s) for s in seen]
     return out
+
+
+def gpus_section(cfg: Config, gmap: GpuMap) -> tuple[str, dict[str, list[dict[str, object]]]]:
+    """`pveclean gpus`' last Xids per GPU: the text after the map, and the `xids` object of
+    its JSON (GPU index -> the last Xids, newest last); both empty when there are none.
+    Reads the kernel log and saves nothing."""
+    try:
+        log = xid_pass(cfg, gmap, keep=False)[0]
+    except OSError:
+        return "", {}
+    lines = gpu_lines(log, gmap.gpus)
+    if not lines:
+        return "", {}
+    text = ["", "Last Xids (NVIDIA driver faults, newest last):"]
+    doc: dict[str, list[dict[str, object]]] = {}
+    for g in gmap.gpus:
+        if g.index in lines and g.pci_bus_id is not None:
+            text += [f"  GPU {g.index}: {line}" for line in lines[g.index]]
+            doc[str(g.index)] = [s.as_dict() for s in log.last_on(str(g.pci_bus_id.whole_device))]
+            pending = log.needs_reset(str(g.pci_bus_id.whole_device))
+            if pending is not None:
+                text.append(f"  GPU {g.index}: {advice(pending.action, str(g.index))}")
+    return "\n".join(text), doc

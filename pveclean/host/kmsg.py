@@ -125,13 +125,13 @@ def live_owners(pids: dict[int, str | None]) -> dict[int, Owner]:
 
 
 def read_xids(kmsg_path: str, state_dir: str, boot_id_path: str = BOOT_ID,
-              max_records: int = MAX_RECORDS, pids: dict[int, tuple[Owner, str]] | None = None
-              ) -> tuple[XidLog, list[Seen], str | None]:
+              max_records: int = MAX_RECORDS, pids: dict[int, tuple[Owner, str]] | None = None,
+              keep: bool = True) -> tuple[XidLog, list[Seen], str | None]:
     """One pass: the saved log, the records since, each Xid's owner, the log saved again.
     `pids`: PID -> (owner, name) of the GPU map just taken (kept for the next pass; the
     saved map's and this one's name the owners of PIDs gone now). Returns the log, the Xids
     new in this pass (core/xidlog.Seen) and why the kernel log could not be read (None
-    when it could)."""
+    when it could). `keep` False: nothing saved (`pveclean gpus` only looks)."""
     log = load(state_dir)
     if pids is not None:
         log = log.with_map({**log.pids, **pids})
@@ -140,14 +140,15 @@ def read_xids(kmsg_path: str, state_dir: str, boot_id_path: str = BOOT_ID,
     try:
         records, lost = read_records(kmsg_path, after, max_records)
     except OSError as exc:
-        if pids is not None:
+        if pids is not None and keep:
             save(state_dir, log.with_map(pids))
         return log, [], f"{kmsg_path}: {exc.strerror or exc}"
     wanted = {x.pid: x.name for _r, x in xids_in(records) if x.pid is not None}
     new_log, new = fold(log, boot, records, live_owners(wanted), lost)
     if pids is not None:
         new_log = new_log.with_map(pids)
-    save(state_dir, new_log)
+    if keep:
+        save(state_dir, new_log)
     return new_log, new, None
 
 

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from pveclean.commands import xids
 from pveclean.core import metrics, metrics_xid
+from pveclean.core.config import Config
 from pveclean.core.owners import HOST, UNKNOWN, Owner, OwnerKind
 from pveclean.core.xid import KmsgRecord
 from pveclean.core.xidlog import XidLog, fold
@@ -52,3 +56,18 @@ def test_gpus_lines_and_the_reset_advice() -> None:
     assert _log().needs_reset("0000:99:00") is not None
     assert fold(_log(), "another boot", [], {})[0].needs_reset("0000:99:00") is None
     assert UNKNOWN.label == "unknown"
+
+
+def test_gpus_section_reads_and_saves_nothing(tmp_path: Path) -> None:
+    from tests.gpumaps import gmap
+    from tests.harness.kmsg import Kmsg
+
+    Kmsg(tmp_path / "kmsg").xid(pci="0000:3b:00", xid=95, pid="unknown", name="<unknown>",
+                                text="Uncontained ECC error")
+    cfg = dataclasses.replace(Config(), kmsg_path=str(tmp_path / "kmsg"),
+                              state_dir=str(tmp_path / "state"))
+    text, doc = xids.gpus_section(cfg, gmap([use(0, "0000:3b:00.0"), use(1, "0000:3c:00.0")]))
+    assert "GPU 0: Xid 95 (reset) on 0000:3b:00: pid ?, unknown process: Uncontained" in text
+    assert "`pveclean reset 0 --dry-run`" in text and list(doc) == ["0"]
+    assert not (tmp_path / "state").exists()
+    assert xids.gpus_section(cfg, gmap([use(1, "0000:3c:00.0")])) == ("", {})
