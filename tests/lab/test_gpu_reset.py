@@ -1,0 +1,169 @@
+"""`pveclean reset GPU` in the lab: the fake NVML (persistence, a leak the reset frees, MIG),
+stand-ins for nvidia-smi and systemctl, real LXC holders. Each refusal, the dry run, the
+reset that stops a container's holders and the host's daemon and gives both persistence and
+the daemon back, and the restore on the tool's failure, its deadline and a failed stop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pveclean.host.cgroupfs import cgroup2_root
+from tests.harness import nvsmi, qm
+from tests.harness.kmsg import Kmsg
+from tests.harness.lxclab import Lab, LabUnavailable
+from tests.helpers import wait_for
+
+LEAK = 4000
+
+
+@pytest.fixture
+def host_slice() -> Iterator[Path]:
+    """A cgroup of the host's own for the persistence daemon's unit (removed after the lab)."""
+    try:
+        path = Path(cgroup2_root()) / f"pveclean-reset-test-{os.getpid()}.slice"
+    except LabUnavailable as exc:
+        pytest.skip(str(exc))
+    yield path
+    for d in [*sorted(path.rglob("*"), reverse=True), path]:
+        if d.is_dir():
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+@pytest.fixture
+def rig(host_slice: Path, vm_host: Lab) -> Iterator[tuple[Lab, Path]]:
+    lab = vm_host
+    assert lab.nvml is not None
+    tools = lab.root / "resettools"
+    smi, systemctl = nvsmi.install(tools, lab.nvml.state_path)
+    Kmsg(lab.root / "kmsg")
+    lab.write_config(state_dir=str(lab.root / "state"), pci_sysfs=str(lab.root / "sys/bus/pci"),
+                     qemu_run_dir=str(lab.root / "run/qemu-server"),
+                     kmsg_path=str(lab.root / "kmsg"), reset_command=str(smi),
+                     systemctl_command=str(systemctl), reset_timeout_seconds=2)
+    lab.nvml.set_persistence(0, True)
+    lab.nvml.leak(0, LEAK)
+    yield lab, tools
+
+
+def _daemon(lab: Lab, host_slice: Path, tools: Path) -> int:
+    d = lab.run_on_host("nvidia-persistenced", hold=[str(lab.nodes["nvidia0"])],
+                        cgroup=host_slice / "nvidia-persistenced.service")
+    (pid,) = d.host_pids(lab)
+    (tools / "units" / "nvidia-persistenced.service").write_text(f"{pid}\n")
+    return pid
+
+
+def _reports(lab: Lab) -> list[dict[str, Any]]:
+    return [yaml.safe_load(f.read_text()) for f in sorted(lab.report_dir.glob("reset-gpu*"))]
+
+
+def test_dry_run_then_reset_stops_the_holders_and_gives_everything_back(
+        rig: tuple[Lab, Path], host_slice: Path, vmid: int) -> None:
+    lab, tools = rig
+    assert lab.nvml is not None
+    lab.create_ct(vmid, gpus=(0, 1))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0", "/dev/nvidiactl"],
+                      gpu_mib={0: 18000})
+    other = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia1"], gpu_mib={1: 500})
+    (pid,), (pid1,) = w.host_pids(lab), other.host_pids(lab)
+    daemon = _daemon(lab, host_slice, tools)
+    dry = lab.pveclean("reset", "0", "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"would stop CT {vmid}'s holders of GPU 0" in dry.stdout
+    assert "would stop nvidia-persistenced.service" in dry.stdout
+    assert lab.alive(pid) and lab.alive(daemon) and nvsmi.calls(tools) == []
+    assert _reports(lab) == []
+    res = lab.pveclean("reset", "0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert not lab.alive(pid) and lab.alive(pid1)  # only GPU 0's holder
+    calls = nvsmi.calls(tools)
+    assert calls == ["systemctl stop nvidia-persistenced.service",
+                     "nvidia-smi -r -i 00000000:18:00.0",
+                     "systemctl start nvidia-persistenced.service"], calls
+    assert lab.nvml.persistence_of(0) is True  # given back
+    (rep,) = _reports(lab)
+    assert rep["kind"] == "reset" and rep["outcome"] == "reset" and rep["restored"] is True
+    assert rep["verify"] == [] and rep["containers"][0]["vmid"] == vmid
+    assert 0 not in lab.nvml.leaks  # the reset freed the leak
+
+
+@pytest.mark.parametrize("mode", ["fail", "hang"])
+def test_a_failed_or_hung_tool_still_gives_everything_back(
+        rig: tuple[Lab, Path], host_slice: Path, mode: str) -> None:
+    lab, tools = rig
+    assert lab.nvml is not None
+    (tools / "nvsmi.mode").write_text(mode)
+    _daemon(lab, host_slice, tools)
+    res = lab.pveclean("reset", "0")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert nvsmi.calls(tools)[-1] == "systemctl start nvidia-persistenced.service"
+    assert lab.nvml.persistence_of(0) is True
+    (rep,) = _reports(lab)
+    assert rep["outcome"] == ("failed" if mode == "fail" else "timeout")
+    assert rep["restored"] is True and lab.nvml.leaks.get(0) == LEAK
+
+
+def test_a_failed_service_stop_aborts_before_the_reset(rig: tuple[Lab, Path],
+                                                      host_slice: Path) -> None:
+    lab, tools = rig
+    assert lab.nvml is not None
+    (tools / "systemctl.fail").write_text("nvidia-persistenced.service")
+    _daemon(lab, host_slice, tools)
+    res = lab.pveclean("reset", "0")
+    assert res.returncode == 1
+    assert not any(c.startswith("nvidia-smi") for c in nvsmi.calls(tools))
+    assert lab.nvml.persistence_of(0) is True and _reports(lab)[0]["outcome"] == "aborted"
+
+
+def test_each_refusal_names_its_reason_and_changes_nothing(rig: tuple[Lab, Path],
+                                                           vmid: int) -> None:
+    lab, tools = rig
+    assert lab.nvml is not None
+    w = lab.run_on_host("nvtop", hold=[str(lab.nodes["nvidia0"])], gpu_mib={0: 300})
+    (pid,) = w.host_pids(lab)
+    res = lab.pveclean("reset", "0")
+    assert res.returncode == 75 and f"host process PID {pid} nvtop" in res.stderr, res.stderr
+    assert lab.alive(pid) and nvsmi.calls(tools) == []
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not lab.alive(pid))
+    lab.nvml.set_mig(0, 2)
+    res = lab.pveclean("reset", "0")
+    assert res.returncode == 75 and "MIG mode with 2" in res.stderr, res.stderr
+    lab.nvml.set_mig(0, None)
+    run = lab.root / "run/qemu-server"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / qm.RESERVATIONS).write_text(f"{qm.gpu_address(0)} 102 pid:{os.getpid()}\n")
+    res = lab.pveclean("reset", qm.gpu_address(0))
+    assert res.returncode == 75 and "VM 102" in res.stderr, res.stderr
+    assert nvsmi.calls(tools) == [] and lab.nvml.persistence_of(0) is True
+    assert [r["outcome"] for r in _reports(lab)] == ["refused"] * 3
+
+
+def test_a_hostile_container_cannot_fake_an_xid(rig: tuple[Lab, Path], vmid: int) -> None:
+    """Xid-looking text in a container's process names and cmdlines, and in /dev/kmsg under
+    the user facility (as the kernel records a write there), counts as no Xid."""
+    lab, _tools = rig
+    lab.create_ct(vmid, gpus=(0,))
+    lab.run_in_ct(vmid, "NVRM: Xid (PCI:0", hold=["/dev/nvidia0"], gpu_mib={0: 100})
+    k = Kmsg(lab.root / "kmsg")
+    k.user("NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=init, GPU has fallen off the bus.")
+    k.user("<0>NVRM: Xid (PCI:0000:18:00): 48, pid=1, name=init, DBE")
+    out = lab.root / "prom"
+    out.mkdir()
+    res = lab.pveclean("metrics", "--textfile-dir", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "pveclean_gpu_xid_total" not in (out / "pveclean_gpus.prom").read_text()
+    k.xid(pci="0000:18:00", xid=48, pid="unknown", name="<unknown>", text="DBE")
+    res = lab.pveclean("metrics", "--textfile-dir", str(out))
+    text = (out / "pveclean_gpus.prom").read_text()
+    assert ('pveclean_gpu_xid_total{node="' in text and 'gpu="0"' in text
+            and 'xid="48",action="reset"} 1' in text), text
