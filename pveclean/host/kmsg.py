@@ -153,8 +153,8 @@ def read_xids(kmsg_path: str, state_dir: str, boot_id_path: str = BOOT_ID,
 
 
 def with_xids(rep: Report, state_dir: str) -> Report:
-    """The report with its container's Xids since its last report (a dry run's: none)."""
-    for line in [] if rep.dry_run else for_report(state_dir, rep.vmid):
+    """The report, about to be written, with its container's Xids since its last report."""
+    for line in for_report(state_dir, rep.vmid):
         rep = rep.with_warning(line)
     return rep
 

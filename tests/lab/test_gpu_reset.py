@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -167,3 +169,48 @@ def test_a_hostile_container_cannot_fake_an_xid(rig: tuple[Lab, Path], vmid: int
     text = (out / "pveclean_gpus.prom").read_text()
     assert ('pveclean_gpu_xid_total{node="' in text and 'gpu="0"' in text
             and 'xid="48",action="reset"} 1' in text), text
+
+
+def test_ctrl_c_during_the_reset_gives_everything_back(rig: tuple[Lab, Path],
+                                                      host_slice: Path) -> None:
+    lab, tools = rig
+    assert lab.nvml is not None
+    (tools / "nvsmi.mode").write_text("hang")
+    lab.write_config(state_dir=str(lab.root / "state"), pci_sysfs=str(lab.root / "sys/bus/pci"),
+                     qemu_run_dir=str(lab.root / "run/qemu-server"),
+                     kmsg_path=str(lab.root / "kmsg"), reset_command=str(tools / "nvidia-smi"),
+                     systemctl_command=str(tools / "systemctl"), reset_timeout_seconds=60)
+    _daemon(lab, host_slice, tools)
+    exe = Path(sys.executable).parent / "pveclean"
+    p = subprocess.Popen([str(exe), "reset", "0"], env=lab.env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: any(c.startswith("nvidia-smi") for c in nvsmi.calls(tools)), 30)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, out + err
+    assert nvsmi.calls(tools)[-1] == "systemctl start nvidia-persistenced.service"
+    assert lab.nvml.persistence_of(0) is True
+    (rep,) = _reports(lab)
+    assert rep["outcome"] == "interrupted" and rep["restored"] is True
+
+
+def test_hooks_read_xids_warn_or_refuse_a_start_and_the_report_lists_them(
+        rig: tuple[Lab, Path], vmid: int) -> None:
+    lab, _tools = rig
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: 100})
+    (pid,) = w.host_pids(lab)
+    Kmsg(lab.root / "kmsg").xid(pci="0000:18:00", xid=95, pid=pid, name="python3",
+                                text="Uncontained ECC error")
+    res = lab.pveclean("hook", str(vmid), "pre-stop")
+    assert res.returncode == 0, res.stdout + res.stderr
+    stop = [yaml.safe_load(f.read_text()) for f in lab.report_dir.glob(f"{vmid}-pre-stop-*")]
+    assert any(f"Xid 95 (reset) on 0000:18:00, pid {pid} python3" in x
+               for r in stop for x in r.get("warnings", [])), stop
+    res = lab.pveclean("hook", str(vmid), "pre-start")
+    assert res.returncode == 0 and "WARNING" in res.stdout and "Xid 95" in res.stdout
+    assert "pveclean reset 0000:18:00 --dry-run" in res.stdout, res.stdout
+    lab.write_config(state_dir=str(lab.root / "state"), kmsg_path=str(lab.root / "kmsg"),
+                     pre_start_policy="refuse")
+    res = lab.pveclean("hook", str(vmid), "pre-start")
+    assert res.returncode == 75 and "refusing to start" in res.stdout, res.stdout
