@@ -78,6 +78,15 @@ def _split(buf: bytes) -> tuple[list[str], bytes]:
     return out, rest
 
 
+def _seq_of(record: str) -> int:
+    """The sequence number of a record's header (`prefix,seq,...`); -1 when it has none (the
+    full parse then decides)."""
+    first = record.find(",")
+    second = record.find(",", first + 1)
+    digits = record[first + 1:second] if 0 <= first < second else ""
+    return int(digits) if digits.isdigit() and len(digits) <= 20 else -1
+
+
 def read_records(path: str, after: int, max_records: int = MAX_RECORDS,
                  seconds: float = SECONDS) -> tuple[list[KmsgRecord], int]:
     """The records after sequence number `after` (at most `max_records` of them, within
@@ -103,8 +112,10 @@ def read_records(path: str, after: int, max_records: int = MAX_RECORDS,
             total += len(chunk)
             texts, buf = _split(buf + chunk)
             for t in texts:
+                if _seq_of(t) <= after:
+                    continue  # read before: only its number looked at
                 r = parse_record(t)
-                if r is not None and r.seq > after:
+                if r is not None:
                     got.append(r)
     finally:
         os.close(fd)
