@@ -20,6 +20,7 @@ from pathlib import Path
 NVIDIA_SMI = r"""#!/bin/sh
 D="@DIR@"
 STATE="@STATE@"
+KMSG="@KMSG@"
 echo "nvidia-smi $*" >> "$D/calls.log"
 [ "$1" = "-r" ] && [ "$2" = "-i" ] || { echo "usage: nvidia-smi -r -i ID"; exit 2; }
 bus=$(echo "$3" | sed -n 's/^[0-9A-Fa-f]*:\([0-9A-Fa-f][0-9A-Fa-f]\):00\.0$/\1/p')
@@ -34,8 +35,11 @@ fi
 case "$mode" in
     hang) exec sleep 3600 ;;
     fail) echo "GPU $3: In use by another client"; exit 255 ;;
+    xid) lower=$(echo "$bus" | tr 'A-F' 'a-f')
+         printf '3,999999,1,-;NVRM: Xid (PCI:0000:%s:00): 79, pid=0, %s\n' "$lower" \
+             "GPU has fallen off the bus." >> "$KMSG" ;;
 esac
-echo "reset $idx" >> "$STATE"
+[ "$mode" = noop ] || echo "reset $idx" >> "$STATE"
 echo "GPU $3 was successfully reset."
 """
 
@@ -52,14 +56,17 @@ exit 0
 """
 
 
-def install(d: Path, state: Path) -> tuple[Path, Path]:
-    """Both stand-ins in `d`; returns (nvidia-smi, systemctl)."""
+def install(d: Path, state: Path, kmsg: Path | None = None) -> tuple[Path, Path]:
+    """Both stand-ins in `d`; returns (nvidia-smi, systemctl). Modes beyond ok/fail/hang:
+    `noop` says it reset the GPU and did not (its leak stays), `xid` resets it and the
+    driver logs an Xid 79 for it to `kmsg` (the kernel log stand-in)."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "units").mkdir(exist_ok=True)
     out = []
     for name, text in (("nvidia-smi", NVIDIA_SMI), ("systemctl", SYSTEMCTL)):
         p = d / name
-        p.write_text(text.replace("@DIR@", str(d)).replace("@STATE@", str(state)))
+        p.write_text(text.replace("@DIR@", str(d)).replace("@STATE@", str(state))
+                     .replace("@KMSG@", str(kmsg or d / "kmsg")))
         p.chmod(0o755)
         out.append(p)
     return out[0], out[1]

@@ -45,7 +45,7 @@ def rig(host_slice: Path, vm_host: Lab) -> Iterator[tuple[Lab, Path]]:
     lab = vm_host
     assert lab.nvml is not None
     tools = lab.root / "resettools"
-    smi, systemctl = nvsmi.install(tools, lab.nvml.state_path)
+    smi, systemctl = nvsmi.install(tools, lab.nvml.state_path, lab.root / "kmsg")
     Kmsg(lab.root / "kmsg")
     lab.write_config(state_dir=str(lab.root / "state"), pci_sysfs=str(lab.root / "sys/bus/pci"),
                      qemu_run_dir=str(lab.root / "run/qemu-server"),
@@ -214,3 +214,16 @@ def test_hooks_read_xids_warn_or_refuse_a_start_and_the_report_lists_them(
                      pre_start_policy="refuse")
     res = lab.pveclean("hook", str(vmid), "pre-start")
     assert res.returncode == 75 and "refusing to start" in res.stdout, res.stdout
+
+
+@pytest.mark.parametrize("mode", ["noop", "xid"])
+def test_a_reset_that_leaves_its_leak_or_logs_an_xid_is_not_verified(rig: tuple[Lab, Path],
+                                                                     mode: str) -> None:
+    lab, tools = rig
+    (tools / "nvsmi.mode").write_text(mode)
+    res = lab.pveclean("reset", "0")
+    assert res.returncode == 1, res.stdout + res.stderr
+    (rep,) = _reports(lab)
+    assert rep["outcome"] == "not-verified" and rep["restored"] is True
+    want = "still allocated with no process" if mode == "noop" else "a new Xid after the reset"
+    assert any(want in v for v in rep["verify"]), rep["verify"]
