@@ -28,7 +28,6 @@ from pveclean.core.config import Config
 from pveclean.core.gpumap import GpuMap
 from pveclean.core.pci import PciAddress
 from pveclean.core.text import safe
-from pveclean.core.xidlog import XidLog
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import gpureset
 from pveclean.host.prelude import NvmlWorker
@@ -36,6 +35,7 @@ from pveclean.host.prelude import NvmlWorker
 T = TypeVar("T")
 REFUSED = ExitCode.REFUSE
 NOT_DONE = 1
+SETTLE_POLL = 0.2  # s between looks while stopped holders' memory is released
 
 
 def say(text: str, err: bool = False) -> None:
@@ -168,11 +168,11 @@ def _write(cfg: Config, doc: dict[str, object], index: int | None) -> str | None
         return None
 
 
-def _xids_after(cfg: Config, target: plan_of.Target) -> tuple[list[str], XidLog]:
+def _xids_after(cfg: Config, target: plan_of.Target) -> list[str]:
     from pveclean.commands.xids import describe, xid_pass
 
-    log, new, _why = xid_pass(cfg)
-    return [describe(s) for s in new if s.xid.pci == target.driver_pci], log
+    _log, new, _why = xid_pass(cfg)
+    return [describe(s) for s in new if s.xid.pci == target.driver_pci]
 
 
 def run(cfg: Config, asked: str, dry_run: bool, as_json: bool, nvml: NvmlWorker) -> int:
@@ -194,8 +194,7 @@ def run(cfg: Config, asked: str, dry_run: bool, as_json: bool, nvml: NvmlWorker)
     if p.decision is plan_of.Decision.REFUSE or p.target is None:
         return _finish(cfg, doc, "refused", REFUSED, started, p.target, as_json)
     doc["containers"] = _stop_cts(cfg, nvml, p)
-    again = plan_of.plan(_look(cfg), asked, facts(cfg, gmap, asked),
-                         [v.pci_bus_id for v in gmap.vfio])
+    again = _settled(cfg, asked, gmap)
     if again.decision is plan_of.Decision.REFUSE or again.stop:
         left = again.blockers + [f"CT {ct}'s holders are still there" for ct in again.stop]
         doc["left"] = left
@@ -204,6 +203,19 @@ def run(cfg: Config, asked: str, dry_run: bool, as_json: bool, nvml: NvmlWorker)
         return _finish(cfg, doc, "aborted", NOT_DONE, started, p.target, as_json)
     nvml.close()  # the run's NVML session would hold the GPU
     return _reset(cfg, doc, again, started, as_json)
+
+
+def _settled(cfg: Config, asked: str, gmap: GpuMap) -> plan_of.Plan:
+    """The plan again once the stopped holders' memory is released (NVML may list a
+    process a moment after it exited): looked at until no container's holder is left, or
+    half the deadline."""
+    end = time.monotonic() + cfg.deadline_seconds / 2
+    while True:
+        again = plan_of.plan(_look(cfg), asked, facts(cfg, gmap, asked),
+                             [v.pci_bus_id for v in gmap.vfio])
+        if not again.stop or time.monotonic() >= end:
+            return again
+        time.sleep(SETTLE_POLL)
 
 
 def _reset(cfg: Config, doc: dict[str, object], p: plan_of.Plan, started: float,
@@ -221,7 +233,7 @@ def _reset(cfg: Config, doc: dict[str, object], p: plan_of.Plan, started: float,
     if res.outcome is not gpureset.Outcome.DONE:
         code = ExitCode.INTERRUPTED if res.outcome is gpureset.Outcome.INTERRUPTED else NOT_DONE
         return _finish(cfg, doc, str(res.outcome), code, started, t, as_json)
-    new, log = _xids_after(cfg, t)
+    new = _xids_after(cfg, t)
     wrong = verify(cfg, t, new)
     doc["verify"] = wrong
     if wrong:
@@ -230,7 +242,7 @@ def _reset(cfg: Config, doc: dict[str, object], p: plan_of.Plan, started: float,
         return _finish(cfg, doc, "not-verified", NOT_DONE, started, t, as_json)
     from pveclean.host import kmsg
 
-    kmsg.save(cfg.state_dir, log.reset_done(t.driver_pci))
+    kmsg.reset_done(cfg.state_dir, t.driver_pci)
     return _finish(cfg, doc, "reset", ExitCode.OK, started, t, as_json)
 
 

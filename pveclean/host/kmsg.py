@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from pveclean.core.owners import Owner, owner_of
@@ -26,6 +28,8 @@ from pveclean.host import cgroupfs, procfs
 from pveclean.host.reportfiles import exclusive_temp
 
 STATE_FILE = "xid.json"
+LOCK_FILE = "xid.lock"
+LOCK_WAIT = 2.0  # s another run may hold the log
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 MAX_RECORDS = 20000  # new records read per run; the rest waits for the next run
 MAX_BYTES = 8 << 20  # bytes read per run, skipped records included
@@ -135,9 +139,53 @@ def live_owners(pids: dict[int, str | None]) -> dict[int, Owner]:
     return out
 
 
+class Busy(Exception):
+    """Another pveclean holds the Xid log (a pass, a report, a reset) past LOCK_WAIT."""
+
+
+@contextlib.contextmanager
+def locked(state_dir: str) -> Iterator[None]:
+    """The Xid log to one reader-writer at a time (the timer, the hooks and `reset` may run
+    at once: a log read by two and saved by both would count an Xid twice). Busy past
+    LOCK_WAIT; a state dir that cannot be made runs unlocked (nothing is saved there)."""
+    try:
+        Path(state_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(Path(state_dir) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        end = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= end:
+                    raise Busy(f"the Xid log in {state_dir} is busy") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)
+
+
 def read_xids(kmsg_path: str, state_dir: str, boot_id_path: str = BOOT_ID,
               max_records: int = MAX_RECORDS, pids: dict[int, tuple[Owner, str]] | None = None,
               keep: bool = True) -> tuple[XidLog, list[Seen], str | None]:
+    """One pass under the log's lock (see _read_xids); a busy log is read, not saved, and
+    the third value says so."""
+    if not keep:  # only a look: no lock, nothing made in the state dir
+        return _read_xids(kmsg_path, state_dir, boot_id_path, max_records, pids, keep)
+    try:
+        with locked(state_dir):
+            return _read_xids(kmsg_path, state_dir, boot_id_path, max_records, pids, keep)
+    except Busy as exc:
+        return load(state_dir), [], str(exc)
+
+
+def _read_xids(kmsg_path: str, state_dir: str, boot_id_path: str, max_records: int,
+               pids: dict[int, tuple[Owner, str]] | None, keep: bool
+               ) -> tuple[XidLog, list[Seen], str | None]:
     """One pass: the saved log, the records since, each Xid's owner, the log saved again.
     `pids`: PID -> (owner, name) of the GPU map just taken (kept for the next pass; the
     saved map's and this one's name the owners of PIDs gone now). Returns the log, the Xids
@@ -172,11 +220,19 @@ def with_xids(rep: Report, state_dir: str) -> Report:
 
 def for_report(state_dir: str, vmid: int) -> list[str]:
     """Container `vmid`'s Xids since its last report, one line each, taken from the log
-    (the next report does not list them again)."""
-    log = load(state_dir)
-    rest, seen = log.take(vmid)
-    if not seen:
+    (the next report does not list them again); none when the log is busy."""
+    try:
+        with locked(state_dir):
+            rest, seen = load(state_dir).take(vmid)
+            if seen:
+                save(state_dir, rest)
+    except Busy:
         return []
-    save(state_dir, rest)
     return [f"GPU fault: Xid {s.xid.xid} ({s.action}) on {s.xid.pci}, pid "
             f"{s.xid.pid} {s.xid.name or '?'}: {s.xid.text[:160]}" for s in seen]
+
+
+def reset_done(state_dir: str, pci: str) -> None:
+    """After a verified reset of the GPU at the driver's `pci`: its pending Xid resolved."""
+    with contextlib.suppress(Busy), locked(state_dir):
+        save(state_dir, load(state_dir).reset_done(pci))

@@ -118,3 +118,25 @@ def test_the_device_if_readable(tmp_path: Path) -> None:
     except OSError:
         pytest.skip("/dev/kmsg not readable here")
     assert all(r.seq >= 0 for r in recs)
+
+
+def test_a_busy_log_is_read_not_saved_and_reports_take_nothing(host: Path) -> None:
+    import fcntl
+    import os
+
+    Kmsg(host / "kmsg").xid(pid=4242, name="python3")
+    (host / "state").mkdir()
+    fd = os.open(host / "state" / kmsg.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    old = kmsg.LOCK_WAIT
+    kmsg.LOCK_WAIT = 0.1
+    try:
+        _log, new, why = _pass(host)
+        assert new == [] and why is not None and "busy" in why
+        assert kmsg.for_report(str(host / "state"), 129) == []
+    finally:
+        kmsg.LOCK_WAIT = old
+        os.close(fd)
+    _log, new, why = _pass(host)
+    assert len(new) == 1 and why is None
+    assert len(kmsg.for_report(str(host / "state"), 129)) == 1
