@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pveclean.core.owners import Owner, owner_of
 from pveclean.core.report import Report
+from pveclean.core.text import safe
 from pveclean.core.xid import KmsgRecord, parse_record
 from pveclean.core.xidlog import Seen, XidLog, fold, from_dict, same_name, xids_in
 from pveclean.host import cgroupfs, procfs
@@ -229,7 +230,7 @@ def for_report(state_dir: str, vmid: int) -> list[str]:
     except Busy:
         return []
     return [f"GPU fault: Xid {s.xid.xid} ({s.action}) on {s.xid.pci}, pid "
-            f"{s.xid.pid} {s.xid.name or '?'}: {s.xid.text[:160]}" for s in seen]
+            f"{s.xid.pid} {safe(s.xid.name or '?', 40)}: {safe(s.xid.text, 160)}" for s in seen]
 
 
 def reset_done(state_dir: str, pci: str) -> None:
