@@ -227,3 +227,28 @@ def test_a_reset_that_leaves_its_leak_or_logs_an_xid_is_not_verified(rig: tuple[
     assert rep["outcome"] == "not-verified" and rep["restored"] is True
     want = "still allocated with no process" if mode == "noop" else "a new Xid after the reset"
     assert any(want in v for v in rep["verify"]), rep["verify"]
+
+
+def test_the_real_kernel_records_a_user_write_under_the_user_facility(tmp_path: Path) -> None:
+    """The contract the Xid reader rests on, checked against this host's kernel (root): what
+    a process writes to /dev/kmsg, even with a `<0>` (kernel) prefix, is recorded under the
+    user facility, and the reader counts none of it."""
+    from pveclean.host import kmsg
+
+    try:
+        fd = os.open("/dev/kmsg", os.O_WRONLY)
+    except OSError as exc:
+        pytest.skip(f"/dev/kmsg not writable here: {exc}")
+    kmsg.read_xids("/dev/kmsg", str(tmp_path))  # the position: now
+    tag = f"pveclean-test-{os.getpid()}"
+    try:
+        os.write(fd, f"<0>NVRM: Xid (PCI:0000:ff:00): 79, pid=1, name={tag}, test\n".encode())
+        os.write(fd, f"NVRM: Xid (PCI:0000:ff:00): 48, pid=1, name={tag}, test\n".encode())
+    finally:
+        os.close(fd)
+    recs, _lost = kmsg.read_records("/dev/kmsg", -1, 100_000)
+    mine = [r for r in recs if tag in r.message]
+    assert len(mine) == 2 and all(r.facility == 1 and not r.kernel for r in mine)
+    log, new, why = kmsg.read_xids("/dev/kmsg", str(tmp_path))
+    assert why is None and not [s for s in new if s.xid.name == tag]
+    assert not any(p == "0000:ff:00" for p, _o, _x, _a in log.counts)
