@@ -51,6 +51,7 @@ from pveclean.proxmox import pveconf
 from pveclean.proxmox.passthrough import (
     PCI_DEVICES,
     read_pci_mappings,
+    this_node,
     vfio_gpus,
     vm_passthrough,
 )
@@ -307,6 +308,5 @@ class _Look:
 
     def conflicts(self, uses: tuple[GpuUse, ...], pve: Path) -> list[VmConflict]:
         vm_refs = vm_passthrough(pve / "qemu-server",
-                                 read_pci_mappings(pve / "mapping" / "pci.cfg",
-                                                   os.uname().nodename))
+                                 read_pci_mappings(pve / "mapping" / "pci.cfg", this_node()))
         return conflicts(uses, vm_refs, self.cfg.vm_gpu_policy, self.cfg.vm_gpu_allow_host)

@@ -35,7 +35,7 @@ from pveclean.host import cgroupfs, notify, worker
 from pveclean.host.nvml import Nvml
 from pveclean.host.reportfiles import exclusive_temp
 from pveclean.host.worker import RemoteError, Worker, WorkerError
-from pveclean.proxmox.passthrough import PCI_DEVICES, read_pci_mappings, vm_passthrough
+from pveclean.proxmox.passthrough import PCI_DEVICES, read_pci_mappings, this_node, vm_passthrough
 
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # Debian's prometheus-node-exporter
 FILE_NAME = "pveclean_gpus.prom"
@@ -90,7 +90,7 @@ def w_look(cfg: Config, pci_root: Path, end: float, settled: frozenset[int] = fr
     running = {v: cgroupfs.monitor_running(root, v) for v in sorted(gmap.hostnames)}
     pve = Path(cfg.pve_config_dir).parent
     refs = vm_passthrough(pve / "qemu-server",
-                          read_pci_mappings(pve / "mapping" / "pci.cfg", os.uname().nodename))
+                          read_pci_mappings(pve / "mapping" / "pci.cfg", this_node()))
     return Look(gmap, running, refs, seen)
 
 

@@ -77,6 +77,8 @@ class Config:
     vm_gpu_policy: str = "refuse"
     vm_gpu_allow_host: list[str] = field(default_factory=list)
     vm_gpu_rebind: bool = False  # hand the GPU to vfio-pci at pre-start, back at post-stop
+    # a backup of a stopped VM starts it paused (vzdump): that pre-start's policy
+    vm_gpu_backup: str = "refuse"
     pci_sysfs: str = "/sys/bus/pci"
     qemu_run_dir: str = "/run/qemu-server"  # qemu-server's pidfiles and PCI reservations
     kmsg_path: str = "/dev/kmsg"  # the kernel log the Xid reader reads (core/xid.py)
@@ -152,6 +154,7 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "vm_gpu_policy": ("'refuse' or 'stop-containers'", lambda v: v in VM_GPU_POLICIES),
     "vm_gpu_allow_host": ("a list of process names", _str_list),
     "vm_gpu_rebind": ("true or false", lambda v: isinstance(v, bool)),
+    "vm_gpu_backup": ("'refuse' or 'stop-containers'", lambda v: v in VM_GPU_POLICIES),
     "pci_sysfs": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "qemu_run_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "kmsg_path": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
