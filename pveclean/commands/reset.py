@@ -75,7 +75,7 @@ def local_cts(cfg: Config) -> frozenset[int]:
 
 def facts(cfg: Config, gmap: GpuMap, asked: str) -> plan_of.HostFacts:
     from pveclean.host.mig import w_mig_state
-    from pveclean.proxmox.passthrough import pci_reservations
+    from pveclean.proxmox.vmtake import reservations
 
     g = plan_of.find(gmap, asked)
     mig: bool | None = False
@@ -83,7 +83,9 @@ def facts(cfg: Config, gmap: GpuMap, asked: str) -> plan_of.HostFacts:
     if g is not None:
         got = _nvml(cfg, w_mig_state, g.index, cfg.deadline_seconds, what="MIG mode")
         mig, left = (got[0], got[1]) if isinstance(got, tuple) else (None, 0)
-    return plan_of.HostFacts(pci_reservations(Path(cfg.qemu_run_dir)), frozenset(),
+    held = reservations(Path(cfg.qemu_run_dir))  # qemu-server's live ones (PCI.pm)
+    return plan_of.HostFacts({a: r.vmid for a, r in held.items()},
+                             frozenset(r.vmid for r in held.values() if not r.starting),
                              local_cts(cfg), mig, left)
 
 

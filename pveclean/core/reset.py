@@ -150,8 +150,10 @@ def plan(gmap: GpuMap, asked: str, facts: HostFacts, vfio: Iterable[PciAddress] 
     """What `pveclean reset ASKED` may do on the host `gmap` shows."""
     addr = PciAddress.parse(asked.strip())
     if addr is not None and any(addr.covers(v) for v in vfio):
+        vm = facts.reservations.get(addr, facts.reservations.get(addr.whole_device))
+        whose = f"VM {vm}'s" if vm is not None else "a VM's"
         return Plan(Decision.REFUSE, None, blockers=[
-            f"GPU {asked} is on vfio-pci (a VM's): never reset by pveclean"])
+            f"GPU {asked} is on vfio-pci ({whose}): never reset by pveclean"])
     g = find(gmap, asked)
     if g is None or g.pci_bus_id is None:
         return Plan(Decision.REFUSE, None, blockers=[

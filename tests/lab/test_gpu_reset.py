@@ -141,9 +141,9 @@ def test_each_refusal_names_its_reason_and_changes_nothing(rig: tuple[Lab, Path]
     res = lab.pveclean("reset", "0")
     assert res.returncode == 75 and "MIG mode with 2" in res.stderr, res.stderr
     lab.nvml.set_mig(0, None)
-    run = lab.root / "run/qemu-server"
-    run.mkdir(parents=True, exist_ok=True)
-    (run / qm.RESERVATIONS).write_text(f"{qm.gpu_address(0)} 102 pid:{os.getpid()}\n")
+    qm.create_vm(lab.root, 102, (0,), None)
+    started = qm.run(lab.root, "start", "102")
+    assert started.returncode == 0, started.stdout + started.stderr
     res = lab.pveclean("reset", qm.gpu_address(0))
     assert res.returncode == 75 and "VM 102" in res.stderr, res.stderr
     assert nvsmi.calls(tools) == [] and lab.nvml.persistence_of(0) is True
