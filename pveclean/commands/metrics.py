@@ -24,9 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pveclean.commands import xids
 from pveclean.commands.doctor import write_metrics as write_doctor
 from pveclean.commands.gpus import READERS_SHARE, Seen, collect
-from pveclean.core import metrics, metrics_gpus
+from pveclean.core import metrics, metrics_gpus, metrics_xid
 from pveclean.core.config import Config
 from pveclean.core.gpumap import GpuMap
 from pveclean.core.pci import HostPci
@@ -140,13 +141,15 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     now = time.time()
     if look is not None:
         save_settled(cfg, run, due, look.seen.clean, look.seen.alive)
+    xlog = xids.xid_pass(cfg, look.gmap if look is not None else None)[0]
 
     def text(old: str) -> str:
+        xfams = metrics_xid.families(xlog, look.gmap.gpus if look is not None else (), node)
         if look is None:
             last = metrics_gpus.last_success(metrics.parse(old))
-            return metrics.render(metrics_gpus.failed(node, seconds, last))
+            return metrics.render(metrics_gpus.failed(node, seconds, last) + xfams)
         return metrics.render(metrics_gpus.families(look.gmap, node, look.running,
-                                                    look.refs, now))
+                                                    look.refs, now) + xfams)
 
     path = Path(textfile_dir) / FILE_NAME
     try:

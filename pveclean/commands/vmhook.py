@@ -164,6 +164,7 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
         if failed:
             for line in failed:
                 say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
+            _persistence_back(vmid, cfg, "pre-start")  # those it did turn off
             return _finish(cfg, record, VmVerdict.REFUSED, ExitCode.REFUSE, deadline=deadline)
     if plan.decision is vmguard.Decision.STOP or plan.persistence:
         record, left = _stop_holders(vmid, cfg, nvml, plan, deadline, record)

@@ -62,9 +62,9 @@ def turn_off(cfg: Config, vmid: int, gmap: GpuMap, indices: frozenset[int],
     from pveclean.host.worker import RemoteError, Worker, WorkerError
 
     addrs = {g.index: g.pci_bus_id for g in gmap.gpus if g.index in indices}
-    write_record(cfg, vmid, read_record(cfg, vmid)
-                 + [a for a in addrs.values() if a is not None])
-    failed = []
+    before = read_record(cfg, vmid)
+    write_record(cfg, vmid, before + [a for a in addrs.values() if a is not None])
+    failed, unchanged = [], []
     with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
         for index in sorted(indices):
             try:
@@ -73,8 +73,12 @@ def turn_off(cfg: Config, vmid: int, gmap: GpuMap, indices: frozenset[int],
             except (RemoteError, WorkerError) as exc:
                 err = str(exc)
             if err is not None:
+                unchanged.append(addrs.get(index))
                 failed.append(f"GPU {index} ({addrs.get(index)}): persistence mode could not "
                               f"be turned off ({err}): nvidia-persistenced keeps it open")
+    if unchanged:  # only what was turned off is turned back on
+        write_record(cfg, vmid, before + [a for a in addrs.values()
+                                          if a is not None and a not in unchanged])
     return failed
 
 

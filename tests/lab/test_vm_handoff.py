@@ -249,3 +249,18 @@ def test_a_late_post_stop_leaves_persistence_off_for_a_gpu_another_vm_took(
     qm.run(lab.root, "cleanup", str(vmid), timeout=60)
     assert not lab.nvml.persistence_of(0) and not holds(daemon, lab.nodes["nvidia0"])
     assert (lab.root / "state" / f"persistence-{vmid}.yaml").is_file()
+
+
+def test_persistence_that_cannot_be_turned_off_refuses_the_start(
+        vm_host: Lab, daemon: int, vmid: int) -> None:
+    """NVML refuses the change (here NO_PERMISSION): the daemon keeps the node, the start
+    would hang, so it is refused, and nothing is left recorded."""
+    lab = vm_host
+    assert lab.nvml is not None
+    lab.nvml.gpu_error(0, "persistence", "NO_PERMISSION")
+    make_vm(lab, vmid, (0,))
+    res = qm.run(lab.root, "start", str(vmid), timeout=60)
+    assert res.returncode != 0, res.stdout
+    assert "persistence mode could not be turned off" in res.stdout, res.stdout
+    assert holds(daemon, lab.nodes["nvidia0"])
+    assert not (lab.root / "state" / f"persistence-{vmid}.yaml").exists()

@@ -19,7 +19,8 @@ from pveclean.commands.cli import app, run_app
 from pveclean.errors import ExitCode
 
 COMMANDS = [[], ["ct"], ["hook"], ["unit"], ["vmhook"], ["install"], ["uninstall"], ["status"],
-            ["gpus"], ["metrics"], ["reports"], ["config"], ["config", "check"], ["doctor"]]
+            ["gpus"], ["metrics"], ["reports"], ["config"], ["config", "check"], ["reset"],
+            ["doctor"]]
 
 
 @pytest.fixture(autouse=True)

@@ -52,6 +52,11 @@ TEXT_PARSERS: dict[str, str] = {
     "commands.unit:from_argv": "systemd's argv (--config=PATH)",
     "core.config:<module>": "config file values: a path must be absolute",
     "core.config:_api_ok": "config file values: a path must be absolute",
+    "commands.reset:parse_gpu": "argv: the GPU as the user names it",
+    "commands.xidhook:minor_to_pci": "the driver's /proc/driver/nvidia/gpus/*/information",
+    "core.xid:parse_line": "the NVIDIA driver's Xid line in the kernel log",
+    "core.xid:parse_record": "a /dev/kmsg record (the kernel's format)",
+    "host.kmsg:_split": "/dev/kmsg records and their continuation lines",
     "core.discovery:protected_name": "the kernel's exe link and its ' (deleted)' suffix",
     "core.gpumap:full_name": "the kernel's comm (cut at 15 bytes) against argv[0]",
     "core.records:DeviceUse.word": "a GPU node's path as the kernel names it (an fd's link, "
