@@ -108,6 +108,9 @@ class FakeNvml:
     without: tuple[str, ...] = ()
     # what nvmlSystemGetDriverVersion reports (None: the library's 550.127.05)
     driver_version: str | None = None
+    # how much of the state file is this object's own (its last render, or lines it has
+    # already absorbed): only what the library or a stand-in appended after that is news
+    absorbed: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory).resolve()
@@ -239,6 +242,7 @@ class FakeNvml:
     def leak(self, gpu: int, mib: int) -> None:
         """Set the MiB allocated on ``gpu`` by no process (replaces the previous value)."""
         _non_negative(gpu, "gpu")
+        self._absorb_library_changes()  # an earlier reset must not free this new leak
         if _non_negative(mib, "mib"):
             self.leaks[gpu] = mib
         else:
@@ -289,6 +293,7 @@ class FakeNvml:
 
     def set_persistence(self, gpu: int, enabled: bool) -> None:
         """GPU ``gpu``'s persistence mode, as the host's boot (or nvidia-smi -pm) left it."""
+        self._absorb_library_changes()  # the library's earlier change must not undo this one
         self.persistence[_non_negative(gpu, "gpu")] = enabled
         self.write()
 
@@ -304,7 +309,8 @@ class FakeNvml:
             text = self.state_path.read_text(encoding="ascii")
         except FileNotFoundError:
             return
-        for line in text.splitlines():
+        news, self.absorbed = text[self.absorbed :], len(text)
+        for line in news.splitlines():
             words = line.split()
             if len(words) == 3 and words[0] == "persistence" and words[1].isdigit():
                 self.persistence[int(words[1])] = words[2] == "on"
@@ -398,9 +404,11 @@ class FakeNvml:
         self._absorb_library_changes()
         fd, tmp = tempfile.mkstemp(prefix=".fakenvml.", suffix=".tmp", dir=self.directory)
         try:
+            rendered = self.render()
             with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(self.render())
+                f.write(rendered)
             os.replace(tmp, self.state_path)
+            self.absorbed = len(rendered)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
