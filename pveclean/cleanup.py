@@ -411,7 +411,6 @@ def _write_report(rep: Report, cfg: Config) -> str:
     run): publish first, naming the file about to be written, so that what could not be
     logged or written as metrics is recorded in the report itself; then write, prune."""
     from pveclean.host import notify, reportfiles  # a run that writes: not a dry run's
-
     name = reportfiles.report_name(rep.vmid, rep.phase, rep.started)
     failed = notify.publish(rep, str(Path(cfg.report_dir) / name), cfg.syslog,
                             cfg.syslog_socket, cfg.metrics_path, cfg.journal_socket)
@@ -426,12 +425,13 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
     prune within what is left of the run (at least REPORT_WAIT), in `writer` (the run's scan
     worker, idle by now, the caller's to close) or a worker of its own. A report that cannot
     be written is kept whole in a spare file (reportfiles.SPARE_DIR), named in syslog."""
+    if write_report:  # its GPU faults; kmsg and the report writer: not a dry run's imports
+        from pveclean.host import kmsg, notify, reportfiles
+        rep = kmsg.with_xids(rep, cfg.state_dir)
     rep = report.Redactor(cfg.redact).value(rep.bounded())
     code = verdicts.exit_code(rep.verdict)
     if not write_report:
         return RunResult(rep, None, code)
-    from pveclean.host import notify, reportfiles  # a run that writes: not a dry run's
-
     wait = max(deadline.remaining() if deadline else 0.0, REPORT_WAIT)
     with contextlib.nullcontext(writer) if writer else Worker() as wk:
         try:

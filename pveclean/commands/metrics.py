@@ -24,8 +24,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pveclean.commands import xids
+from pveclean.commands.doctor import write_metrics as write_doctor
 from pveclean.commands.gpus import READERS_SHARE, Seen, collect
-from pveclean.core import metrics, metrics_gpus
+from pveclean.core import metrics, metrics_gpus, metrics_xid
 from pveclean.core.config import Config
 from pveclean.core.gpumap import GpuMap
 from pveclean.core.pci import HostPci
@@ -139,13 +141,15 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     now = time.time()
     if look is not None:
         save_settled(cfg, run, due, look.seen.clean, look.seen.alive)
+    xlog = xids.xid_pass(cfg, look.gmap if look is not None else None)[0]
 
     def text(old: str) -> str:
+        xfams = metrics_xid.families(xlog, look.gmap.gpus if look is not None else (), node)
         if look is None:
             last = metrics_gpus.last_success(metrics.parse(old))
-            return metrics.render(metrics_gpus.failed(node, seconds, last))
+            return metrics.render(metrics_gpus.failed(node, seconds, last) + xfams)
         return metrics.render(metrics_gpus.families(look.gmap, node, look.running,
-                                                    look.refs, now))
+                                                    look.refs, now) + xfams)
 
     path = Path(textfile_dir) / FILE_NAME
     try:
@@ -153,6 +157,7 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     except OSError as exc:
         raise PvecleanError(f"metrics: {path} not written: {exc.strerror or exc}",
                             ExitCode.REPORT) from None
+    doctor_not_written = write_doctor(cfg, textfile_dir)  # pveclean_doctor.prom beside it
     if look is None:
         raise PvecleanError(f"metrics: {why}; {path} says pveclean_gpus_up 0",
                             ExitCode.ACCESS)
@@ -162,4 +167,6 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
         except OSError as exc:
             raise PvecleanError(f"metrics: job mapping files in {job_dir} not written: "
                                 f"{exc.strerror or exc}", ExitCode.REPORT) from None
+    if doctor_not_written:
+        raise PvecleanError(f"metrics: {doctor_not_written}", ExitCode.REPORT)
     return ExitCode.OK

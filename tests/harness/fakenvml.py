@@ -101,9 +101,16 @@ class FakeNvml:
     missing: str | None = None  # "v3" or "v2": the process getters an old driver lacks
     # GPU index -> persistence mode on; the library appends a line when NVML changes it
     persistence: dict[int, bool] = field(default_factory=dict)
+    # GPU index -> MIG devices (MIG mode on); the `mig` directive
+    mig: dict[int, int] = field(default_factory=dict)
     # Built without these process getter symbols at all (a driver before R510: ("v3",));
     # the library's build is then kept apart from a full one by its flags.
     without: tuple[str, ...] = ()
+    # what nvmlSystemGetDriverVersion reports (None: the library's 550.127.05)
+    driver_version: str | None = None
+    # how much of the state file is this object's own (its last render, or lines it has
+    # already absorbed): only what the library or a stand-in appended after that is news
+    absorbed: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory).resolve()
@@ -235,6 +242,7 @@ class FakeNvml:
     def leak(self, gpu: int, mib: int) -> None:
         """Set the MiB allocated on ``gpu`` by no process (replaces the previous value)."""
         _non_negative(gpu, "gpu")
+        self._absorb_library_changes()  # an earlier reset must not free this new leak
         if _non_negative(mib, "mib"):
             self.leaks[gpu] = mib
         else:
@@ -285,6 +293,7 @@ class FakeNvml:
 
     def set_persistence(self, gpu: int, enabled: bool) -> None:
         """GPU ``gpu``'s persistence mode, as the host's boot (or nvidia-smi -pm) left it."""
+        self._absorb_library_changes()  # the library's earlier change must not undo this one
         self.persistence[_non_negative(gpu, "gpu")] = enabled
         self.write()
 
@@ -300,10 +309,33 @@ class FakeNvml:
             text = self.state_path.read_text(encoding="ascii")
         except FileNotFoundError:
             return
-        for line in text.splitlines():
+        news, self.absorbed = text[self.absorbed :], len(text)
+        for line in news.splitlines():
             words = line.split()
             if len(words) == 3 and words[0] == "persistence" and words[1].isdigit():
                 self.persistence[int(words[1])] = words[2] == "on"
+            if len(words) == 2 and words[0] == "reset" and words[1].isdigit():
+                self.leaks.pop(int(words[1]), None)  # a reset (the nvidia-smi stand-in's)
+
+    def set_mig(self, gpu: int, devices: int | None) -> None:
+        """GPU ``gpu`` in MIG mode with ``devices`` MIG devices (None: MIG off)."""
+        if devices is None:
+            self.mig.pop(_non_negative(gpu, "gpu"), None)
+        else:
+            self.mig[_non_negative(gpu, "gpu")] = _non_negative(devices, "devices")
+        self.write()
+
+    def reset(self, gpu: int) -> None:
+        """What the driver's reset of ``gpu`` does to NVML's view: its leak is freed (the
+        nvidia-smi stand-in appends the same `reset` line the library reads)."""
+        with open(self.state_path, "a", encoding="ascii") as fh:
+            fh.write(f"reset {_non_negative(gpu, 'gpu')}\n")
+        self._absorb_library_changes()
+
+    def set_driver_version(self, version: str | None) -> None:
+        """The driver version NVML reports (None: the library's default, 550.127.05)."""
+        self.driver_version = None if version is None else _token(version, "driver version")
+        self.write()
 
     def lose(self, gpu: int, getters: tuple[str, ...] = GETTERS) -> None:
         """GPU ``gpu`` fell off the bus (Xid 79): its ``getters`` answer GPU_IS_LOST, while
@@ -346,6 +378,8 @@ class FakeNvml:
             lines.append(f"persistence {gpu} {'on' if on else 'off'}")
         for gpu, domain in sorted(self.pci_domains.items()):
             lines.append(f"pci_domain {gpu} {domain:x}")
+        if self.driver_version is not None:
+            lines.append(f"driver_version {self.driver_version}")
         for g in sorted(self.gpus.values(), key=lambda g: g.index):
             lines.append(
                 f"gpu {g.index} {g.uuid} {g.name} {g.total_mib} {g.reserved_mib} {g.minor}"
@@ -361,6 +395,8 @@ class FakeNvml:
             lines.append(f"proc {p.gpu} {p.pid} {used} {p.kind}{mig}")
         for gpu, mib in sorted(self.leaks.items()):
             lines.append(f"leak {gpu} {mib}")
+        for gpu, devices in sorted(self.mig.items()):
+            lines.append(f"mig {gpu} {devices}")
         return "\n".join(lines) + "\n"
 
     def write(self) -> None:
@@ -368,9 +404,11 @@ class FakeNvml:
         self._absorb_library_changes()
         fd, tmp = tempfile.mkstemp(prefix=".fakenvml.", suffix=".tmp", dir=self.directory)
         try:
+            rendered = self.render()
             with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(self.render())
+                f.write(rendered)
             os.replace(tmp, self.state_path)
+            self.absorbed = len(rendered)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)

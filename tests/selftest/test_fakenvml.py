@@ -585,3 +585,13 @@ def test_state_changes_are_seen_by_a_running_process(fake: Any) -> None:
     assert p.stdout.readline() == "ok\n"
     assert json.loads(p.stdout.readline()) == [1, 2, 3]
     assert p.wait(timeout=30) == 0
+
+
+def test_driver_version_directive(fake: Any) -> None:
+    fake.add_gpu(0)
+    assert dump(fake)["driver"] == "550.127.05"
+    fake.set_driver_version("535.183.01")
+    assert "driver_version 535.183.01" in fake.state_path.read_text()
+    assert dump(fake)["driver"] == "535.183.01"
+    fake.set_driver_version(None)
+    assert dump(fake)["driver"] == "550.127.05"

@@ -52,6 +52,11 @@ TEXT_PARSERS: dict[str, str] = {
     "commands.unit:from_argv": "systemd's argv (--config=PATH)",
     "core.config:<module>": "config file values: a path must be absolute",
     "core.config:_api_ok": "config file values: a path must be absolute",
+    "commands.reset:parse_gpu": "argv: the GPU as the user names it",
+    "commands.xidhook:minor_to_pci": "the driver's /proc/driver/nvidia/gpus/*/information",
+    "core.xid:parse_line": "the NVIDIA driver's Xid line in the kernel log",
+    "core.xid:parse_record": "a /dev/kmsg record (the kernel's format)",
+    "host.kmsg:_split": "/dev/kmsg records and their continuation lines",
     "core.discovery:protected_name": "the kernel's exe link and its ' (deleted)' suffix",
     "core.gpumap:full_name": "the kernel's comm (cut at 15 bytes) against argv[0]",
     "core.records:DeviceUse.word": "a GPU node's path as the kernel names it (an fd's link, "
@@ -122,6 +127,15 @@ TEXT_PARSERS: dict[str, str] = {
     "proxmox.snippets:storage_options": "/etc/pve/storage.cfg",
     "proxmox.tasks:parse_upid": "a Proxmox task UPID",
     "proxmox.tasks:running_task": "a task worker's /proc cmdline",
+    "host.ctfiles:_Look._entries": "file names in a container's library directory",
+    "host.hostfacts:char_majors": "/proc/devices",
+    "host.hostfacts:_name": "a device path the config's devices globs found",
+    "proxmox.doctorconf:numbered": "/etc/pve/lxc/<vmid>.conf, its lines numbered",
+    "proxmox.doctorconf:_host_node": "a device path from a guest config",
+    "proxmox.doctorconf:_mount": "a guest config's lxc.mount.entry value",
+    "proxmox.ctrootfs:storage_section": "/etc/pve/storage.cfg",
+    "proxmox.ctrootfs:volid_of": "a guest config's rootfs value",
+    "proxmox.ctrootfs:rootfs_dir": "a Proxmox volume id (storage:volname)",
 }
 
 # --- rule 3 -----------------------------------------------------------------------------------
