@@ -15,7 +15,7 @@ from pveclean.core.report import Findings, Report, RunResult, build_report, busy
 from pveclean.core.run import Asked, OnlyGpus, Run, RunOptions
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.errors import ExitCode, PvecleanError
-from pveclean.host import cgroupfs, devnodes, notify, reportfiles
+from pveclean.host import cgroupfs, devnodes, notify, releasewatch, reportfiles
 from pveclean.host.clock import stamp, start_deadline
 from pveclean.host.freezer import Freezer
 from pveclean.host.nvml import Nvml
@@ -381,7 +381,7 @@ def _conclude(run: Run, disc: Discovery, unit_stops: UnitStops | None,
                        f"({run.deadline.elapsed():.2f} s); its findings were not used"))
         _drop_probe(disc, late)
     asked = not (run.opts.dry_run or idle) and (disc.scanned or bool(holders))
-    after = reads.memory(run.deadline.work_end) if asked else before
+    after, released = releasewatch.after_stop(run, disc, stopped, asked)
     problems = list(dict.fromkeys(reads.problems))
     errors = list(problems)
     verdict = verdicts.with_problems(so_far, problems)
@@ -391,7 +391,8 @@ def _conclude(run: Run, disc: Discovery, unit_stops: UnitStops | None,
                      0 if stopped is None else stopped.rounds, errors,
                      None if stopped is None else stopped.verify_s, len(reads.killed))
     rep = build_report(stamp(run.started, run.deadline.elapsed()), run.vmid, run.opts.phase,
-                       run.opts.dry_run, found, run.ctconf.gpu_lines(), run.cfg)
+                       run.opts.dry_run, found, run.ctconf.gpu_lines(), run.cfg
+                       ).with_release(released)
     last_exit = None if stopped is None else stopped.last_exit
     if unit_stops is not None or holders:  # else there is nothing to say of units
         from pveclean.proxmox import guestunits  # not for a run that found nothing

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from pveclean.core.amendments import Leak, NotListed, PreStopBrief, UnitStops
     from pveclean.core.config import Config
+    from pveclean.core.release import GpuRelease
     from pveclean.proxmox.pveconf import CtConfig
 
 
@@ -128,6 +129,7 @@ class Report:
     more_other_gpu_users: int = 0  # past their share of the report (bounds.SECTION_BYTES)
     more_leaks: int = 0
     notify_errors: list[str] | None = None  # what its journal line or metrics could not say
+    release: list[GpuRelease] | None = None  # the memory its stop set out to free (release.py)
 
     @property
     def busy(self) -> bool:
@@ -213,6 +215,16 @@ class Report:
         return dataclasses.replace(self, leaks=leaks, pre_stop_report=pre,
                                    verdict=with_leaks(self.verdict, leaks))
 
+    def with_release(self, rows: list[GpuRelease] | None) -> Report:
+        """Where the memory the stop set out to free stands (None: not watched): what is not
+        back is a warning; what is leaked makes the verdict `leaked` (unless already worse)."""
+        if rows is None:
+            return self
+        from pveclean.core.release import leaked, unsettled
+        return dataclasses.replace(
+            self, release=list(rows), verdict=with_leaks(self.verdict, leaked(rows)),
+            warnings=[*self.warnings, *(r.line() for r in unsettled(rows))])
+
     def as_dict(self) -> dict[str, object]:
         """The report as it is written and shown: plain values, keys in their fixed order."""
         s = self.summary
@@ -251,6 +263,8 @@ class Report:
             d["hints"] = self.hints
         if self.leaks is not None:
             d["leaks"] = _listed(self.leaks, self.more_leaks)
+        if self.release is not None:
+            d["release"] = [r.as_dict() for r in self.release]
         if self.pre_stop_report is not None:
             d["pre_stop_report"] = self.pre_stop_report.as_dict()
         if self.removed_cgroups:

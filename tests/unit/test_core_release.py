@@ -1,0 +1,125 @@
+"""core/release.py: a slow release is not a leak; what NVML did not answer for is not judged."""
+
+from __future__ import annotations
+
+from pveclean.core import release
+from pveclean.core.records import GpuMemory, GpuStatus, NvmlProcesses
+from pveclean.core.release import Release
+
+
+def gpu(used: int, index: int = 0, status: GpuStatus = GpuStatus.OK) -> GpuMemory:
+    return GpuMemory(index, f"GPU-{index}", "H100", 81559, 512, used, index, status,
+                     None if status is GpuStatus.OK else "Unknown Error")
+
+
+def procs(by_pid: dict[int, dict[int, int | None]] | None = None,
+          faults: dict[int, tuple[GpuStatus, str]] | None = None) -> NvmlProcesses:
+    return NvmlProcesses(by_pid or {}, faults or {})
+
+
+# before the run: our holder 10,000 MiB on GPU 0, another container's 2,000, 100 unaccounted
+BEFORE = [gpu(12_100)]
+MINE = [{0: 10_000}]
+THEIRS = [{0: 2_000}]
+AFTER = procs({77: {0: 2_000}})  # our holder gone; the other still listed
+
+
+def rows() -> list[release.GpuRelease]:
+    return release.targets(BEFORE, MINE, THEIRS)
+
+
+def test_targets_one_row_per_gpu_of_ours_with_the_base_no_process_accounted_for():
+    (r,) = rows()
+    assert (r.index, r.state, r.set_out_mib, r.base_mib) == (0, Release.RELEASING, 10_000, 100)
+    assert release.targets([*BEFORE, gpu(500, index=1)], MINE, THEIRS)[0].index == 0
+    assert len(release.targets([*BEFORE, gpu(500, index=1)], MINE, THEIRS)) == 1
+
+
+def test_memory_back_at_the_first_look_is_released_at_once():
+    (r,) = release.step(rows(), [gpu(2_100)], AFTER, 0.2)
+    assert (r.state, r.left_mib, r.after_s) == (Release.RELEASED, 0, 0.2)
+    assert release.finished([r])
+
+
+def test_a_three_second_release_is_releasing_then_released_never_leaked():
+    rs = rows()
+    for t in (0.1, 1.0, 2.0, 2.9):  # the driver keeps it, listed under no process
+        rs = release.step(rs, [gpu(12_100)], AFTER, t)
+        assert rs[0].state is Release.RELEASING and rs[0].left_mib == 10_000
+        assert not release.finished(rs)
+    rs = release.step(rs, [gpu(2_150)], AFTER, 3.1)
+    assert (rs[0].state, rs[0].after_s) == (Release.RELEASED, 3.1)
+    assert "released in 3.1 s" in rs[0].line()
+
+
+def test_memory_that_stays_put_for_the_settle_time_is_leaked():
+    rs = release.step(rows(), [gpu(12_100)], AFTER, 0.1)
+    rs = release.step(rs, [gpu(12_100)], AFTER, 0.1 + release.SETTLE_S - 0.01)
+    assert rs[0].state is Release.RELEASING
+    rs = release.step(rs, [gpu(12_100)], AFTER, 0.1 + release.SETTLE_S)
+    assert (rs[0].state, rs[0].left_mib) == (Release.LEAKED, 10_000)
+    assert release.leaked(rs) == rs and release.finished(rs)
+
+
+def test_memory_falling_in_steps_is_waited_for_past_the_settle_time():
+    rs, t, used = rows(), 0.0, 12_100
+    while used > 2_100:
+        rs = release.step(rs, [gpu(used)], AFTER, t)
+        assert rs[0].state is Release.RELEASING
+        t, used = t + 4.0, used - 2_000  # a step every 4 s: each under SETTLE_S
+    rs = release.step(rs, [gpu(used)], AFTER, t)
+    assert rs[0].state is Release.RELEASED and t > release.SETTLE_S
+
+
+def test_at_the_end_of_the_allowance_what_is_left_is_leaked_at_the_deadline_releasing():
+    rs = release.step(rows(), [gpu(12_100)], AFTER, 0.1)
+    rs = release.step(rs, [gpu(8_100)], AFTER, 1.0)
+    assert rs[0].state is Release.RELEASING  # a pre-stop's deadline: said as it stands
+    assert "6000 MiB releasing after 1.0 s" in rs[0].line()
+    assert release.at_allowance_end(rs)[0].state is Release.LEAKED
+
+
+def test_another_processes_growth_is_not_ours_and_ours_is_at_most_what_we_had():
+    grown = procs({77: {0: 5_000}})
+    (r,) = release.step(rows(), [gpu(5_100)], grown, 0.2)
+    assert r.state is Release.RELEASED
+    (r,) = release.step(rows(), [gpu(40_000)], AFTER, 0.2)  # someone else, unlisted
+    assert r.left_mib == 10_000
+
+
+def test_no_answer_is_not_judged_never_leaked_and_a_later_answer_judges():
+    rs = release.step(rows(), None, None, 0.1)
+    assert rs[0].state is Release.NOT_JUDGED and "no answer" in (rs[0].reason or "")
+    assert not release.leaked(rs) and not release.finished(rs)  # asked again after a stall
+    rs = release.step(rs, [gpu(2_100)], AFTER, 0.5)
+    assert rs[0].state is Release.RELEASED
+
+
+def test_faults_and_na_are_not_judged_with_their_reason():
+    lost = release.step(rows(), [gpu(0, status=GpuStatus.LOST)], AFTER, 0.1)[0]
+    assert lost.state is Release.NOT_JUDGED and "lost" in (lost.reason or "")
+    hung = release.step(rows(), [gpu(12_100)],
+                        procs(faults={0: (GpuStatus.UNAVAILABLE, "Timeout")}), 0.1)[0]
+    assert hung.state is Release.NOT_JUDGED and "process list" in (hung.reason or "")
+    na = release.step(rows(), [gpu(12_100)], procs({77: {0: None}}), 0.1)[0]
+    assert na.state is Release.NOT_JUDGED and "not available" in (na.reason or "")
+    assert not release.leaked([lost, hung, na])
+    assert release.at_allowance_end([na])[0].state is Release.NOT_JUDGED
+
+
+def test_na_before_the_stop_is_never_judged():
+    (r,) = release.targets(BEFORE, [{0: None}], THEIRS)
+    assert r.state is Release.NOT_JUDGED and r.base_mib is None
+    assert release.step([r], [gpu(12_100)], AFTER, 9.0) == [r]
+    assert release.finished([r]) and not release.leaked([r])
+    (r,) = release.targets(BEFORE, MINE, [{0: None}])
+    assert r.state is Release.NOT_JUDGED and "another process" in (r.reason or "")
+    (r,) = release.targets([gpu(0, status=GpuStatus.UNAVAILABLE)], MINE, THEIRS)
+    assert r.state is Release.NOT_JUDGED
+
+
+def test_as_dict_says_released_in_or_left_after():
+    rs = release.step(rows(), [gpu(12_100)], AFTER, 0.1)
+    assert release.at_allowance_end(rs)[0].as_dict() == {
+        "gpu": 0, "uuid": "GPU-0", "state": "leaked", "set_out_to_free_mib": 10_000,
+        "left_mib": 10_000, "after_s": 0.1}
