@@ -104,6 +104,10 @@ class FakeNvml:
     # Built without these process getter symbols at all (a driver before R510: ("v3",));
     # the library's build is then kept apart from a full one by its flags.
     without: tuple[str, ...] = ()
+    # GPU index -> (seconds or "inf", steps): a dead holder's memory given back that late
+    releases: dict[int, tuple[str, int]] = field(default_factory=dict)
+    # PID -> when the library first saw it dead (its appended "died" lines, kept on rewrite)
+    died: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory).resolve()
@@ -304,6 +308,8 @@ class FakeNvml:
             words = line.split()
             if len(words) == 3 and words[0] == "persistence" and words[1].isdigit():
                 self.persistence[int(words[1])] = words[2] == "on"
+            if len(words) == 3 and words[0] == "died" and words[1].isdigit():
+                self.died.setdefault(int(words[1]), float(words[2]))
 
     def lose(self, gpu: int, getters: tuple[str, ...] = GETTERS) -> None:
         """GPU ``gpu`` fell off the bus (Xid 79): its ``getters`` answer GPU_IS_LOST, while
@@ -326,6 +332,21 @@ class FakeNvml:
         if missing is not None and missing not in PROC_VERSIONS:
             raise ValueError(f"missing must be one of {PROC_VERSIONS} or None: {missing!r}")
         self.missing = missing
+        self.write()
+
+    def release(self, gpu: int, seconds: float | None, steps: int = 1) -> None:
+        """A dead holder's memory on ``gpu`` stays allocated, under no process, ``seconds``
+        after the library first sees it dead (``math.inf``: never given back; None: freed
+        with the process, as by default), falling in ``steps`` equal steps, as a real
+        driver gives memory back after the process is gone."""
+        _non_negative(gpu, "gpu")
+        if seconds is None:
+            self.releases.pop(gpu, None)
+        elif not seconds >= 0 or _non_negative(steps, "steps") == 0:
+            raise ValueError(f"release needs seconds >= 0 and steps >= 1: {seconds!r}, {steps}")
+        else:
+            self.releases[gpu] = ("inf" if seconds == float("inf") else repr(float(seconds)),
+                                  steps)
         self.write()
 
     def render(self) -> str:
@@ -361,6 +382,9 @@ class FakeNvml:
             lines.append(f"proc {p.gpu} {p.pid} {used} {p.kind}{mig}")
         for gpu, mib in sorted(self.leaks.items()):
             lines.append(f"leak {gpu} {mib}")
+        for gpu, (secs, steps) in sorted(self.releases.items()):
+            lines.append(f"release {gpu} {secs} {steps}")
+        lines += [f"died {pid} {at:.6f}" for pid, at in sorted(self.died.items())]
         return "\n".join(lines) + "\n"
 
     def write(self) -> None:
