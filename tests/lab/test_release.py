@@ -1,0 +1,81 @@
+"""A slow release is not a leak: the fake NVML keeps a dead holder's memory allocated under no
+process for a set time, as a real driver does (issue 38)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from tests.harness.lxclab import Lab
+from tests.helpers import hook, reports, run_json
+
+MIB = 10_000
+
+
+def _holder(lab: Lab, vmid: int) -> int:
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"], gpu_mib={0: MIB})
+    (pid,) = w.host_pids(lab)
+    return pid
+
+
+def test_a_three_second_release_is_waited_for_and_clean(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=15)
+    pid = _holder(lab, vmid)
+    lab.nvml.release(0, 3.0)
+    t0 = time.monotonic()
+    code, rep = run_json(lab, vmid)
+    elapsed = time.monotonic() - t0
+    assert code == 0 and rep["verdict"] == "clean", rep
+    assert not lab.alive(pid)
+    (row,) = rep["release"]
+    assert row["state"] == "released" and row["set_out_to_free_mib"] == MIB
+    assert 2.5 <= row["after_s"] < 5.0, row
+    assert elapsed >= 2.5
+    gpu0 = rep["gpus"][0]
+    assert gpu0["used_before_mib"] - gpu0["used_after_mib"] == MIB  # measured, not assumed
+    assert rep["summary"]["freed_mib"] == MIB
+
+
+def test_memory_falling_in_steps_past_the_settle_time_is_clean(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=20)
+    _holder(lab, vmid)
+    lab.nvml.release(0, 8.0, steps=4)  # 2,500 MiB every 2 s: never still for 5 s
+    code, rep = run_json(lab, vmid)
+    assert code == 0 and rep["verdict"] == "clean", rep
+    assert rep["release"][0]["state"] == "released" and rep["release"][0]["after_s"] >= 7
+
+
+def test_memory_that_never_comes_back_is_leaked(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=15)
+    _holder(lab, vmid)
+    lab.nvml.release(0, math.inf)
+    t0 = time.monotonic()
+    code, rep = run_json(lab, vmid)
+    elapsed = time.monotonic() - t0
+    assert code == 1 and rep["verdict"] == "leaked", rep
+    (row,) = rep["release"]
+    assert row["state"] == "leaked" and row["left_mib"] == MIB and row["after_s"] >= 5.0
+    assert elapsed < 15, elapsed  # settled after 5 s of no change, not at the deadline
+    assert any(f"GPU 0: {MIB} MiB: {MIB} MiB leaked after" in w for w in rep["warnings"])
+
+
+def test_pre_stop_stays_within_its_deadline_whatever_the_release(lab: Lab, vmid: int
+                                                                 ) -> None:
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=3)
+    _holder(lab, vmid)
+    lab.install_hook(vmid)
+    lab.nvml.release(0, 30.0)  # longer than the whole deadline
+    t0 = time.monotonic()
+    res = hook(lab, vmid, "pre-stop")
+    elapsed = time.monotonic() - t0
+    assert res.returncode == 0
+    assert elapsed < 3 + 1.5, elapsed
+    (pre,) = reports(lab, vmid, "pre-stop")
+    (row,) = pre["release"]
+    assert row["state"] == "releasing" and row["left_mib"] == MIB  # not leaked: post-stop's
+    assert pre["verdict"] == "clean"
