@@ -21,7 +21,7 @@ from pveclean.core.report import Report, RunResult, find_leaks
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
-from pveclean.host import cgroupfs, reportfiles
+from pveclean.host import cgroupfs, releasewatch, reportfiles
 from pveclean.host.clock import start_deadline
 from pveclean.host.configfile import load
 from pveclean.host.nvml import Nvml
@@ -217,7 +217,9 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
             grant = ran_with.gpu() if ran_with is not None else None
             if grant is None or grant.any or grant.allow_all:  # else it had no GPU to leak
                 minors = _container_minors(ran_with)
-                leaks = find_leaks(memory, procs, minors, gpus_used(pre) if pre else set())
+                used = gpus_used(pre) if pre else set()  # memory still falling: waited for
+                leaks, memory, procs = releasewatch.settled_leaks(  # (reads' NVML session)
+                    reads, (memory, procs), end, lambda m, p: find_leaks(m, p, minors, used))
                 for why in unchecked(memory, procs, minors):
                     rep = rep.with_warning(why)  # a GPU NVML could not answer for: not judged
     rep = rep.with_leaks(leaks, _brief(pre))

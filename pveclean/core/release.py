@@ -184,6 +184,22 @@ def at_allowance_end(rows: Sequence[GpuRelease]) -> list[GpuRelease]:
             and r.left_mib else r for r in rows]
 
 
+def falls(seen: Mapping[int, tuple[int, float]], now_mib: Mapping[int, int], now: float
+          ) -> dict[int, tuple[int, float]]:
+    """Post-stop's leak check, look after look: GPU index -> (MiB no process accounts for,
+    when it last fell by more than SLACK_MIB); a GPU first seen counts from `now`."""
+    out = {}
+    for i, mib in now_mib.items():
+        prev = seen.get(i)
+        out[i] = (mib, now) if prev is None or mib < prev[0] - SLACK_MIB else (prev[0], prev[1])
+    return out
+
+
+def still(seen: Mapping[int, tuple[int, float]], now: float) -> bool:
+    """Every GPU's unaccounted memory has stayed put for SETTLE_S: it is leaked."""
+    return all(now - since >= SETTLE_S for _mib, since in seen.values())
+
+
 def unsettled(rows: Sequence[GpuRelease]) -> list[GpuRelease]:
     """Rows not released: each is a line in the report's warnings."""
     return [r for r in rows if r.state is not Release.RELEASED]

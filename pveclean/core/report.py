@@ -43,7 +43,8 @@ def find_leaks(gpus: list[GpuMemory], procs: NvmlProcesses,
     """Memory allocated on the container's GPUs that no live process accounts for. A PID's
     figure on a GPU is already the sum of its rows there (one per MIG instance, see
     host/nvml.py), so no MIG user shows as a leak. A GPU NVML could not read, or whose
-    process list it could not give (`procs.faults`), is not judged: no figure, no leak."""
+    process list it could not give (`procs.faults`), or where it reports a process's memory
+    as not available (N/A: under MIG, on some boards), is not judged: no figure, no leak."""
     from pveclean.core.amendments import Leak  # a post-stop's only
 
     leaks = []
@@ -56,8 +57,10 @@ def find_leaks(gpus: list[GpuMemory], procs: NvmlProcesses,
                 continue  # not one of this container's GPUs
         elif used_by_ct and g.index not in used_by_ct:
             continue
-        accounted = sum(m or 0 for per in procs.by_pid.values() for i, m in per.items()
-                        if i == g.index)
+        listed = [m for per in procs.by_pid.values() for i, m in per.items() if i == g.index]
+        if None in listed:
+            continue  # a process's memory NVML reports as not available: not judged
+        accounted = sum(m or 0 for m in listed)
         unaccounted = g.used_mib - accounted
         if unaccounted > LEAK_SLACK_MIB:
             leaks.append(Leak(g.index, g.uuid, unaccounted,

@@ -10,14 +10,16 @@ then is `leaked`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from pveclean.core import release
-from pveclean.core.records import GpuMemory
+from pveclean.core.records import GpuMemory, NvmlProcesses
 from pveclean.core.release import GpuRelease
 from pveclean.core.verdicts import STOPPED
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pveclean.core.amendments import Leak
     from pveclean.core.records import Discovery
     from pveclean.core.run import Run
     from pveclean.core.stopping import Stopped
@@ -59,3 +61,28 @@ def after_stop(run: Run, disc: Discovery, stopped: Stopped | None, asked: bool
     allowance_end = stopped.last_exit + run.cfg.release_seconds
     rows, last = watch(reads, rows, stopped.last_exit, min(end, allowance_end), allowance_end)
     return (last if last is not None else reads.memory(end)), rows
+
+
+Judge = Callable[[list[GpuMemory], NvmlProcesses], list["Leak"]]
+
+
+def settled_leaks(reads: Reads, first: tuple[list[GpuMemory], NvmlProcesses], end: float,
+                  judge: Judge) -> tuple[list[Leak], list[GpuMemory], NvmlProcesses]:
+    """Post-stop's leak check with the release allowance: memory no process accounts for
+    (`judge`: find_leaks) is looked at again every POLL_S while it falls; a leak is what
+    stays put for SETTLE_S, or is left at `end` (the post-stop's deadline). The leaks and
+    the last answers; a look NVML did not answer ends the wait with what was judged."""
+    memory, procs = first
+    seen: dict[int, tuple[int, float]] = {}
+    while True:
+        leaks = judge(memory, procs)
+        now = time.monotonic()
+        seen = release.falls(seen, {x.index: x.unaccounted_mib for x in leaks}, now)
+        if not leaks or release.still(seen, now) or now + release.POLL_S >= end:
+            return leaks, memory, procs
+        time.sleep(release.POLL_S)
+        again = reads.memory(end)
+        more = reads.processes(end) if again is not None else None
+        if again is None or more is None:
+            return leaks, memory, procs
+        memory, procs = again, more

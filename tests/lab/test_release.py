@@ -4,10 +4,12 @@ process for a set time, as a real driver does (issue 38)."""
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 
 from tests.harness.lxclab import Lab
-from tests.helpers import hook, reports, run_json
+from tests.helpers import hook, reports, run_json, wait_for
 
 MIB = 10_000
 
@@ -79,3 +81,36 @@ def test_pre_stop_stays_within_its_deadline_whatever_the_release(lab: Lab, vmid:
     (row,) = pre["release"]
     assert row["state"] == "releasing" and row["left_mib"] == MIB  # not leaked: post-stop's
     assert pre["verdict"] == "clean"
+
+
+def _killed_outside(lab: Lab, vmid: int, seconds: float, steps: int = 1) -> None:
+    """The holder is gone (killed as the guest's own shutdown would) before post-stop runs,
+    its memory still on its way back."""
+    assert lab.nvml is not None
+    pid = _holder(lab, vmid)
+    lab.install_hook(vmid)
+    lab.nvml.release(0, seconds, steps)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not lab.alive(pid))
+
+
+def test_post_stop_waits_for_memory_still_falling_and_finds_no_leak(lab: Lab, vmid: int
+                                                                     ) -> None:
+    lab.write_config(grace_seconds=1, deadline_seconds=15)
+    _killed_outside(lab, vmid, 4.0, steps=2)
+    res = hook(lab, vmid, "post-stop")
+    assert res.returncode == 0
+    (post,) = reports(lab, vmid, "post-stop")
+    assert post["leaks"] == [] and post["verdict"] != "leaked", post
+    assert "leaked" not in res.stdout
+
+
+def test_post_stop_says_leaked_only_for_memory_that_stays_put(lab: Lab, vmid: int) -> None:
+    lab.write_config(grace_seconds=1, deadline_seconds=15)
+    _killed_outside(lab, vmid, math.inf)
+    t0 = time.monotonic()
+    hook(lab, vmid, "post-stop")
+    elapsed = time.monotonic() - t0
+    (post,) = reports(lab, vmid, "post-stop")
+    assert post["verdict"] == "leaked" and post["leaks"][0]["unaccounted_mib"] == MIB
+    assert 5.0 <= elapsed < 15, elapsed

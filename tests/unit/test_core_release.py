@@ -123,3 +123,25 @@ def test_as_dict_says_released_in_or_left_after():
     assert release.at_allowance_end(rs)[0].as_dict() == {
         "gpu": 0, "uuid": "GPU-0", "state": "leaked", "set_out_to_free_mib": 10_000,
         "left_mib": 10_000, "after_s": 0.1}
+
+
+def test_post_stop_waits_while_unaccounted_memory_falls_and_settles_when_still():
+    seen = release.falls({}, {0: 8_000}, 0.0)
+    assert not release.still(seen, release.SETTLE_S - 0.1)
+    seen = release.falls(seen, {0: 4_000}, 3.0)  # fell: counts again from 3 s
+    assert seen == {0: (4_000, 3.0)}
+    seen = release.falls(seen, {0: 4_000 - release.SLACK_MIB}, 7.0)  # within slack: still
+    assert not release.still(seen, 7.9) and release.still(seen, 8.0)
+    assert release.still({}, 0.0)  # nothing unaccounted: nothing to wait for
+
+
+def test_na_process_memory_is_not_counted_as_zero_in_the_leak_check():
+    from pveclean.core.gpufaults import unchecked
+    from pveclean.core.report import find_leaks
+    g = GpuMemory(0, "GPU-0", "H100", 81559, 512, 6_144, 0)
+    na = procs({42: {0: None}})
+    assert find_leaks([g], na, set(), set()) == []  # was: 6,144 MiB "leaked", reset advised
+    (why,) = unchecked([g], na, set())
+    assert "not available" in why and "not judged" in why
+    assert [x.unaccounted_mib for x in find_leaks([g], procs(), set(), set())] == [6_144]
+    assert unchecked([g], na, {5}) == []  # not the container's GPU
