@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 import os
 import signal
+import threading
 import time
 
+from tests.harness.hangfs import HangFs
 from tests.harness.lxclab import Lab
 from tests.helpers import hook, reports, run_json, wait_for
 
@@ -114,3 +116,60 @@ def test_post_stop_says_leaked_only_for_memory_that_stays_put(lab: Lab, vmid: in
     (post,) = reports(lab, vmid, "post-stop")
     assert post["verdict"] == "leaked" and post["leaks"][0]["unaccounted_mib"] == MIB
     assert 5.0 <= elapsed < 15, elapsed
+
+
+def _held_in_exit(lab: Lab, vmid: int, hangfs: HangFs) -> int:
+    """A holder whose exit the kernel holds back: closing a file whose FUSE server stopped
+    answering (its FLUSH waits uninterruptibly in do_exit, PF_EXITING set), as a process
+    unpinning 243 GB of host memory is held in exit on a real host."""
+    lab.create_ct(vmid, gpus=(0, 1))
+    w = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia1"]), str(hangfs.file)],
+                        pidns=True, cgroup=lab.cgroup(vmid) / "ns")
+    (pid,) = [p for p in w.host_pids(lab) if str(hangfs.file) in _fds(p)]
+    assert lab.nvml is not None
+    lab.nvml.set_process(1, pid, 4000)  # the holder's, not its namespace's init's
+    hangfs.hang()
+    return pid
+
+
+def _fds(pid: int) -> list[str]:
+    try:
+        return [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return []
+
+
+def test_a_process_seconds_in_exit_is_waited_for_and_clean(lab: Lab, vmid: int,
+                                                          hangfs: HangFs) -> None:
+    lab.write_config(grace_seconds=0.5, deadline_seconds=20)
+    pid = _held_in_exit(lab, vmid, hangfs)
+    timer = threading.Timer(8.0, hangfs.close)  # the kernel lets it go after 8 s
+    timer.start()
+    try:
+        t0 = time.monotonic()
+        code, rep = run_json(lab, vmid)
+        elapsed = time.monotonic() - t0
+    finally:
+        timer.cancel()
+        hangfs.close()
+    assert code == 0 and rep["verdict"] == "clean", rep
+    assert 7.5 <= elapsed < 20, elapsed
+    (h,) = [h for h in rep["holders"] if h["host_pid"] == pid]
+    assert h["outcome"] in ("terminated", "killed")
+    assert not lab.alive(pid)
+
+
+def test_a_process_still_in_exit_at_the_deadline_is_exiting_not_survived(
+        lab: Lab, vmid: int, hangfs: HangFs) -> None:
+    lab.write_config(grace_seconds=0.5, deadline_seconds=3)
+    pid = _held_in_exit(lab, vmid, hangfs)
+    try:
+        code, rep = run_json(lab, vmid)
+        assert lab.alive(pid)  # still in the kernel's exit
+    finally:
+        hangfs.close()
+    assert code == 1 and rep["verdict"] == "residual", rep  # not clean until it is gone
+    (h,) = [h for h in rep["holders"] if h["host_pid"] == pid]
+    assert h["outcome"] == "exiting", h
+    assert any("in the kernel's exit" in s for s in h["signals"]), h
+    assert wait_for(lambda: not lab.alive(pid))

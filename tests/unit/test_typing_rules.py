@@ -81,6 +81,7 @@ TEXT_PARSERS: dict[str, str] = {
     "host.nvml:pci_id": "NVML's PCI bus id",
     "host.nvml:_describe": "nvidia-ml-py's NVMLError_* class names",
     "host.procfs:parse_stat": "/proc/PID/stat",
+    "host.procfs:stat_flags": "/proc/PID/stat (its flags field)",
     "host.procfs:parse_status": "/proc/PID/status",
     "host.procfs:status_identity": "/proc/PID/status fields (Uid, NSpid)",
     "host.procfs:parse_cmdline": "/proc/PID/cmdline",
