@@ -378,15 +378,26 @@ def main() -> int:
     ap.add_argument("--rebind", metavar="PCI_ADDRESS",
                     help="instead: hand this spare GPU's IOMMU group to vfio-pci and back, as "
                          "vm_gpu_rebind does (takes the GPU from the nvidia driver)")
+    import release_check  # tests/gpu/release_check.py, beside this script (issue 38)
+
+    release_check.add_options(ap)
     args = ap.parse_args()
     if args.rebind:
         return rebind_check(args.rebind.lower(), args.deadline)
     global FAKE_NVML
     if args.fake_nvml:
         FAKE_NVML = str(Path(args.fake_nvml).resolve())
+        args.fake_nvml = FAKE_NVML
         os.environ["GPU_CHECK_NODE"] = sorted(
             str(p) for p in Path(args.devices).parent.glob(Path(args.devices).name))[0]
-    return run(args)
+    if args.release_only or args.release:
+        why = preflight()
+        if why:
+            return fail(why)
+    code = 0 if args.release_only else run(args)
+    if args.release or args.release_only:
+        code = max(code, release_check.main_release(args))
+    return code
 
 
 if __name__ == "__main__":
