@@ -130,6 +130,10 @@ def _ask_nvml(nvml: Nvml, warnings: list[str]
         return gpus, used, buses, Source(SourceState.UNAVAILABLE, f"unavailable: {why}")
     said = [f"no {what}: {exc}" for what, exc in failed]
     warnings += [f"NVML gave {line}" for line in said]
+    for what, fault in failed:
+        if what == "processes":  # not "every GPU's memory leaked" (issue 38): not judged
+            from pveclean.core.release import unlisted
+            used = unlisted(gpus, str(fault))
     gpus = with_faults(gpus, used.faults)
     for g in gpus:
         if not g.ok:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from pveclean.core.records import GpuMemory, NvmlProcesses
+from pveclean.core.records import GpuMemory, GpuStatus, NvmlProcesses
 
 SLACK_MIB = 64  # as report.LEAK_SLACK_MIB: allocator slack, contexts
 SETTLE_S = 5.0  # memory that stays put this long after every holder is gone: leaked
@@ -207,3 +207,10 @@ def unsettled(rows: Sequence[GpuRelease]) -> list[GpuRelease]:
 
 def leaked(rows: Sequence[GpuRelease] | None) -> list[GpuRelease]:
     return [r for r in rows or [] if r.state is Release.LEAKED]
+
+
+def unlisted(gpus: Sequence[GpuMemory], why: str) -> NvmlProcesses:
+    """No process list came back at all (it failed or hung): every GPU's list is a fault, so
+    no GPU's used memory is judged a leak (`gpus`, metrics, the VM guard)."""
+    return NvmlProcesses({}, {g.index: (GpuStatus.UNAVAILABLE, f"no process list: {why}")
+                              for g in gpus})

@@ -145,3 +145,49 @@ def test_na_process_memory_is_not_counted_as_zero_in_the_leak_check():
     assert "not available" in why and "not judged" in why
     assert [x.unaccounted_mib for x in find_leaks([g], procs(), set(), set())] == [6_144]
     assert unchecked([g], na, {5}) == []  # not the container's GPU
+
+
+def test_gpus_with_no_process_list_judges_no_gpu_a_leak():
+    """A process list that failed or hung: `gpus` no longer calls every GPU's used memory a
+    leak ("reset with nvidia-smi -r"); each GPU is marked with why, not judged."""
+    from pveclean.commands.gpus import _ask_nvml
+    from pveclean.core.gpumap import gpu_use
+    from pveclean.host.nvml import NvmlUnavailable
+
+    class Hung:
+        def memory(self) -> list[GpuMemory]:
+            return [gpu(30_000), gpu(12_000, index=1)]
+
+        def processes(self) -> NvmlProcesses:
+            raise NvmlUnavailable("NVML processes did not answer within 5.0 s")
+
+        def pci_bus_ids(self) -> dict[int, object]:
+            return {}
+
+    warnings: list[str] = []
+    gpus, used, _buses, source = _ask_nvml(Hung(), warnings)  # type: ignore[arg-type]
+    assert set(used.faults) == {0, 1} and str(source.state) == "partial"
+    uses = [gpu_use(g, None, []) for g in gpus]
+    assert [u.leak_mib for u in uses] == [0, 0]
+    assert all(u.unaccounted_mib is None for u in uses)
+    assert any("no processes" in w for w in warnings)
+
+
+def test_metrics_say_per_gpu_whether_nvml_answered_and_whether_it_was_usable():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pveclean.core import metrics, metrics_gpus
+    from tests.gpumaps import gmap, use
+
+    def samples(m: object) -> dict[str, dict[str, float]]:
+        text = metrics.render(metrics_gpus.families(m, "pve1", {}, [], 1.0))  # type: ignore
+        return {f.name: {x.labels.get("gpu", "-"): x.value for x in f.samples}
+                for f in text_string_to_metric_families(text)}
+
+    s = samples(gmap([use(0, None, used=9000, unaccounted_mib=0),
+                      use(1, None, used=9000, status="unavailable", unaccounted_mib=None)]))
+    assert s["pveclean_gpu_nvml_ok"] == {"0": 1, "1": 0}
+    assert s["pveclean_gpu_unaccounted_memory_bytes"] == {"0": 0}  # GPU 1 not judged
+    assert s["pveclean_gpus_nvml_up"] == {"-": 1}
+    assert samples(gmap([], nvml="NVML Shared Library Not Found"))[
+        "pveclean_gpus_nvml_up"] == {"-": 0}
