@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 
 
 def watch(reads: Reads, rows: list[GpuRelease], exited_at: float, end: float,
-          allowance_end: float) -> tuple[list[GpuRelease], list[GpuMemory] | None]:
+          allowance_end: float, say: Callable[[str], None] | None = None
+          ) -> tuple[list[GpuRelease], list[GpuMemory] | None]:
     """Look at the memory every POLL_S until nothing is left to wait for or `end` (monotonic
-    times); the rows as they stand and the last memory NVML gave (None: none)."""
+    times); the rows as they stand and the last memory NVML gave (None: none). `say`: told
+    once when the first look finds memory still on its way back."""
     last: list[GpuMemory] | None = None
     while True:
         gpus = reads.memory(end)
@@ -39,6 +41,11 @@ def watch(reads: Reads, rows: list[GpuRelease], exited_at: float, end: float,
         last = gpus if gpus is not None else last
         if release.finished(rows) or now + release.POLL_S >= end:
             break
+        if say is not None:
+            left = [r for r in rows if r.left_mib]
+            say(f"waiting up to {end - now:.1f} s for {sum(r.left_mib or 0 for r in left)} MiB "
+                f"on GPU(s) {', '.join(str(r.index) for r in left) or '?'} to be released")
+            say = None
         time.sleep(release.POLL_S)
     if now + release.POLL_S >= allowance_end:
         rows = release.at_allowance_end(rows)
@@ -59,7 +66,8 @@ def after_stop(run: Run, disc: Discovery, stopped: Stopped | None, asked: bool
     if not rows:
         return reads.memory(end), None
     allowance_end = stopped.last_exit + run.cfg.release_seconds
-    rows, last = watch(reads, rows, stopped.last_exit, min(end, allowance_end), allowance_end)
+    rows, last = watch(reads, rows, stopped.last_exit, min(end, allowance_end), allowance_end,
+                       run.say)
     return (last if last is not None else reads.memory(end)), rows
 
 

@@ -82,6 +82,8 @@ def test_pre_stop_stays_within_its_deadline_whatever_the_release(lab: Lab, vmid:
     (pre,) = reports(lab, vmid, "pre-stop")
     (row,) = pre["release"]
     assert row["state"] == "releasing" and row["left_mib"] == MIB  # not leaked: post-stop's
+    assert "waiting up to" in res.stdout and f"{MIB} MiB on GPU(s) 0 to be released" in \
+        res.stdout, res.stdout
     assert pre["verdict"] == "clean"
 
 

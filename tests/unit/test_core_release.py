@@ -191,3 +191,16 @@ def test_metrics_say_per_gpu_whether_nvml_answered_and_whether_it_was_usable():
     assert s["pveclean_gpus_nvml_up"] == {"-": 1}
     assert samples(gmap([], nvml="NVML Shared Library Not Found"))[
         "pveclean_gpus_nvml_up"] == {"-": 0}
+
+
+def test_a_reports_release_section_reads_back_equal():
+    from pveclean.core.reportread import from_dict
+    rs = release.step(rows(), [gpu(12_100)], AFTER, 0.1)
+    rs = [*release.at_allowance_end(rs), release.GpuRelease(
+        1, "GPU-1", Release.NOT_JUDGED, 5, reason="NVML gave no answer")]
+    head = {"vmid": 129, "phase": "manual", "verdict": "leaked", "start": "x"}
+    d = from_dict({**head, "release": [r.as_dict() for r in rs]})
+    assert [r.as_dict() for r in d.release or []] == [r.as_dict() for r in rs]
+    assert from_dict(head).release is None
+    odd = from_dict({**head, "release": [{"gpu": 0, "state": "later-word"}]})
+    assert odd.release is not None and odd.release[0].state is Release.NOT_JUDGED
