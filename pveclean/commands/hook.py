@@ -17,6 +17,7 @@ from pveclean.cleanup import RunOptions, cgroup_root, clean, finish, reserve_for
 from pveclean.core.config import PHASES, Config
 from pveclean.core.discovery import stall_for
 from pveclean.core.gpufaults import unchecked
+from pveclean.core.release import leaked
 from pveclean.core.report import Report, RunResult, find_leaks
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
@@ -103,6 +104,10 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     elif rep.verdict == Verdict.CLEAN:
         say(f"pveclean: CT {vmid} pre-stop: stopped {s.stopped} GPU holders "
             f"({s.freed_mib} MiB freed) in {dur:.1f} s; {_where(res)}")
+    elif rep.verdict == Verdict.LEAKED and not rep.remaining():  # issue 38: not "REMAIN"
+        stuck = "; ".join(r.line() for r in leaked(rep.release))
+        say(f"pveclean: WARNING: CT {vmid} pre-stop: stopped {s.stopped} GPU holders, but "
+            f"their memory stayed allocated: {stuck}; {_where(res)}")
     else:
         left = rep.remaining()
         names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} ({h.outcome}, "

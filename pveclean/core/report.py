@@ -218,6 +218,12 @@ class Report:
         return dataclasses.replace(self, leaks=leaks, pre_stop_report=pre,
                                    verdict=with_leaks(self.verdict, leaks))
 
+    def leaked_mib(self) -> int:
+        """MiB leaked: a post-stop's leaks, and what a stop's release left (issue 38)."""
+        from pveclean.core.release import leaked
+        return (sum(x.unaccounted_mib for x in self.leaks or [])
+                + sum(r.left_mib or 0 for r in leaked(self.release)))
+
     def with_release(self, rows: list[GpuRelease] | None) -> Report:
         """Where the memory the stop set out to free stands (None: not watched): what is not
         back is a warning; what is leaked makes the verdict `leaked` (unless already worse)."""

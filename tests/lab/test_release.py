@@ -175,3 +175,20 @@ def test_a_process_still_in_exit_at_the_deadline_is_exiting_not_survived(
     assert h["outcome"] == "exiting", h
     assert any("in the kernel's exit" in s for s in h["signals"]), h
     assert wait_for(lambda: not lab.alive(pid))
+
+
+def test_a_pre_stop_whose_memory_stays_put_says_leaked_not_remain(lab: Lab, vmid: int
+                                                                   ) -> None:
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=10)
+    _holder(lab, vmid)
+    lab.install_hook(vmid)
+    lab.nvml.release(0, math.inf)
+    res = hook(lab, vmid, "pre-stop")
+    (pre,) = reports(lab, vmid, "pre-stop")
+    assert pre["verdict"] == "leaked" and pre["release"][0]["left_mib"] == MIB
+    line = res.stdout.strip().splitlines()[-1]
+    assert line.startswith(f"pveclean: WARNING: CT {vmid} pre-stop: stopped 1 GPU holders, "
+                           f"but their memory stayed allocated: GPU 0: {MIB} MiB: {MIB} MiB "
+                           "leaked after "), line
+    assert "REMAIN" not in res.stdout

@@ -204,3 +204,19 @@ def test_a_reports_release_section_reads_back_equal():
     assert from_dict(head).release is None
     odd = from_dict({**head, "release": [{"gpu": 0, "state": "later-word"}]})
     assert odd.release is not None and odd.release[0].state is Release.NOT_JUDGED
+
+
+def test_a_stops_leaked_release_is_leaked_bytes_in_metrics_and_the_verdict():
+    from pveclean.core import metrics
+    from tests.reportkit import report
+
+    rs = release.at_allowance_end(release.step(rows(), [gpu(12_100)], AFTER, 0.1))
+    rep = report(129, "clean").with_release(rs)
+    assert rep.verdict == "leaked" and rep.leaked_mib() == 10_000
+    assert any("10000 MiB leaked after 0.1 s" in w for w in rep.warnings)
+    fams = {f.name: f for f in metrics.run_families(rep, 1.0, [])}
+    assert list(fams["pveclean_last_leaked_bytes"].samples.values()) == [10_000 * (1 << 20)]
+    released = release.step(rows(), [gpu(2_100)], AFTER, 0.2)
+    ok = report(129, "clean").with_release(released)
+    assert ok.verdict == "clean" and ok.warnings == [] and ok.leaked_mib() == 0
+    assert report(129, "residual").with_release(rs).verdict == "residual"  # already worse
