@@ -115,6 +115,8 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
         addrs = sorted(drivers, key=sysfs_order)
         say(f"pveclean: VM {vmid} pre-start: checking who holds GPU {_listed(addrs)}")
         gmap = _look(cfg, deadline)
+        from pveclean.commands.vmrelease import settle  # issue 38: a slow release, waited for
+        gmap, releasing = settle(gmap, addrs, lambda: _look(cfg, deadline), deadline)
         minors = {g.minor: g.pci_bus_id for g in gmap.gpus
                   if g.pci_bus_id is not None and g.pci_bus_id in addrs and g.minor is not None}
         keeping = _call(scan, passthrough.w_keeping, cfg.pve_config_dir, minors,
@@ -127,7 +129,7 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     record = VmReport(vmid, "pre-start", os.uname().nodename, 0.0, cfg.vm_gpu_policy,
                       plan=plan)
     if plan.decision is vmguard.Decision.REFUSE:
-        for line in plan.blockers:
+        for line in [*releasing, *plan.blockers]:
             say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
         return _finish(cfg, record, VmVerdict.REFUSED, ExitCode.REFUSE, deadline=deadline)
     if plan.decision is vmguard.Decision.STOP:

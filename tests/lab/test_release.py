@@ -192,3 +192,47 @@ def test_a_pre_stop_whose_memory_stays_put_says_leaked_not_remain(lab: Lab, vmid
                            f"but their memory stayed allocated: GPU 0: {MIB} MiB: {MIB} MiB "
                            "leaked after "), line
     assert "REMAIN" not in res.stdout
+
+
+def _vm(lab: Lab, vmid: int) -> None:
+    """A VM passing GPU 0 through, with the hookscript `pveclean install --vm` gives it."""
+    import sys
+    from pathlib import Path
+
+    from pveclean.proxmox.hookscript import stamp
+    from tests.harness import qm
+
+    repo = Path(__file__).resolve().parents[2]
+    text = stamp((repo / "hookscripts/pveclean-hook").read_text(),
+                 str(Path(sys.executable).parent / "pveclean"), str(lab.config_path))
+    dest = lab.snippets / "pveclean-vm-hook"
+    dest.write_text(text)
+    dest.chmod(0o755)
+    qm.create_vm(lab.root, vmid, (0,), "local:snippets/pveclean-vm-hook")
+
+
+def test_a_vm_start_waits_for_a_release_that_progresses(vm_host: Lab, vmid: int,
+                                                        vmid2: int) -> None:
+    from tests.harness import qm
+
+    lab = vm_host
+    _killed_outside(lab, vmid, 3.0, steps=3)  # a container's holder just gone
+    _vm(lab, vmid2)
+    t0 = time.monotonic()
+    res = qm.run(lab.root, "start", str(vmid2))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert time.monotonic() - t0 >= 2.0  # it waited for the memory to come back
+    assert qm.run(lab.root, "status", str(vmid2)).stdout.strip() == "status: running"
+
+
+def test_a_vm_start_is_refused_for_memory_that_stays_put(vm_host: Lab, vmid: int,
+                                                         vmid2: int) -> None:
+    from tests.harness import qm
+
+    lab = vm_host
+    _killed_outside(lab, vmid, math.inf)
+    _vm(lab, vmid2)
+    res = qm.run(lab.root, "start", str(vmid2))
+    assert res.returncode != 0
+    assert f"has {MIB} MiB that no process accounts for" in res.stdout, res.stdout
+    assert "still being released" not in res.stdout
