@@ -24,6 +24,7 @@ from pveclean.commands.conventions import (
     need_root,
     wants_json,
 )
+from pveclean.commands.doctorcli import register as register_doctor
 from pveclean.commands.options import (
     ConfigOpt,
     DryRunOpt,
@@ -368,6 +369,7 @@ def metrics(
 from pveclean.commands.resetcli import register as _reset  # noqa: E402, I001
 _reset(command)
 VERDICTS = [str(v) for v in Verdict]
+register_doctor(app)
 
 
 @command()

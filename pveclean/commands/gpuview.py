@@ -174,5 +174,7 @@ def render_status(view: StatusView) -> str:
         if detail:
             lines += ["", f"CT {e.vmid} {e.name}".rstrip(), *detail]
     lines += vm_conflict_lines(view.vm_conflicts)
+    lines += [f"doctor: CT {e.vmid}: " + ", ".join(f"{k} {n}" for k, n in sorted(e.doctor.items()))
+              + f" (pveclean doctor {e.vmid})" for e in view.containers if e.doctor]
     lines += [f"warning: {safe(w, 300)}" for w in view.warnings]
     return "\n".join(lines)

@@ -248,6 +248,8 @@ def _busy(vmid: int, phase: str, res: RunResult) -> int:
 def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) -> int:
     """`nvml` was not forked ahead: a start asks NVML nothing unless something is left (see
     prelude.forks_early). `via`: as post_stop's."""
+    from pveclean.commands.doctor import prestart  # (a start with a mismatch: a warning)
+    prestart(vmid, cfg, say)
     res = clean(vmid, cfg, nvml.warm(cfg, vmid),
                 logged_run(vmid, "pre-start", cfg.grace_seconds))
     if res.ctconf is not None:

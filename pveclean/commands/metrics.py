@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pveclean.commands import xids
+from pveclean.commands.doctor import write_metrics as write_doctor
 from pveclean.commands.gpus import READERS_SHARE, Seen, collect
 from pveclean.core import metrics, metrics_gpus, metrics_xid
 from pveclean.core.config import Config
@@ -156,6 +157,7 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     except OSError as exc:
         raise PvecleanError(f"metrics: {path} not written: {exc.strerror or exc}",
                             ExitCode.REPORT) from None
+    doctor_not_written = write_doctor(cfg, textfile_dir)  # pveclean_doctor.prom beside it
     if look is None:
         raise PvecleanError(f"metrics: {why}; {path} says pveclean_gpus_up 0",
                             ExitCode.ACCESS)
@@ -165,4 +167,6 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
         except OSError as exc:
             raise PvecleanError(f"metrics: job mapping files in {job_dir} not written: "
                                 f"{exc.strerror or exc}", ExitCode.REPORT) from None
+    if doctor_not_written:
+        raise PvecleanError(f"metrics: {doctor_not_written}", ExitCode.REPORT)
     return ExitCode.OK

@@ -73,6 +73,7 @@ class CtView:
     state_error: str | None = None  # its live state could not be read
     holders: tuple[Holder, ...] | None = None
     holders_error: str | None = None
+    doctor: dict[str, int] | None = None  # this node's: doctor's findings per check
 
     @property
     def problem(self) -> str | None:
@@ -101,6 +102,8 @@ class CtView:
             d["gpu_memory_mib"] = self.gpu_memory_mib
         if self.holders_error is not None:
             d["holders_error"] = self.holders_error
+        if self.doctor is not None:
+            d["doctor_findings"] = dict(self.doctor)
         return d
 
 
@@ -253,6 +256,9 @@ def collect(api: Api, cfg: Config, with_holders: bool = True) -> StatusView:
         warnings.append(f"node {node}: pvestatd has not reported for 5 minutes (the GUI shows "
                         "its status as unknown); container states from /cluster/resources "
                         "may be old: check 'systemctl status pvestatd' there")
+    if with_holders:
+        doctor_counts(cfg, [e for e in cts if e.node == here and e.grant and e.grant.lines],
+                      warnings)
     conflicts: list[VmConflict] = []
     if with_holders and any(v.node == here for v in api.containers("qemu")):
         conflicts = vm_conflicts(cfg, warnings)
@@ -271,3 +277,18 @@ def vm_conflicts(cfg: Config, warnings: list[str]) -> list[VmConflict]:
         warnings.append(f"VMs' GPUs not checked: {exc}")
         return []
     return list(gmap.vm_conflicts)
+
+
+def doctor_counts(cfg: Config, here: list[CtView], warnings: list[str]) -> None:
+    """doctor's findings per check of this node's GPU containers (configs, nodes, majors,
+    libraries; NVML is not asked: no persistence or VM check here)."""
+    from pveclean.commands.doctor import counts
+
+    if not here:
+        return
+    got = counts(cfg, [e.vmid for e in here])
+    if isinstance(got, str):
+        warnings.append(f"doctor's checks skipped: {got}")
+        return
+    for e in here:
+        e.doctor = got.get(e.vmid, {})

@@ -88,6 +88,8 @@ class Config:
     reset_command: str = "nvidia-smi"  # the driver's tool `pveclean reset` runs (-r -i N)
     reset_timeout_seconds: float = 60.0  # its deadline
     systemctl_command: str = "systemctl"  # stops and restarts the GPU's host services
+    nvidia_version_file: str = "/proc/driver/nvidia/version"  # the loaded module's (doctor)
+    lxc_path: str = "/var/lib/lxc"  # <lxc_path>/<vmid>/rootfs: a mounted container's root
     source: str = "built-in defaults"
 
     def phase_enabled(self, phase: str) -> bool:
@@ -166,6 +168,8 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "reset_timeout_seconds": ("a number from 1 to 600", lambda v: _is_number(v) and 1 <= v <= 600),
     "systemctl_command": ("a command name or path",
                           lambda v: isinstance(v, str) and bool(v.strip())),
+    "nvidia_version_file": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
+    "lxc_path": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "api": (
         "a mapping with backend ('local' or 'https'), host, user, password_file (a path) and "
         "verify_ssl (true, false or a CA file path)",

@@ -232,6 +232,11 @@ class Nvml:
             raise NvmlUnavailable(f"NVML {what} of GPU {index}: {fault[1]}")
         return value[0]
 
+    def driver_version(self, timeout: float | None = None) -> str:
+        """The driver version NVML's library reports (nvmlSystemGetDriverVersion)."""
+        v = self._query("driver version", lambda nv: nv.nvmlSystemGetDriverVersion(), timeout)
+        return v.decode() if isinstance(v, bytes) else str(v)
+
     def memory(self, timeout: float | None = None) -> list[GpuMemory]:
         return gpu_memory(self.memory_rows(timeout))
 

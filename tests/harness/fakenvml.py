@@ -106,6 +106,11 @@ class FakeNvml:
     # Built without these process getter symbols at all (a driver before R510: ("v3",));
     # the library's build is then kept apart from a full one by its flags.
     without: tuple[str, ...] = ()
+    # what nvmlSystemGetDriverVersion reports (None: the library's 550.127.05)
+    driver_version: str | None = None
+    # how much of the state file is this object's own (its last render, or lines it has
+    # already absorbed): only what the library or a stand-in appended after that is news
+    absorbed: int = field(default=0, repr=False)
     # GPU index -> (seconds or "inf", steps): a dead holder's memory given back that late
     releases: dict[int, tuple[str, int]] = field(default_factory=dict)
     # PID -> when the library first saw it dead (its appended "died" lines, kept on rewrite)
@@ -241,6 +246,7 @@ class FakeNvml:
     def leak(self, gpu: int, mib: int) -> None:
         """Set the MiB allocated on ``gpu`` by no process (replaces the previous value)."""
         _non_negative(gpu, "gpu")
+        self._absorb_library_changes()  # an earlier reset must not free this new leak
         if _non_negative(mib, "mib"):
             self.leaks[gpu] = mib
         else:
@@ -291,6 +297,7 @@ class FakeNvml:
 
     def set_persistence(self, gpu: int, enabled: bool) -> None:
         """GPU ``gpu``'s persistence mode, as the host's boot (or nvidia-smi -pm) left it."""
+        self._absorb_library_changes()  # the library's earlier change must not undo this one
         self.persistence[_non_negative(gpu, "gpu")] = enabled
         self.write()
 
@@ -306,7 +313,8 @@ class FakeNvml:
             text = self.state_path.read_text(encoding="ascii")
         except FileNotFoundError:
             return
-        for line in text.splitlines():
+        news, self.absorbed = text[self.absorbed :], len(text)
+        for line in news.splitlines():
             words = line.split()
             if len(words) == 3 and words[0] == "persistence" and words[1].isdigit():
                 self.persistence[int(words[1])] = words[2] == "on"
@@ -329,6 +337,11 @@ class FakeNvml:
         with open(self.state_path, "a", encoding="ascii") as fh:
             fh.write(f"reset {_non_negative(gpu, 'gpu')}\n")
         self._absorb_library_changes()
+
+    def set_driver_version(self, version: str | None) -> None:
+        """The driver version NVML reports (None: the library's default, 550.127.05)."""
+        self.driver_version = None if version is None else _token(version, "driver version")
+        self.write()
 
     def lose(self, gpu: int, getters: tuple[str, ...] = GETTERS) -> None:
         """GPU ``gpu`` fell off the bus (Xid 79): its ``getters`` answer GPU_IS_LOST, while
@@ -386,6 +399,8 @@ class FakeNvml:
             lines.append(f"persistence {gpu} {'on' if on else 'off'}")
         for gpu, domain in sorted(self.pci_domains.items()):
             lines.append(f"pci_domain {gpu} {domain:x}")
+        if self.driver_version is not None:
+            lines.append(f"driver_version {self.driver_version}")
         for g in sorted(self.gpus.values(), key=lambda g: g.index):
             lines.append(
                 f"gpu {g.index} {g.uuid} {g.name} {g.total_mib} {g.reserved_mib} {g.minor}"
@@ -413,9 +428,11 @@ class FakeNvml:
         self._absorb_library_changes()
         fd, tmp = tempfile.mkstemp(prefix=".fakenvml.", suffix=".tmp", dir=self.directory)
         try:
+            rendered = self.render()
             with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(self.render())
+                f.write(rendered)
             os.replace(tmp, self.state_path)
+            self.absorbed = len(rendered)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)

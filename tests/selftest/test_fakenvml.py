@@ -624,3 +624,13 @@ def test_release_inf_never_gives_it_back_and_none_frees_with_the_process(fake: A
     assert dump(fake)["gpus"][0]["mem"]["v2"][4] == 0
     with pytest.raises(ValueError):
         fake.release(0, -1.0)
+
+
+def test_driver_version_directive(fake: Any) -> None:
+    fake.add_gpu(0)
+    assert dump(fake)["driver"] == "550.127.05"
+    fake.set_driver_version("535.183.01")
+    assert "driver_version 535.183.01" in fake.state_path.read_text()
+    assert dump(fake)["driver"] == "535.183.01"
+    fake.set_driver_version(None)
+    assert dump(fake)["driver"] == "550.127.05"

@@ -19,7 +19,8 @@ from pveclean.commands.cli import app, run_app
 from pveclean.errors import ExitCode
 
 COMMANDS = [[], ["ct"], ["hook"], ["unit"], ["vmhook"], ["install"], ["uninstall"], ["status"],
-            ["gpus"], ["metrics"], ["reports"], ["config"], ["config", "check"], ["reset"]]
+            ["gpus"], ["metrics"], ["reports"], ["config"], ["config", "check"], ["reset"],
+            ["doctor"]]
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +85,7 @@ USAGE_ERRORS = [
     (["reports", "--last", "0"], "--last"),
     (["reports", "1", "2"], "usage"),
     (["config", "check", "--bogus"], "--bogus"),
+    (["doctor", "--bogus"], "--bogus"),
     (["config", "bogus"], "bogus"),
     (["bogus"], "bogus"),
 ]

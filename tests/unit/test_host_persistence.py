@@ -39,6 +39,17 @@ def test_turning_one_gpu_off_leaves_the_others_and_survives_a_rewrite(
     assert persistence_mode(nv, 1) is True
 
 
+def test_the_controllers_own_change_wins_over_its_earlier_lines(
+        lib: Path, fake: FakeNvml) -> None:  # noqa: F811
+    fake.set_persistence(0, True)
+    fake.set_persistence(0, False)  # once read back from the file's old line and undone
+    nv = Nvml(str(lib))
+    assert persistence_mode(nv, 0) is False and fake.persistence_of(0) is False
+    set_persistence_mode(nv, 0, True)  # NVML's change, then the controller's again
+    fake.set_persistence(0, False)
+    assert persistence_mode(nv, 0) is False
+
+
 @pytest.mark.parametrize("error", ["NOT_SUPPORTED", "GPU_IS_LOST", "NO_PERMISSION"])
 def test_a_gpu_that_cannot_answer_raises_naming_it(lib: Path, fake: FakeNvml,  # noqa: F811
                                                    error: str) -> None:

@@ -128,6 +128,15 @@ TEXT_PARSERS: dict[str, str] = {
     "proxmox.snippets:storage_options": "/etc/pve/storage.cfg",
     "proxmox.tasks:parse_upid": "a Proxmox task UPID",
     "proxmox.tasks:running_task": "a task worker's /proc cmdline",
+    "host.ctfiles:_Look._entries": "file names in a container's library directory",
+    "host.hostfacts:char_majors": "/proc/devices",
+    "host.hostfacts:_name": "a device path the config's devices globs found",
+    "proxmox.doctorconf:numbered": "/etc/pve/lxc/<vmid>.conf, its lines numbered",
+    "proxmox.doctorconf:_host_node": "a device path from a guest config",
+    "proxmox.doctorconf:_mount": "a guest config's lxc.mount.entry value",
+    "proxmox.ctrootfs:storage_section": "/etc/pve/storage.cfg",
+    "proxmox.ctrootfs:volid_of": "a guest config's rootfs value",
+    "proxmox.ctrootfs:rootfs_dir": "a Proxmox volume id (storage:volname)",
 }
 
 # --- rule 3 -----------------------------------------------------------------------------------

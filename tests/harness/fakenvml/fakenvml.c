@@ -25,6 +25,7 @@
  *   pci_domain <gpu_index> <hex domain>
  *   missing v3|v2
  *   persistence <gpu_index> on|off
+ *   driver_version <version>
  *   reset <gpu_index>
  *   mig <gpu_index> <mig_devices>
  *
@@ -60,6 +61,8 @@
  * says), and `gpu_error <i> persistence <CODE>` makes both getter and setter fail. What the
  * persistence daemon does when the mode changes (it closes the GPU's node) is the lab's
  * persistenced stand-in's part, not this library's.
+ * driver_version sets what nvmlSystemGetDriverVersion reports (550.127.05 when no line says),
+ * as a host whose loaded module and userspace differ after a driver upgrade.
  * pci_domain gives a GPU a PCI domain (Intel VMD: 0x10000 and above).
  * "missing v3" makes the _v3 process calls answer FUNCTION_NOT_FOUND, as pynvml sees a
  * driver before R510 (no such symbol); "missing v2" the _v2 ones too.  A build with
@@ -225,6 +228,7 @@ struct state {
     int fault[MAX_GPUS][NFAULTS]; /* per GPU index, per getter: an NVML error or 0 */
     unsigned int domain[MAX_GPUS];
     unsigned char persistence[MAX_GPUS]; /* 1: persistence mode enabled */
+    char driver_version[64];             /* "": the default */
     int mig[MAX_GPUS];                   /* MIG devices + 1 (0: MIG off) */
     struct release_state rel; /* release and died lines */
 };
@@ -385,6 +389,9 @@ static void parse_line(struct state *st, char *line)
             else if (strcmp(tok[2], "off") == 0)
                 st->persistence[gi] = 0;
         }
+    } else if (strcmp(tok[0], "driver_version") == 0 && n == 2) {
+        if (strlen(tok[1]) < sizeof(st->driver_version))
+            strcpy(st->driver_version, tok[1]);
     } else if (strcmp(tok[0], "reset") == 0 && n == 2) {
         unsigned int gi;
         int i;
@@ -734,7 +741,12 @@ static nvmlReturn_t system_string(char *buf, unsigned int len, const char *s)
 
 API nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
 {
-    return system_string(version, length, "550.127.05");
+    struct state *st;
+    nvmlReturn_t r = enter(&st);
+    if (r == NVML_SUCCESS)
+        r = copy_str(version, length, st->driver_version[0] ? st->driver_version : "550.127.05");
+    free(st);
+    return r;
 }
 
 API nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
