@@ -213,16 +213,24 @@ def judge_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None,
               progress: Progress = None, first: bool = False) -> Judged | None:
     """The GPU nodes `pid` holds through fds and io_uring fixed files, at any path (a bind
     mount of /dev/nvidia0 at /opt/g counts), and what could not be judged; None if the
-    process is gone. A process whose main thread exited shows no fds on /proc/PID/fd: its
-    live threads' fd tables are read then."""
+    process is gone. Every distinct fd table of the thread group is read once: a thread
+    with a table of its own (unshare(CLONE_FILES)), the threads of a zombie leader (whose
+    /proc/PID/fd is empty), see fdtables.py."""
     cache = cache or ScanCache()
     out = Judged()
     n = _judge_table(procfs.path(pid), devices, cache, out, progress, first)
     if n is None:
         return None
-    if n == 0:
-        for tbase in thread_bases(pid, "fd"):
-            _judge_table(tbase, devices, cache, out, progress, first)
+    from pveclean.host import fdtables
+
+    try:
+        others = fdtables.other_tables(pid, out.unjudged)
+    except fdtables.NoKcmp:  # tables cannot be told apart: the leader's, or its threads'
+        others = thread_bases(pid, "fd") if n == 0 else []
+    for tbase in others:
+        if first and out.held:
+            break
+        _judge_table(tbase, devices, cache, out, progress, first)
     return out
 
 
