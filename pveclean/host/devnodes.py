@@ -42,6 +42,7 @@ EXTRA_FDS = 16384  # ... and beyond it, while the scan has these left; the rest:
 PROGRESS_EVERY = 1024  # fds or maps lines between two progress() calls (see judge())
 MAX_MAPS = 16 << 20  # bytes of one process's maps read; the mappings past it: not judged
 Progress = Callable[[], None] | None
+_URING_MAP = fstext.URING.encode()
 _MAY_BE_RING = (stat.S_IFREG, 0)  # an anon inode's type (S_IFREG since Linux 6.15)
 
 
@@ -82,6 +83,7 @@ class ScanCache:
 
     def __init__(self) -> None:
         self.extra_fds = EXTRA_FDS  # fds past MAX_FDS that may still be judged, scan-wide
+        self.rings: dict[int, list[DeviceUse]] = {}  # ring inode -> GPU nodes it holds
         self.rdevs: dict[tuple[tuple[int, int], int], int] = {}
         self._risky: dict[str, Risky] = {}
 
@@ -102,6 +104,8 @@ class Judged:
     unjudged: list[str] = field(default_factory=list)
     capped: bool = False  # a cap (MAX_FDS, MAX_MAPS) cut the reading
     rdevs: set[int] = field(default_factory=set)  # the device numbers `held` names
+    rings: set[int] = field(default_factory=set)  # inodes of the io_uring rings read by fd
+    mapped_rings: dict[int, str] = field(default_factory=dict)  # ring inode -> its mapping
 
 
 def _fd_info(base: str, fd: str) -> fstext.FdInfo | None:
@@ -160,8 +164,11 @@ class _FdTable:
 
     def _ring(self, name: str) -> None:
         from pveclean.host import uring  # a ring's registered files: rare, so judged apart
-        uring.judge_ring(self.base, name, self.devices, self.out.held, self.out.unjudged,
-                         self.ring_done, self.out.rdevs)
+        ino, mine = uring.judge_ring(self.base, name, self.devices, self.out.held,
+                                     self.out.unjudged, self.ring_done, self.out.rdevs)
+        if ino is not None:
+            self.out.rings.add(ino)
+            self.cache.rings[ino] = mine
 
 
 def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
@@ -260,6 +267,9 @@ def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
         m = fstext.parse_mapping(line)
         if m is None:
             continue
+        if m.name == _URING_MAP:  # a ring kept by its mapping: judged in judge()
+            out.mapped_rings[m.inode] = m.map_file
+            continue
         key = (m.dev, m.inode)
         rdev = cache.rdevs.get(key)
         if rdev is None:
@@ -319,7 +329,29 @@ def judge(pid: int, devices: GpuDevices, cache: ScanCache, progress: Progress = 
     got.rdevs |= maps.rdevs
     got.unjudged += maps.unjudged
     got.capped |= maps.capped
+    mapped_rings(got, maps.mapped_rings, cache)
     return got
+
+
+def mapped_rings(got: Judged, mapped: dict[int, str], cache: ScanCache) -> None:
+    """An io_uring ring the process keeps only by its SQ/CQ mapping (its fd closed, or
+    registered with IORING_REGISTER_RING_FDS and closed) still holds its registered files
+    and requests. The kernel shows such a ring's files only through an fd of it: one read
+    through another process's fd in this scan lends its finding; else it is not judged."""
+    for ino, where in sorted(mapped.items()):
+        if ino in got.rings:
+            continue
+        lent = cache.rings.get(ino)
+        if lent is None:
+            got.unjudged.append(f"io_uring ring (inode {ino}) kept by its mapping {where} in no "
+                                "fd table read: its registered files and requests cannot be "
+                                "read; not judged")
+            continue
+        for d in lent:
+            if d not in got.held:
+                got.held.append(d)
+                if d.major is not None and d.minor is not None:
+                    got.rdevs.add(os.makedev(d.major, d.minor))
 
 
 def still_holds(pid: int, devices: GpuDevices) -> bool:
@@ -334,6 +366,7 @@ def still_holds(pid: int, devices: GpuDevices) -> bool:
     if not got.held:
         maps = judge_maps(pid, devices, cache)
         got.held, got.unjudged = maps.held, got.unjudged + maps.unjudged
+        mapped_rings(got, maps.mapped_rings, cache)
     return bool(got.held or got.unjudged)
 
 

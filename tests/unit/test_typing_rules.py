@@ -78,6 +78,7 @@ TEXT_PARSERS: dict[str, str] = {
     "host.fstext:parse_mapping": "a /proc/PID/maps line",
     "host.fstext:parse_fdinfo": "/proc/PID/fdinfo",
     "host.fstext:uring_files": "io_uring's fdinfo (UserFiles)",
+    "host.fstext:uring_polls": "io_uring's fdinfo (PollList)",
     "host.nvml:pci_id": "NVML's PCI bus id",
     "host.nvml:_describe": "nvidia-ml-py's NVMLError_* class names",
     "host.procfs:parse_stat": "/proc/PID/stat",
