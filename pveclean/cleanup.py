@@ -182,9 +182,9 @@ def _verify(run: Run, disc: Discovery, loop: Loop) -> tuple[policy.Decision, lis
         late = policy.late_chase(len(chase), run.deadline.expired())
         if late is not None:
             return late, chase
-        partial = not loop.at.full
+        partial = not loop.at.full  # every look frozen: the settling one reads everyone
         rescan = reads.rescan(scope, loop.known, end, loop.quiet if partial else None,
-                              disc.scanned, run.freezer.hold if partial else None)
+                              disc.scanned, run.freezer.hold)
         look, new = policy.look_at(rescan, loop.handled)
         d, at = policy.decide(look, loop.at, limits, expired=run.deadline.expired(),
                               now=run.deadline.clock())

@@ -1,0 +1,92 @@
+"""Trust, round three (issue 39), on lab containers: a GPU node kept open where no fd table
+of the leader shows it (a thread's own fd table, an io_uring ring kept only by its mapping, a
+fixed file whose path the holder's chroot shadows), and a process idle at discovery that
+opens the node during the grace while hopping between fresh cgroups. Each ended `clean`
+with the node still held on main before this; the hold is proven by the holder's fd or
+mapping still being there after the run."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.harness.lxclab import Lab
+from tests.helpers import run_json, start_in_ct
+
+GPU = "/dev/nvidia0"
+
+
+def test_a_thread_with_an_fd_table_of_its_own_is_stopped(lab: Lab, vmid: int) -> None:
+    """unshare(CLONE_FILES) in a thread: the node is only in /proc/PID/task/TID/fd."""
+    lab.create_ct(vmid, gpus=(0,))
+    w = start_in_ct(lab, vmid, "hideout", [GPU, "--mode", "own-table"])
+    (pid,) = w.host_pids(lab)
+    assert not any(os.readlink(f"/proc/{pid}/fd/{fd}") == GPU
+                   for fd in os.listdir(f"/proc/{pid}/fd"))  # the hiding place
+    code, rep = run_json(lab, vmid)
+    assert code == 0 and rep["verdict"] == "clean", rep
+    assert pid in [h["host_pid"] for h in rep["holders"]], rep["holders"]
+    assert not lab.alive(pid)
+
+
+def test_a_ring_kept_only_by_its_mapping_is_not_clean(lab: Lab, vmid: int) -> None:
+    """The ring fd registered (IORING_REGISTER_RING_FDS) and closed: the ring, and the node
+    registered with it, live on in its SQ mapping. The kernel shows its files through no fd:
+    not judged, so `residual` naming it, never `clean` (it is not signalled: unproven)."""
+    lab.create_ct(vmid, gpus=(0,))
+    w = start_in_ct(lab, vmid, "hideout", [GPU, "--mode", "ring-map"])
+    (pid,) = w.host_pids(lab)
+    assert "anon_inode:[io_uring]" in Path(f"/proc/{pid}/maps").read_text()
+    code, rep = run_json(lab, vmid, "--dry-run")
+    assert rep["verdict"] == "residual", rep
+    text = str(rep)
+    assert f"PID {pid}" in text and "kept by its mapping" in text, rep
+    assert lab.alive(pid)
+
+
+def test_a_fixed_file_shadowed_by_the_holders_chroot_is_found(lab: Lab, vmid: int) -> None:
+    """The ring lists /dev/nvidia0 as the kernel names it, from the top of the container's
+    mount namespace; the holder chrooted into a tree with a plain file at that path."""
+    lab.create_ct(vmid, gpus=(0,))
+    w = start_in_ct(lab, vmid, "hideout", [GPU, "--mode", "chroot"])
+    (pid,) = w.host_pids(lab)
+    for _ in range(100):
+        if os.readlink(f"/proc/{pid}/root").endswith("hideout-jail"):
+            break
+        time.sleep(0.02)
+    assert os.readlink(f"/proc/{pid}/root").endswith("hideout-jail")
+    code, rep = run_json(lab, vmid)
+    assert code == 0 and rep["verdict"] == "clean", rep
+    (h,) = [h for h in rep["holders"] if h["host_pid"] == pid]
+    assert any("io_uring fixed file" in d for d in h["devices"]), h
+    assert not lab.alive(pid)
+
+
+def test_a_late_hopper_is_caught_by_the_frozen_settling_look(lab: Lab, vmid: int) -> None:
+    """Idle at discovery, it opens the node during the grace of another holder's SIGTERM
+    while hopping between fresh cgroups. The verification looks skip it (idle before); the
+    look that settles `clean` reads it, and now runs frozen, so it stands still there."""
+    lab.create_ct(vmid, gpus=(0,))
+    slow = lab.run_in_ct(vmid, "slowterm", hold=[GPU], term_delay_ms=1500)
+    (slow_pid,) = slow.host_pids(lab)
+    trigger = "/tmp/hopper-late"
+    hop = lab.run_program(vmid, "hopper", ["--hold", GPU, "--late", trigger])
+    (hop_pid,) = hop.host_pids(lab)
+    got: dict[str, Any] = {}
+
+    def run() -> None:
+        got["code"], got["rep"] = run_json(lab, vmid)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.8)  # discovery is done (about 0.2 s); the grace of 1.5 s is running
+    (lab.rootfs(vmid) / trigger.lstrip("/")).write_text("")
+    t.join()
+    rep = got["rep"]
+    pids = [h["host_pid"] for h in rep["holders"]]
+    assert slow_pid in pids, rep
+    assert not lab.alive(hop_pid), rep  # before: `clean`, the hopper alive, holding
+    assert hop_pid in pids and rep["verdict"] == "clean", rep
