@@ -399,7 +399,8 @@ def _conclude(run: Run, disc: Discovery, unit_stops: UnitStops | None,
             # a stopping container's units stop with it: hooks do not wait for restarts
             guestunits.await_restarts(holders, run.scope.cgroup_dir.parent.parent,
                                       min(last_exit + RESTART_WATCH, run.deadline.work_end))
-        rep = guestunits.annotate(rep, run.scope, unit_stops)
+        rep = guestunits.annotate(rep, run.scope, unit_stops, run.deadline.end)
+    rep = rep.timed(run.deadline.elapsed())  # the real duration: units' walks came after
     return finish(rep, run.cfg, run.opts.write_report, run.deadline, reads.worker)
 
 

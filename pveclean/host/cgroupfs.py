@@ -107,9 +107,11 @@ class CgroupTree(dict[int, str]):
         return bool(len(self)) or self.truncated is not None
 
 
-def _cgroup_dirs(cgroup_dir: Path, limit: int) -> tuple[list[str], str | None]:
+def _cgroup_dirs(cgroup_dir: Path, limit: int, until: float | None = None
+                 ) -> tuple[list[str], str | None]:
     """Every cgroup below `cgroup_dir` (itself first), iteratively: no recursion limit, at
-    most `limit` of them. Deepest last, as a stack walk finds them."""
+    most `limit` of them, and none listed after `until` (monotonic). Deepest last, as a stack
+    walk finds them."""
     root = str(cgroup_dir)
     found: list[str] = []
     stack = [root]
@@ -118,6 +120,9 @@ def _cgroup_dirs(cgroup_dir: Path, limit: int) -> tuple[list[str], str | None]:
         if len(found) >= limit:
             return found, (f"the cgroup tree has more than {limit} cgroups; processes in "
                            f"the cgroups past the first {limit} were not looked at")
+        if until is not None and len(found) % 64 == 63 and time.monotonic() >= until:
+            return found, (f"the walk of the cgroup tree ran out of time after {len(found)} "
+                           "cgroups; processes in the rest were not looked at")
         found.append(d)
         try:
             with os.scandir(d) as it:
@@ -131,14 +136,17 @@ def _cgroup_dirs(cgroup_dir: Path, limit: int) -> tuple[list[str], str | None]:
     return found, None
 
 
-def tree_pids(cgroup_dir: Path, limit: int | None = None) -> CgroupTree:
+def tree_pids(cgroup_dir: Path, limit: int | None = None, until: float | None = None
+              ) -> CgroupTree:
     """PIDs of every process in a cgroup and all cgroups below it -> their relative cgroup.
     A threaded cgroup's cgroup.procs cannot be read (EOPNOTSUPP, by design: see the kernel's
-    cgroup-v2.rst, "Threads"): its cgroup.threads is, each thread counted as its process."""
+    cgroup-v2.rst, "Threads"): its cgroup.threads is, each thread counted as its process.
+    `until` (monotonic): the walk lists no cgroup after it (`truncated` says so)."""
     found = CgroupTree()
     if not cgroup_dir.is_dir():
         return found
-    dirs, found.truncated = _cgroup_dirs(cgroup_dir, MAX_CGROUPS if limit is None else limit)
+    dirs, found.truncated = _cgroup_dirs(cgroup_dir, MAX_CGROUPS if limit is None else limit,
+                                         until)
     root = str(cgroup_dir)
     for d in dirs:
         rel = "." if d == root else d[len(root) + 1 :]
