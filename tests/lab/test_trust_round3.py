@@ -40,7 +40,7 @@ def test_a_ring_kept_only_by_its_mapping_is_not_clean(lab: Lab, vmid: int) -> No
     w = start_in_ct(lab, vmid, "hideout", [GPU, "--mode", "ring-map"])
     (pid,) = w.host_pids(lab)
     assert "anon_inode:[io_uring]" in Path(f"/proc/{pid}/maps").read_text()
-    _code, rep = run_json(lab, vmid, "--dry-run")
+    _code, rep = run_json(lab, vmid)
     assert rep["verdict"] == "residual", rep
     text = str(rep)
     assert f"PID {pid}" in text and "kept by its mapping" in text, rep
