@@ -355,11 +355,12 @@ def mapped_rings(got: Judged, mapped: dict[int, str], cache: ScanCache) -> None:
 
 
 def still_holds(pid: int, devices: GpuDevices) -> bool:
-    """For the identity check just before a signal: does `pid`, found holding by the scan,
-    hold a GPU node still, or can that not be ruled out (part of it not judged)? Stops at
-    the first GPU node; MAX_FDS fds at most (no scan-wide extra)."""
+    """For the identity check just before a signal: does `pid`, found holding by the scan
+    (or named by the probe), hold a GPU node still, or can that not be ruled out (part of it
+    not judged)? Stops at the first GPU node; reads as many fds as discovery could (MAX_FDS
+    and EXTRA_FDS): a process discovery read whole and found holding nothing is read whole
+    again, so the probe's word alone never makes it "may hold" past a cap."""
     cache = ScanCache()
-    cache.extra_fds = 0
     got = judge_fds(pid, devices, cache, first=True)
     if got is None:
         return False
