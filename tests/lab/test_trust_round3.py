@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,16 @@ from tests.harness.lxclab import Lab
 from tests.helpers import run_json, start_in_ct
 
 GPU = "/dev/nvidia0"
+PAD = 2000
+
+
+def wait_until(cond: Callable[[], bool], seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.0005)
+    return False
 
 
 def test_a_thread_with_an_fd_table_of_its_own_is_stopped(lab: Lab, vmid: int) -> None:
@@ -70,11 +81,16 @@ def test_a_late_hopper_is_caught_by_the_frozen_settling_look(lab: Lab, vmid: int
     while hopping between fresh cgroups. The verification looks skip it (idle before); the
     look that settles `clean` reads it, and now runs frozen, so it stands still there."""
     lab.create_ct(vmid, gpus=(0,))
+    lab.write_config(probe=False)  # the tenant's shell answers the probe: it says nothing
     slow = lab.run_in_ct(vmid, "slowterm", hold=[GPU], term_delay_ms=1500)
     (slow_pid,) = slow.host_pids(lab)
     trigger = "/tmp/hopper-late"
     hop = lab.run_program(vmid, "hopper", ["--hold", GPU, "--late", trigger])
     (hop_pid,) = hop.host_pids(lab)
+    pad = lab.cgroup(vmid) / "ns" / "pad"  # empty cgroups: a walk that lists, then reads,
+    pad.mkdir()  # is slow enough that the hopper has always moved on
+    for i in range(PAD):
+        (pad / f"e{i}").mkdir()
     got: dict[str, Any] = {}
 
     def run() -> None:
@@ -82,7 +98,11 @@ def test_a_late_hopper_is_caught_by_the_frozen_settling_look(lab: Lab, vmid: int
 
     t = threading.Thread(target=run)
     t.start()
-    time.sleep(0.8)  # discovery is done (about 0.2 s); the grace of 1.5 s is running
+    # discovery freezes the tree; the SIGTERM's grace (1.5 s) runs thawed: open it then
+    freeze = lab.cgroup(vmid) / "cgroup.freeze"
+    assert wait_until(lambda: freeze.read_text().strip() == "1", 20)
+    assert wait_until(lambda: freeze.read_text().strip() == "0", 5)
+    assert lab.alive(slow_pid)
     (lab.rootfs(vmid) / trigger.lstrip("/")).write_text("")
     t.join()
     rep = got["rep"]
