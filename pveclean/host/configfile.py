@@ -107,11 +107,23 @@ def check_trusted(cfg: Config, path: Path | None = None) -> None:
          "nvml_library"),
     ]
     for target, what in checks:
+        if target is not None and what == "nvml_library" and not os.path.exists(target):
+            target = _missing_library(target)  # who could put one there before it loads?
         if target is None or (what != "config file" and not os.path.exists(target)):
-            continue  # a missing pct or library fails later, with its own message
+            continue  # a missing pct fails later, with its own message
         why = untrusted(target, what)
         if why:
             raise ConfigError(f"{why}; refusing to use it")
+
+
+def _missing_library(path: str) -> str:
+    """An nvml_library path that does not exist (yet): the nearest directory above it that
+    does is checked as the library itself would be (root's, writable by root only, sticky
+    or not), since a file put there after the check would be loaded by root."""
+    d = os.path.dirname(path)
+    while d != "/" and not os.path.isdir(d):
+        d = os.path.dirname(d)
+    return d
 
 
 def load(explicit: str | os.PathLike[str] | None = None) -> Config:
