@@ -150,7 +150,7 @@ def _signal_round(run: Run, targets: list[Holder], term: bool) -> float | None:
     from pveclean.host import pidfds  # its proofs and records: for a stop only
     reads, scope, end = run.reads, run.scope, run.deadline.work_end
     last_exit: float | None = None
-    run.freezer.hold()
+    run.freezer.hold([h.host_pid for h in targets])  # a v1-frozen target thawed first
     batch = pidfds.fd_budget()
     for i in range(0, len(targets), batch):  # one batch unless the hard limit is low
         proven, rejected = pidfds.prove_all(

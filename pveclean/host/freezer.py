@@ -10,6 +10,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from pveclean.host import cgroupfs
@@ -161,7 +162,12 @@ class Freezer:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def hold(self) -> None:
+    def hold(self, signalled: Iterable[int] = ()) -> None:
+        """Freeze (v2); the `signalled` PIDs' v1 freezer cgroups in the container's tree are
+        thawed first (freezer_v1: a v1-frozen task waits out even SIGKILL), and said."""
+        if signalled:
+            from pveclean.host.freezer_v1 import thaw_in_tree  # a round's targets only
+            self.warnings += thaw_in_tree(signalled, self.vmid)
         if not self.enabled or self.frozen:
             return
         if self._guard is None:

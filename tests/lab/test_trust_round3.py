@@ -7,6 +7,7 @@ mapping still being there after the run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -14,7 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.harness.lxclab import Lab
+import pytest
+
+from tests.harness.lxclab import Lab, v1_freezer_root
 from tests.helpers import run_json, start_in_ct
 
 GPU = "/dev/nvidia0"
@@ -110,3 +113,33 @@ def test_a_late_hopper_is_caught_by_the_frozen_settling_look(lab: Lab, vmid: int
     assert slow_pid in pids, rep
     assert not lab.alive(hop_pid), rep  # before: `clean`, the hopper alive, holding
     assert hop_pid in pids and rep["verdict"] == "clean", rep
+
+
+def test_a_holder_frozen_in_the_containers_v1_freezer_is_thawed_and_stopped(lab: Lab,
+                                                                          vmid: int) -> None:
+    """On a hybrid host the tenant freezes its holder in its own v1 freezer cgroup, where
+    even SIGKILL waits for a thaw: it survived every run. It is thawed first, and said."""
+    root = v1_freezer_root()
+    if root is None:
+        pytest.skip("no cgroup v1 freezer mounted on this host")
+    lab.write_config(grace_seconds=0.3)
+    lab.create_ct(vmid, gpus=(0,))
+    w = lab.run_in_ct(vmid, "python3", hold=[GPU], ignore_term=True)
+    (pid,) = w.host_pids(lab)
+    cg = root / "lxc" / str(vmid) / "ns" / "icebox"
+    cg.mkdir(parents=True)
+    try:
+        (cg / "cgroup.procs").write_text(str(pid))
+        (cg / "freezer.state").write_text("FROZEN")
+        assert wait_until(lambda: (cg / "freezer.state").read_text().strip() == "FROZEN", 5)
+        code, rep = run_json(lab, vmid)
+        assert code == 0 and rep["verdict"] == "clean", rep
+        assert not lab.alive(pid)
+        assert any("v1 freezer cgroup" in w and "thawed" in w for w in rep["warnings"]), rep
+    finally:
+        (cg / "freezer.state").write_text("THAWED")
+        for d in (cg, cg.parent, cg.parent.parent):
+            with contextlib.suppress(OSError):
+                for p in (d / "cgroup.procs").read_text().split():
+                    (root / "cgroup.procs").write_text(p)
+                d.rmdir()
