@@ -143,3 +143,25 @@ def test_a_holder_frozen_in_the_containers_v1_freezer_is_thawed_and_stopped(lab:
                 for p in (d / "cgroup.procs").read_text().split():
                     (root / "cgroup.procs").write_text(p)
                 d.rmdir()
+
+
+def test_a_vm_start_is_refused_while_a_containers_process_is_not_judged(
+        vm_host: Lab, vmid: int, vmid2: int) -> None:
+    """The VM guard's map never takes the unread for innocent: a container's process whose
+    ring (kept by its mapping) holds the VM's GPU where the kernel shows no file is a
+    blocker naming it, and a `not judged` row in `gpus` (before: the start went on)."""
+    from tests.harness import qm
+    from tests.lab.test_vm_guard import make_vm
+
+    lab = vm_host
+    lab.create_ct(vmid, gpus=(0,))
+    w = start_in_ct(lab, vmid, "hideout", [GPU, "--mode", "ring-map"])
+    (pid,) = w.host_pids(lab)
+    make_vm(lab, vmid2)
+    res = qm.run(lab.root, "start", str(vmid2))
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert f"CT {vmid}: PID {pid} could not be read whole" in res.stdout, res.stdout
+    assert qm.run(lab.root, "status", str(vmid2)).stdout.strip() == "status: stopped"
+    shown = lab.pveclean("gpus")
+    assert "NOT JUDGED" in shown.stdout and str(pid) in shown.stdout, shown.stdout
+    assert lab.alive(pid)
