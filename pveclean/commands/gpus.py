@@ -38,7 +38,7 @@ from pveclean.core.gpumap import (
     place_all,
 )
 from pveclean.core.notjudged import NotJudged
-from pveclean.core.owners import Layout, is_ct_dir
+from pveclean.core.owners import Layout, Owner, OwnerKind, is_ct_dir
 from pveclean.core.pci import PciAddress
 from pveclean.core.records import GpuDevices, GpuMemory, NvmlProcesses, Scope, Source, SourceState
 from pveclean.core.vmguard import conflicts
@@ -291,6 +291,9 @@ class _Look:
         buses: dict[int, PciAddress] = {}
         if nvml is not None:
             gpus, used, buses, nvml_state = _ask_nvml(nvml, self.warnings)
+            if nvml_state.state is SourceState.PARTIAL:  # who has memory where: not all told
+                self.unread.append(notjudged.NotJudged(Owner(OwnerKind.UNKNOWN), "NVML",
+                                                       str(nvml_state)))
         host, n_host = self.host(host_scan)
         if host_scan is None:
             self.unread += notjudged.of_host(["its cgroups could not be read"])
