@@ -17,10 +17,15 @@ MAX_TABLES = 64  # distinct fd tables read per process besides the leader's; the
 MAX_THREADS = 65536  # threads compared per process (a kcmp each, about 1 us)
 
 
+_NR: list[int | None] = []  # kcmp's number on this machine, once looked up
+
+
 def same_files(pid: int, tid: int) -> bool | None:
     """Whether tasks `pid` and `tid` share one fd table (kcmp KCMP_FILES): None when the
     kernel cannot say (no kcmp, or a task gone)."""
-    nr = SYS_KCMP.get(os.uname().machine)
+    if not _NR:
+        _NR.append(SYS_KCMP.get(os.uname().machine))
+    nr = _NR[0]
     lib = statx._load()
     if nr is None or lib is False:
         return None
@@ -37,9 +42,15 @@ class NoKcmp(Exception):
     """kcmp is not there (a kernel without CONFIG_KCMP): tables cannot be told apart."""
 
 
+_WORKS: list[bool] = []
+
+
 def _kcmp_works() -> bool:
-    me = os.getpid()
-    return same_files(me, me) is True
+    """Whether kcmp answers here (asked once per process: a kernel has it or not)."""
+    if not _WORKS:
+        me = os.getpid()
+        _WORKS.append(same_files(me, me) is True)
+    return _WORKS[0]
 
 
 def other_tables(pid: int, unjudged: list[str]) -> list[str]:
