@@ -223,6 +223,13 @@ def test_a_missing_nvml_library_is_checked_where_it_would_appear(tmp_path: Path)
     closed = tmp_path / "root-only"
     closed.mkdir(mode=0o755)
     configfile.check_trusted(Config(nvml_library=str(closed / "libnvidia-ml.so.1")))
+    import tempfile
+
+    right_below_tmp = tempfile.mkdtemp(dir="/tmp")  # 0700, root's, in the sticky /tmp
+    try:
+        configfile.check_trusted(Config(nvml_library=f"{right_below_tmp}/libnvidia-ml.so.1"))
+    finally:
+        os.rmdir(right_below_tmp)
 
 
 def test_an_nvml_library_relative_to_the_working_directory_is_refused() -> None:
