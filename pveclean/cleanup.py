@@ -15,7 +15,7 @@ from pveclean.core.report import Findings, Report, RunResult, build_report, busy
 from pveclean.core.run import Asked, OnlyGpus, Run, RunOptions
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.errors import ExitCode, PvecleanError
-from pveclean.host import cgroupfs, devnodes, notify, reportfiles
+from pveclean.host import cgroupfs, devnodes, kmsg, notify, reportfiles
 from pveclean.host.clock import stamp, start_deadline
 from pveclean.host.freezer import Freezer
 from pveclean.host.nvml import Nvml
@@ -425,6 +425,7 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
     prune within what is left of the run (at least REPORT_WAIT), in `writer` (the run's scan
     worker, idle by now, the caller's to close) or a worker of its own. A report that cannot
     be written is kept whole in a spare file (reportfiles.SPARE_DIR), named in syslog."""
+    rep = kmsg.with_xids(rep, cfg.state_dir) if write_report else rep  # its GPU faults
     rep = report.Redactor(cfg.redact).value(rep.bounded())
     code = verdicts.exit_code(rep.verdict)
     if not write_report:

@@ -365,6 +365,8 @@ def metrics(
     raise typer.Exit(write(load(config), textfile_dir, job_dir=dcgm_job_dir))
 
 
+from pveclean.commands.resetcli import register as _reset  # noqa: E402, I001
+_reset(command)
 VERDICTS = [str(v) for v in Verdict]
 
 

@@ -53,6 +53,7 @@ from pveclean.proxmox import pveconf
 from pveclean.proxmox.passthrough import (
     PCI_DEVICES,
     read_pci_mappings,
+    this_node,
     vfio_gpus,
     vm_passthrough,
 )
@@ -73,6 +74,7 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
     """`pveclean gpus`: read the host in a worker bounded by deadline_seconds, print, and
     with `watch` do it again every `watch` seconds (`count` times; 0: until Ctrl-C).
     Exit code 0, or PvecleanError (exit 3) when the host could not be read in time."""
+    from pveclean.commands import xids
     from pveclean.commands.gpuview import render_gpus  # here: `metrics` and `status` need none
 
     tty = screen_control(sys.stdout, os.environ)
@@ -84,8 +86,9 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
                 # its forked readers are given up on first, so that the rest is still shown
                 end = time.monotonic() + limit * READERS_SHARE
                 gmap = wk.call(w_collect, cfg, pci_root, end, timeout=limit, what="gpus")
-                text = (json.dumps(gmap.as_dict(), indent=2, default=str) if as_json
-                        else render_gpus(gmap))
+                xtext, xdoc = xids.gpus_section(cfg, gmap)  # issue 41: the last Xids per GPU
+                text = (json.dumps({**gmap.as_dict(), **({"xids": xdoc} if xdoc else {})},
+                                   indent=2, default=str) if as_json else render_gpus(gmap) + xtext)
                 if watch and tty and not as_json:
                     text = "\x1b[H\x1b[2J" + text  # redraw in place
                 print(text, flush=True)
@@ -320,6 +323,5 @@ class _Look:
 
     def conflicts(self, uses: tuple[GpuUse, ...], pve: Path) -> list[VmConflict]:
         vm_refs = vm_passthrough(pve / "qemu-server",
-                                 read_pci_mappings(pve / "mapping" / "pci.cfg",
-                                                   os.uname().nodename))
+                                 read_pci_mappings(pve / "mapping" / "pci.cfg", this_node()))
         return conflicts(uses, vm_refs, self.cfg.vm_gpu_policy, self.cfg.vm_gpu_allow_host)

@@ -57,8 +57,8 @@ def _gpu_lines(g: GpuUse, hostnames: Mapping[int, str]) -> list[str]:
     share = [f"{safe(o.label, 30)} " + (f"{_n(v)} MiB" if v else "nodes only")
              for o, v in g.by_owner]
     if g.leak_mib:
-        share.append(f"leak {_n(g.leak_mib)} MiB (reset with nvidia-smi -r -i "
-                     f"{g.index} once nothing uses it)")
+        share.append(f"leak {_n(g.leak_mib)} MiB (`pveclean reset {g.index}` frees it "
+                     "where safe)")
     elif g.unaccounted_mib is None and g.processes:
         share.append("unaccounted memory unknown (NVML gives no per-process figure)")
     if share:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from pveclean.cleanup import RunOptions, cgroup_root, clean, finish, reserve_for
+from pveclean.commands import xidhook
 from pveclean.core.config import PHASES, Config
 from pveclean.core.discovery import stall_for
 from pveclean.core.gpufaults import unchecked
@@ -351,6 +352,7 @@ def _phase(vmid: int, phase: str, nvml: NvmlWorker) -> int:
     # report. Not the chained script's (it ran as Proxmox runs it), and restored after: an
     # ignored SIGTERM is inherited by whatever this process runs next.
     before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    refused = xidhook.before_phase(vmid, phase, cfg, say) or refused  # issue 41: Xids
     try:
         code = HANDLERS[phase](vmid, cfg, nvml)
     except PvecleanError as exc:

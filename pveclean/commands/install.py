@@ -17,9 +17,10 @@ from pathlib import Path
 
 from pveclean.commands.installplan import InstallRequest, Outcome, Plan, Step
 from pveclean.core.config import Config
+from pveclean.core.pci import PciAddress
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import devnodes
-from pveclean.proxmox import chain, dropin, passthrough, pveconf
+from pveclean.proxmox import chain, dropin, pveconf, vmtake
 from pveclean.proxmox.hookscript import (
     HOOK_NAME,
     MARKER,
@@ -90,12 +91,13 @@ class _GpuCheck:
     cfg: Config
     here: str
     majors: frozenset[int]  # the NVIDIA device nodes' majors
-    mappings: dict[str, list[str]]
+    mappings: dict[str, list[tuple[PciAddress, ...]]]
+    api: Api | None = None  # a VM's hostpci lines as its next start has them (pending too)
 
     @classmethod
-    def of(cls, cfg: Config, here: str, kind: str) -> _GpuCheck:
+    def of(cls, cfg: Config, here: str, kind: str, api: Api | None = None) -> _GpuCheck:
         return cls(cfg, here, devnodes.nvidia_majors(),
-                   _pci_mappings(cfg, here) if kind == "qemu" else {})
+                   _pci_mappings(cfg, here) if kind == "qemu" else {}, api)
 
     def passes(self, c: Container, conf: pveconf.CtConfig) -> bool | None:
         """None for a VM on another node (cannot tell from here)."""
@@ -103,19 +105,21 @@ class _GpuCheck:
             return bool(conf.gpu_lines(self.majors))
         if c.node != self.here:
             return None
-        return bool(passthrough.nvidia_functions(conf.lines, self.mappings,
-                                                 Path(self.cfg.pci_sysfs) / "devices"))
+        if self.api is not None:  # pending hostpci lines apply before the next pre-start
+            conf = self.api.ct_config(c.node, c.vmid, "qemu", current=False)
+        return vmtake.unbinds_nvidia(conf.lines, self.mappings,
+                                     Path(self.cfg.pci_sysfs) / "devices")
 
 
-def _pci_mappings(cfg: Config, here: str) -> dict[str, list[str]]:
+def _pci_mappings(cfg: Config, here: str) -> dict[str, list[tuple[PciAddress, ...]]]:
     """/etc/pve/mapping/pci.cfg, read in a worker: pmxcfs can stop answering."""
     from pveclean.host.worker import RemoteError, Worker, WorkerError
 
     path = Path(cfg.pve_config_dir).parent / "mapping" / "pci.cfg"
     with Worker() as wk:
         try:
-            got: dict[str, list[str]] = wk.call(
-                passthrough.read_pci_mappings, path, here, timeout=cfg.deadline_seconds,
+            got: dict[str, list[tuple[PciAddress, ...]]] = wk.call(
+                vmtake.read_mappings, path, here, timeout=cfg.deadline_seconds,
                 what=f"reading {path}")
         except (RemoteError, WorkerError) as exc:
             raise PvecleanError(f"{exc} (pmxcfs not answering?)", ExitCode.ACCESS) from None
@@ -164,7 +168,7 @@ def plan_install(api: Api, cfg: Config, req: InstallRequest) -> Plan:
                      "choose a directory storage (dir, nfs, cifs, cephfs) with --storage")
         return plan
     volid = _plan_snippet(p, req, st, sdir)
-    gpus = _GpuCheck.of(cfg, p.here, req.kind)
+    gpus = _GpuCheck.of(cfg, p.here, req.kind, p.api)
     targets = (_gpu_guests(p, req, st, gpus) if req.every
                else _named_guests(p, req, st, gpus))
     for c, conf in targets:

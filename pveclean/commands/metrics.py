@@ -24,8 +24,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pveclean.commands import xids
 from pveclean.commands.gpus import READERS_SHARE, Seen, collect
-from pveclean.core import metrics, metrics_gpus
+from pveclean.core import metrics, metrics_gpus, metrics_xid
 from pveclean.core.config import Config
 from pveclean.core.gpumap import GpuMap
 from pveclean.core.pci import HostPci
@@ -34,7 +35,7 @@ from pveclean.host import cgroupfs, notify, worker
 from pveclean.host.nvml import Nvml
 from pveclean.host.reportfiles import exclusive_temp
 from pveclean.host.worker import RemoteError, Worker, WorkerError
-from pveclean.proxmox.passthrough import PCI_DEVICES, read_pci_mappings, vm_passthrough
+from pveclean.proxmox.passthrough import PCI_DEVICES, read_pci_mappings, this_node, vm_passthrough
 
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"  # Debian's prometheus-node-exporter
 FILE_NAME = "pveclean_gpus.prom"
@@ -89,7 +90,7 @@ def w_look(cfg: Config, pci_root: Path, end: float, settled: frozenset[int] = fr
     running = {v: cgroupfs.monitor_running(root, v) for v in sorted(gmap.hostnames)}
     pve = Path(cfg.pve_config_dir).parent
     refs = vm_passthrough(pve / "qemu-server",
-                          read_pci_mappings(pve / "mapping" / "pci.cfg", os.uname().nodename))
+                          read_pci_mappings(pve / "mapping" / "pci.cfg", this_node()))
     return Look(gmap, running, refs, seen)
 
 
@@ -139,13 +140,15 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     now = time.time()
     if look is not None:
         save_settled(cfg, run, due, look.seen.clean, look.seen.alive)
+    xlog = xids.xid_pass(cfg, look.gmap if look is not None else None)[0]
 
     def text(old: str) -> str:
+        xfams = metrics_xid.families(xlog, look.gmap.gpus if look is not None else (), node)
         if look is None:
             last = metrics_gpus.last_success(metrics.parse(old))
-            return metrics.render(metrics_gpus.failed(node, seconds, last))
+            return metrics.render(metrics_gpus.failed(node, seconds, last) + xfams)
         return metrics.render(metrics_gpus.families(look.gmap, node, look.running,
-                                                    look.refs, now))
+                                                    look.refs, now) + xfams)
 
     path = Path(textfile_dir) / FILE_NAME
     try:

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from pveclean.commands import hook
+from pveclean.commands import hook, xidhook
 from pveclean.commands.hook import post_stop, pre_start
 from pveclean.core.config import Config
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
@@ -51,13 +51,15 @@ def start_pre(vmid: int, cfg: Config, nvml: NvmlWorker, unit: str = UNITS[0]) ->
         os.utime(stamp)
     if startrecord.hook_checked(cfg, vmid, HOOK_TO_UNIT_S):
         return 0
+    xid_refused = xidhook.before_phase(vmid, "pre-start", cfg, hook.say)  # issue 41
     code = pre_start(vmid, cfg, nvml, via=via(vmid, "ExecStartPre", unit))
-    return ExitCode.REFUSE if code == ExitCode.REFUSE else 0
+    return ExitCode.REFUSE if code == ExitCode.REFUSE or xid_refused else 0
 
 
 def stop_post(vmid: int, cfg: Config, nvml: NvmlWorker, unit: str = UNITS[0]) -> int:
 
     if not _hook_checked_this_stop(cfg, vmid):
+        xidhook.before_phase(vmid, "post-stop", cfg, hook.say)  # issue 41: the Xid pass
         post_stop(vmid, cfg, nvml, via=via(vmid, "ExecStopPost", unit))
     return 0
 

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
     from pveclean.core.records import Deadline
     from pveclean.core.vmreport import Moved
-    from pveclean.host.pcibind import Handoff
     from pveclean.host.worker import Worker
 
     T = TypeVar("T")
@@ -70,6 +69,14 @@ def main(argv: list[str], nvml: NvmlWorker) -> int:
     except ConfigError as exc:
         say(f"pveclean: VM {vmid} {phase}: config error, nothing done: {exc}")
         return 0
+    if phase == "give-back":  # by hand: a stranded hand-off (pveclean vmhook VMID give-back)
+        return _give_back_by_hand(vmid, cfg)
+    # The VM's own previous hookscript (install --vm --chain) runs first in every phase, as it
+    # did before pveclean; one that fails pre-start refuses the start, and then pveclean stops
+    # nothing for a start that will not happen.
+    if _chained(vmid, phase, cfg) != 0 and phase == "pre-start":
+        say(f"pveclean: VM {vmid} pre-start: refusing to start: the chained hookscript failed")
+        return ExitCode.REFUSE
     try:
         if phase == "pre-start" and cfg.phase_enabled(phase):
             return pre_start(vmid, cfg, nvml)
@@ -81,6 +88,18 @@ def main(argv: list[str], nvml: NvmlWorker) -> int:
         say(f"pveclean: VM {vmid} {phase}: internal error: {type(exc).__name__}: "
             f"{safe(exc, 300)}")
     return 0
+
+
+def _chained(vmid: int, phase: str, cfg: Config) -> int:
+    """The chained hookscript's exit code; a failure to run it is said, not fatal."""
+    from pveclean.proxmox import chain
+
+    try:
+        return chain.run_chained(vmid, phase, cfg, guest="VM")
+    except Exception as exc:
+        say(f"pveclean: VM {vmid} {phase}: chained hookscript not run: "
+            f"{type(exc).__name__}: {safe(exc, 300)}")
+        return 0
 
 
 def _look(cfg: Config, deadline: Deadline) -> GpuMap:
@@ -103,44 +122,77 @@ def _call(wk: Worker, fn: Callable[..., T], *args: object, deadline: Deadline, w
 
 def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     from pveclean.host.worker import Worker
-    from pveclean.proxmox import passthrough
+    from pveclean.proxmox import passthrough, vmtake
 
     deadline = start_deadline(cfg.deadline_seconds)
     pve = str(Path(cfg.pve_config_dir).parent)
     with Worker() as scan:
-        drivers = _call(scan, passthrough.w_vm_gpus, pve, vmid, cfg.pci_sysfs,
-                        deadline=deadline, what="reading the VM's config")
-        if not drivers:
+        take = _call(scan, vmtake.w_vm_take, pve, vmid, cfg.pci_sysfs, cfg.qemu_run_dir,
+                     os.environ.get("PVE_MIGRATED_FROM"), deadline=deadline,
+                     what="reading the VM's config")
+        if take is None or not take.nvidia:
             return 0  # no NVIDIA GPU passed through (or no VM of that id here): not ours
+        for line in take.notes + ([f"the start will fail: {take.fails}"] if take.fails else []):
+            say(f"pveclean: VM {vmid} pre-start: {line}")
+        drivers = take.drivers
+        if not drivers:
+            return 0  # nothing the start unbinds: nothing to guard
         addrs = sorted(drivers, key=sysfs_order)
-        say(f"pveclean: VM {vmid} pre-start: checking who holds GPU {_listed(addrs)}")
+        say(f"pveclean: VM {vmid} pre-start: checking who holds {_listed(addrs)} (the IOMMU "
+            "group qemu-server unbinds)")
         gmap = _look(cfg, deadline)
         minors = {g.minor: g.pci_bus_id for g in gmap.gpus
                   if g.pci_bus_id is not None and g.pci_bus_id in addrs and g.minor is not None}
         keeping = _call(scan, passthrough.w_keeping, cfg.pve_config_dir, minors,
                         deadline=deadline, what="reading the containers' configs")
-    reservations = passthrough.pci_reservations(Path(cfg.qemu_run_dir))
+    reservations = {a: r.vmid for a, r in vmtake.reservations(Path(cfg.qemu_run_dir)).items()}
+    policy = _policy(vmid, cfg)
     plan = vmguard.plan(vmguard.VmStart(vmid, addrs, reservations, keeping, drivers), gmap,
-                        cfg.vm_gpu_policy, cfg.vm_gpu_allow_host)
+                        policy, cfg.vm_gpu_allow_host)
     for line in plan.notes:
         say(f"pveclean: VM {vmid} pre-start: {line}")
-    record = VmReport(vmid, "pre-start", os.uname().nodename, 0.0, cfg.vm_gpu_policy,
-                      plan=plan)
+    record = VmReport(vmid, "pre-start", os.uname().nodename, 0.0, policy, plan=plan)
     if plan.decision is vmguard.Decision.REFUSE:
         for line in plan.blockers:
             say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
         return _finish(cfg, record, VmVerdict.REFUSED, ExitCode.REFUSE, deadline=deadline)
-    if plan.decision is vmguard.Decision.STOP:
+    if plan.persistence:
+        from pveclean.commands import vmpersist
+
+        failed = vmpersist.turn_off(cfg, vmid, gmap, plan.persistence,
+                                    max(min(deadline.remaining() - 1.0, 10.0), 0.5))
+        if failed:
+            for line in failed:
+                say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
+            _persistence_back(vmid, cfg, "pre-start")  # those it did turn off
+            return _finish(cfg, record, VmVerdict.REFUSED, ExitCode.REFUSE, deadline=deadline)
+    if plan.decision is vmguard.Decision.STOP or plan.persistence:
         record, left = _stop_holders(vmid, cfg, nvml, plan, deadline, record)
         if left:
             for line in left:
                 say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
+            if plan.persistence:  # the start is refused: no post-stop will turn it back on
+                _persistence_back(vmid, cfg, "pre-start")
             return _finish(cfg, record, VmVerdict.RESIDUAL, ExitCode.REFUSE, deadline=deadline)
         say(f"pveclean: VM {vmid} pre-start: GPU {_listed(addrs)} verified free")
     if cfg.vm_gpu_rebind:
-        record = record.with_rebind(_rebind(vmid, cfg, addrs, deadline))
+        _give_back_stranded(vmid, cfg, {str(a) for a in drivers})
+        record = record.with_rebind(_rebind(vmid, cfg, take.groups, deadline))
     return _finish(cfg, record, VmVerdict.CLEAR if plan.decision is vmguard.Decision.CLEAR
                    else VmVerdict.STOPPED, ExitCode.OK, deadline=deadline)
+
+
+def _policy(vmid: int, cfg: Config) -> str:
+    """vm_gpu_policy, or vm_gpu_backup when the start is a backup's (a vzdump task starts a
+    stopped VM paused: enforce_vm_running_for_backup; its devices are bound all the same)."""
+    from pveclean.proxmox import tasks
+
+    task = tasks.running_task()
+    if task is None or task.type != "vzdump":
+        return cfg.vm_gpu_policy
+    say(f"pveclean: VM {vmid} pre-start: a backup's start (vzdump): vm_gpu_backup "
+        f"{cfg.vm_gpu_backup} applies")
+    return cfg.vm_gpu_backup
 
 
 def _listed(addrs: list[PciAddress]) -> str:
@@ -201,60 +253,103 @@ def _rebind(vmid: int, cfg: Config, addrs: list[PciAddress], deadline: Deadline,
             out[addr] = got
             done.append(got)
     if done:
-        _save_handoffs(cfg, vmid, done)
+        from pveclean.commands import vmhandoff
+
+        vmhandoff.add(cfg, vmid, done)
     return out
 
 
-def _handoff_file(cfg: Config, vmid: int) -> Path:
-    return Path(cfg.state_dir) / f"vfio-{vmid}.yaml"
-
-
-def _save_handoffs(cfg: Config, vmid: int, done: list[Handoff]) -> None:
-    import yaml
-
-    path = _handoff_file(cfg, vmid)
-    from pveclean.host.reportfiles import exclusive_temp
-
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = exclusive_temp(path.parent, f".vfio-{vmid}-", ".tmp", 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(yaml.dump([h.as_dict() for h in done], Dumper=yaml.CSafeDumper))
-    os.replace(tmp, path)
-
-
 def post_stop(vmid: int, cfg: Config, fs: pcibind.Sysfs | None = None) -> None:
-    """The GPUs pre-start handed to vfio-pci, back to the drivers they had."""
-    import yaml
+    """The GPUs pre-start handed to vfio-pci, back to the drivers they had; persistence
+    back on for those pre-start turned it off for."""
+    fs = fs or pcibind.Sysfs(cfg.pci_sysfs)
+    try:
+        _give_back(vmid, cfg, fs)
+    finally:
+        _persistence_back(vmid, cfg)
 
+
+def _persistence_back(vmid: int, cfg: Config, phase: str = "post-stop") -> None:
+    from pveclean.commands import vmpersist
+
+    if not vmpersist.read_record(cfg, vmid):
+        return
+    deadline = start_deadline(cfg.deadline_seconds)
+    for line in vmpersist.restore(cfg, vmid, _look(cfg, deadline),
+                                  max(min(deadline.remaining() - 1.0, 10.0), 0.5)):
+        say(f"pveclean: VM {vmid} {phase}: {line}")
+
+
+def _give_back_stranded(vmid: int, cfg: Config, taken: set[str],
+                        fs: pcibind.Sysfs | None = None) -> None:
+    """Other VMs' stranded hand-offs (vmhandoff.stranded) given back now: qemu-server runs no
+    post-stop after a start that failed past pre-start, nor on a migration's source."""
+    from pveclean.commands import vmhandoff
+
+    for other in vmhandoff.stranded(cfg, vmid, taken):
+        say(f"pveclean: VM {vmid} pre-start: VM {other}'s hand-off is stranded (no QEMU, no "
+            "reservation): giving it back")
+        _give_back(other, cfg, fs or pcibind.Sysfs(cfg.pci_sysfs))
+
+
+def _give_back_by_hand(vmid: int, cfg: Config, fs: pcibind.Sysfs | None = None) -> int:
+    """`pveclean vmhook VMID give-back`: VM `vmid`'s recorded hand-off back to its drivers
+    (and its persistence back on) when the VM runs no QEMU and holds no reservation; a
+    running or starting VM keeps its GPUs."""
+    from pveclean.commands import vmhandoff, vmpersist
+    from pveclean.proxmox import vmtake
+
+    run = Path(cfg.qemu_run_dir)
+    held = any(r.vmid == vmid for r in vmtake.reservations(run).values())
+    try:
+        recorded = vmhandoff.read(cfg, vmid) is not None or bool(vmpersist.read_record(cfg,
+                                                                                      vmid))
+        if not recorded:
+            say(f"pveclean: VM {vmid} give-back: nothing recorded; nothing to do")
+        elif held or vmtake.qemu_running(run, vmid):
+            say(f"pveclean: VM {vmid} give-back: the VM runs or is starting: its GPUs stay")
+        else:
+            post_stop(vmid, cfg, fs)
+    except PvecleanError as exc:
+        say(f"pveclean: VM {vmid} give-back: {safe(exc, 300)}; nothing done")
+    return 0
+
+
+def _give_back(vmid: int, cfg: Config, fs: pcibind.Sysfs) -> None:
+    """Each recorded group back to its drivers, but one another VM reserved or has open
+    (kept); one that fails stays recorded, and the report says `give-back failed`."""
+    from pveclean.commands import vmhandoff
     from pveclean.host.worker import Worker
 
-    fs = fs or pcibind.Sysfs(cfg.pci_sysfs)
-
-    path = _handoff_file(cfg, vmid)
-    try:
-        saved = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
-    except FileNotFoundError:
+    if vmhandoff.read(cfg, vmid) is None:
         return
-    except (OSError, yaml.YAMLError) as exc:
-        raise PvecleanError(f"cannot read {path}: {exc}") from None
+    give, keep = vmhandoff.plan(cfg, vmid)
     deadline = start_deadline(cfg.deadline_seconds)
     given_back: dict[str, list[str]] = {}
+    left = [g for g, _ in keep]
+    for g, why in keep:
+        say(f"pveclean: VM {vmid} post-stop: {g.address} left on vfio-pci ({why}); kept for "
+            "a later give-back")
     with Worker() as wk:
-        for item in saved if isinstance(saved, list) else []:
-            h = pcibind.Handoff(str(item["pci_bus_id"]), dict(item["drivers_before"]))
+        for g in give:
+            h = vmhandoff.as_handoff(g)
             try:
                 failed = _call(wk, pcibind.w_give_back, fs, h, deadline=deadline,
                                what=f"giving {h.address} back")
             except PvecleanError as exc:
                 failed = [str(exc)]
             given_back[h.address] = failed
+            if failed:
+                left.append(g)
             say(f"pveclean: VM {vmid} post-stop: {h.address} "
                 + ("back on " + ", ".join(f"{f}: {d}" for f, d in h.before.items())
-                   if not failed else f"NOT given back: {'; '.join(failed)}"))
-    path.unlink()
+                   if not failed else f"NOT given back: {'; '.join(failed)} (kept)"))
+    vmhandoff.write(cfg, vmid, left)
     record = VmReport(vmid, "post-stop", os.uname().nodename, 0.0, cfg.vm_gpu_policy,
                       given_back=given_back)
-    _finish(cfg, record, VmVerdict.GIVEN_BACK, ExitCode.OK, deadline=deadline)
+    verdict = (VmVerdict.GIVE_BACK_FAILED if any(given_back.values())
+               else VmVerdict.GIVEN_BACK)
+    _finish(cfg, record, verdict, ExitCode.OK, deadline=deadline)
 
 
 def _finish(cfg: Config, record: VmReport, outcome: VmVerdict, code: int,

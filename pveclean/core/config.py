@@ -77,8 +77,14 @@ class Config:
     vm_gpu_policy: str = "refuse"
     vm_gpu_allow_host: list[str] = field(default_factory=list)
     vm_gpu_rebind: bool = False  # hand the GPU to vfio-pci at pre-start, back at post-stop
+    # a backup of a stopped VM starts it paused (vzdump): that pre-start's policy
+    vm_gpu_backup: str = "refuse"
     pci_sysfs: str = "/sys/bus/pci"
     qemu_run_dir: str = "/run/qemu-server"  # qemu-server's pidfiles and PCI reservations
+    kmsg_path: str = "/dev/kmsg"  # the kernel log the Xid reader reads (core/xid.py)
+    reset_command: str = "nvidia-smi"  # the driver's tool `pveclean reset` runs (-r -i N)
+    reset_timeout_seconds: float = 60.0  # its deadline
+    systemctl_command: str = "systemctl"  # stops and restarts the GPU's host services
     source: str = "built-in defaults"
 
     def phase_enabled(self, phase: str) -> bool:
@@ -152,8 +158,14 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "vm_gpu_policy": ("'refuse' or 'stop-containers'", lambda v: v in VM_GPU_POLICIES),
     "vm_gpu_allow_host": ("a list of process names", _str_list),
     "vm_gpu_rebind": ("true or false", lambda v: isinstance(v, bool)),
+    "vm_gpu_backup": ("'refuse' or 'stop-containers'", lambda v: v in VM_GPU_POLICIES),
     "pci_sysfs": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "qemu_run_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
+    "kmsg_path": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
+    "reset_command": ("a command name or path", lambda v: isinstance(v, str) and bool(v.strip())),
+    "reset_timeout_seconds": ("a number from 1 to 600", lambda v: _is_number(v) and 1 <= v <= 600),
+    "systemctl_command": ("a command name or path",
+                          lambda v: isinstance(v, str) and bool(v.strip())),
     "api": (
         "a mapping with backend ('local' or 'https'), host, user, password_file (a path) and "
         "verify_ssl (true, false or a CA file path)",

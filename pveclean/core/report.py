@@ -60,8 +60,8 @@ def find_leaks(gpus: list[GpuMemory], procs: NvmlProcesses,
         unaccounted = g.used_mib - accounted
         if unaccounted > LEAK_SLACK_MIB:
             leaks.append(Leak(g.index, g.uuid, unaccounted,
-                              f"no process holds this memory; once nothing uses GPU "
-                              f"{g.index}, reset it: nvidia-smi -r -i {g.index}"))
+                              f"no process holds this memory; reset GPU {g.index} where "
+                              f"safe: pveclean reset {g.index} (--dry-run first)"))
     return leaks
 
 

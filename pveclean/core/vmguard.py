@@ -48,14 +48,17 @@ class Plan:
     # container -> (GPU indices, minors) of the VM's GPUs its holders hold
     stop: dict[int, tuple[frozenset[int], frozenset[int]]] = field(default_factory=dict)
     blockers: list[str] = field(default_factory=list)  # each with the command that frees it
-    notes: list[str] = field(default_factory=list)  # allowed holders, containers to mind
+    notes: list[str] = field(default_factory=list)  # persistence, containers to mind
+    # GPU indices whose only host holder is nvidia-persistenced: persistence off for each
+    persistence: frozenset[int] = frozenset()
 
     def as_dict(self) -> dict[str, object]:
         return {"decision": str(self.decision),
                 "gpus": [{"pci_bus_id": str(t.address), "index": t.index, "minor": t.minor}
                          for t in self.targets],
                 "stop": {str(ct): sorted(idx) for ct, (idx, _) in sorted(self.stop.items())},
-                "blockers": list(self.blockers), "notes": list(self.notes)}
+                "blockers": list(self.blockers), "notes": list(self.notes),
+                **({"persistence_off": sorted(self.persistence)} if self.persistence else {})}
 
 
 def _holder(proc: GpuProc, mib: int | None = None) -> str:
@@ -63,36 +66,61 @@ def _holder(proc: GpuProc, mib: int | None = None) -> str:
     return f"PID {proc.host_pid} {safe(proc.name or '?', 40)}{held}"
 
 
+PERSISTENCED = "nvidia-persistenced"  # holds every GPU's node; NVML tells it to let one go
+
+
 def _allowed(proc: GpuProc, allow_host: Iterable[str]) -> bool:
+    """A host process vm_gpu_allow_host names: it may stay only while it holds none of the
+    VM's GPUs (a holder of a GPU's node makes the driver's unbind wait: the start hangs)."""
     return proc.owner.kind is OwnerKind.HOST and proc.name in allow_host
 
 
-def _holders(where: str, g: GpuUse, policy: str, allow_host: list[str],
-             stop: dict[int, tuple[set[int], set[int]]], blockers: list[str],
-             notes: list[str]) -> None:
-    """Each holder of GPU `g`: a container's to stop (or a blocker), the host's a blocker
-    unless allowed, one that cannot be placed a blocker."""
+def _persistenced(proc: GpuProc) -> bool:
+    return proc.owner.kind is OwnerKind.HOST and proc.name == PERSISTENCED
+
+
+@dataclass
+class _Found:
+    """What the look at the VM's GPUs found, as plan builds it."""
+
+    policy: str
+    stop: dict[int, tuple[set[int], set[int]]] = field(default_factory=dict)
+    blockers: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    persistence: set[int] = field(default_factory=set)
+    daemon: dict[int, str] = field(default_factory=dict)  # GPU index -> its line
+
+
+def _holders(where: str, g: GpuUse, allow_host: list[str], found: _Found) -> None:
+    """Each holder of GPU `g`: a container's to stop (or a blocker), the persistence daemon's
+    node let go by turning persistence off for `g` alone, any other host process a blocker
+    (allowed or not: it holds the node), one that cannot be placed a blocker."""
     for row in g.processes:
         owner, text = row.owner, _holder(row.proc, row.memory_mib)
         if owner.kind is OwnerKind.CT and owner.vmid is not None:
             ct = owner.vmid
-            if policy == "stop-containers":
-                idx, mins = stop.setdefault(ct, (set(), set()))
+            if found.policy == "stop-containers":
+                idx, mins = found.stop.setdefault(ct, (set(), set()))
                 idx.add(g.index)
                 if g.minor is not None:
                     mins.add(g.minor)
             else:
-                blockers.append(f"{where} is held by CT {ct}: {text}: "
-                                f"`pveclean ct {ct}` or `pct stop {ct}`")
+                found.blockers.append(f"{where} is held by CT {ct}: {text}: "
+                                      f"`pveclean ct {ct}` or `pct stop {ct}`")
+        elif _persistenced(row.proc):
+            found.persistence.add(g.index)
+            found.daemon[g.index] = f"{where}: held by {text}"
         elif _allowed(row.proc, allow_host):
-            notes.append(f"{where}: host process {text} allowed by vm_gpu_allow_host, left "
-                         "running")
+            found.blockers.append(
+                f"{where} is held by host process {text}: vm_gpu_allow_host lets pass only "
+                "processes that do not hold the GPU (the driver's unbind waits for this one: "
+                "the start would hang): stop it")
         elif owner.kind is OwnerKind.HOST:
-            blockers.append(f"{where} is held by a host process: {text}: stop it "
-                            "(`systemctl stop` its unit) or allow it in vm_gpu_allow_host")
+            found.blockers.append(f"{where} is held by a host process: {text}: stop it "
+                                  "(`systemctl stop` its unit)")
         else:
-            blockers.append(f"{where} is held by a process pveclean cannot place: "
-                            f"{text}: look with `pveclean gpus`")
+            found.blockers.append(f"{where} is held by a process pveclean cannot place: "
+                                  f"{text}: look with `pveclean gpus`")
 
 
 def _untied(gmap: GpuMap, allow_host: list[str]) -> list[str]:
@@ -127,9 +155,8 @@ def plan(start: VmStart, gmap: GpuMap, policy: str, allow_host: list[str]) -> Pl
     wanted = set(start.addresses)
     rows = {g.pci_bus_id: g for g in gmap.gpus if g.pci_bus_id is not None}
     targets: list[Target] = []
-    blockers: list[str] = []
-    notes: list[str] = []
-    stop: dict[int, tuple[set[int], set[int]]] = {}
+    found = _Found(policy)
+    blockers, notes = found.blockers, found.notes
     for addr in sorted(wanted, key=sysfs_order):
         other = reservations.get(addr, reservations.get(addr.whole_device))
         if other is not None and other != vmid:
@@ -147,7 +174,7 @@ def plan(start: VmStart, gmap: GpuMap, policy: str, allow_host: list[str]) -> Pl
         if not g.ok:
             blockers.append(f"{where} is {g.status}: NVML cannot tell who holds it; "
                             "look with `pveclean gpus`")
-        _holders(where, g, policy, allow_host, stop, blockers, notes)
+        _holders(where, g, allow_host, found)
         if g.leak_mib and not g.processes:
             blockers.append(f"{where} has {g.leak_mib} MiB that no process accounts for; look "
                             "with `pveclean gpus`")
@@ -156,10 +183,14 @@ def plan(start: VmStart, gmap: GpuMap, policy: str, allow_host: list[str]) -> Pl
     for ct, addrs in sorted(start.keeping.items()):
         passed = ", ".join(sorted(map(str, addrs)))
         notes.append(f"CT {ct}'s config passes {passed} too: its next start takes the GPU back")
-    frozen = {ct: (frozenset(i), frozenset(m)) for ct, (i, m) in stop.items()}
+    frozen = {ct: (frozenset(i), frozenset(m)) for ct, (i, m) in found.stop.items()}
     decision = (Decision.REFUSE if blockers else Decision.STOP if frozen else Decision.CLEAR)
+    then = ("would be turned off for this GPU alone" if decision is Decision.REFUSE
+            else "is turned off for this GPU alone, and back on when it comes back")
+    notes[:0] = [f"{line}: persistence mode {then}" for _, line in sorted(found.daemon.items())]
     return Plan(decision, targets, frozen if decision is Decision.STOP else {}, blockers,
-                notes)
+                notes, frozenset(found.persistence) if decision is not Decision.REFUSE
+                else frozenset())
 
 
 def still_held(addresses: list[PciAddress], gmap: GpuMap, allow_host: list[str]
@@ -172,7 +203,7 @@ def still_held(addresses: list[PciAddress], gmap: GpuMap, allow_host: list[str]
         addr = g.pci_bus_id
         if addr not in wanted:
             continue
-        rows = [r for r in g.processes if not _allowed(r.proc, allow_host)]
+        rows = list(g.processes)  # an allowed host process holding it holds it too
         if rows:
             out.append(f"GPU {g.index} ({addr}) still held: "
                        + "; ".join(_holder(r.proc, r.memory_mib) for r in rows[:5]))
@@ -201,7 +232,7 @@ def conflicts(gpus: Iterable[GpuUse], vm_refs: list[HostPci],
         cts = sorted({r.owner.vmid for r in g.processes
                       if r.owner.kind is OwnerKind.CT and r.owner.vmid is not None})
         others = [r for r in g.processes if r.owner.kind is not OwnerKind.CT
-                  and not _allowed(r.proc, allow_host or [])]
+                  and not _persistenced(r.proc)]
         would = ("refuse" if policy != "stop-containers" or others
                  else f"stop CT {', '.join(map(str, cts))}'s holders of it")
         out.append(VmConflict(g.index, addr, tuple(VmName(v, n) for v, n in vms), tuple(cts),

@@ -28,6 +28,7 @@ class VmVerdict(StrEnum):
     REFUSED = "refused"  # a holder the policy may not stop: the start refused
     RESIDUAL = "residual"  # stopped, yet something still holds a GPU: the start refused
     GIVEN_BACK = "given-back"  # post-stop: the GPUs handed back to their drivers
+    GIVE_BACK_FAILED = "give-back failed"  # post-stop: one could not be (its record kept)
     PENDING = ""  # not decided yet
 
 

@@ -65,11 +65,12 @@ def resolve(cfg: Config, volid: str) -> Path | None:
     return path_in_storage_cfg(text, volid)
 
 
-def run_chained(vmid: int, phase: str, cfg: Config) -> int:
+def run_chained(vmid: int, phase: str, cfg: Config, guest: str = "CT") -> int:
     """Run the chained script as Proxmox would; returns its exit code (0 when none).
 
     A script that is missing, not executable or unreadable is said in one line; in
-    pre-start that fails the start, as Proxmox's own check would have (exit 1)."""
+    pre-start that fails the start, as Proxmox's own check would have (exit 1). `guest`:
+    how the lines name the guest (CT, VM)."""
     rec = read_record(cfg, vmid)
     if rec is None:
         return 0
@@ -78,21 +79,21 @@ def run_chained(vmid: int, phase: str, cfg: Config) -> int:
     fail = 1 if phase == "pre-start" else 0
     try:
         if not os.path.isfile(path):
-            print(f"pveclean: CT {vmid} {phase}: chained hookscript {volid} ({path}) does "
+            print(f"pveclean: {guest} {vmid} {phase}: chained hookscript {volid} ({path}) does "
                   "not exist", flush=True)
             return fail
         if not os.access(path, os.X_OK):
-            print(f"pveclean: CT {vmid} {phase}: chained hookscript {volid} ({path}) is not "
+            print(f"pveclean: {guest} {vmid} {phase}: chained hookscript {volid} ({path}) is not "
                   "executable", flush=True)
             return fail
         import subprocess  # here: most hooks chain nothing
 
         proc = subprocess.run([path, str(vmid), phase], stdin=subprocess.DEVNULL, check=False)
     except OSError as exc:
-        print(f"pveclean: CT {vmid} {phase}: chained hookscript {volid} ({path}) cannot run: "
+        print(f"pveclean: {guest} {vmid} {phase}: chained hookscript {volid} ({path}) cannot run: "
               f"{exc.strerror or exc}", flush=True)
         return fail
     if proc.returncode != 0:
-        print(f"pveclean: CT {vmid} {phase}: chained hookscript {volid} exited "
+        print(f"pveclean: {guest} {vmid} {phase}: chained hookscript {volid} exited "
               f"{proc.returncode}", flush=True)
     return proc.returncode

@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pveclean.core.gpumap import VfioGpu, VmName
-from pveclean.core.pci import HostPci, PciAddress, sysfs_order
+from pveclean.core.pci import HostPci, PciAddress
+from pveclean.core.vmdevices import node_name
 from pveclean.proxmox import pveconf
 
 PCI_DEVICES = Path("/sys/bus/pci/devices")
@@ -23,8 +24,14 @@ def _pci_ids(text: str) -> list[PciAddress]:
     return [a for a in map(PciAddress.parse, text.split(";")) if a is not None]
 
 
+def this_node() -> str:
+    """This machine's Proxmox node name (PVE::INotify::nodename: no domain)."""
+    return node_name(os.uname().nodename)
+
+
 def read_pci_mappings(path: Path, node: str) -> dict[str, list[str]]:
-    """Resource mappings (/etc/pve/mapping/pci.cfg): name -> this node's PCI paths."""
+    """Resource mappings (/etc/pve/mapping/pci.cfg): name -> this node's PCI paths (a `map`
+    without `node=` is invalid: PVE::Mapping::PCI skips it)."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -38,7 +45,7 @@ def read_pci_mappings(path: Path, node: str) -> dict[str, list[str]]:
         words = line.split(None, 1)
         if name and len(words) == 2 and words[0] == "map":
             props = dict(kv.split("=", 1) for kv in words[1].split(",") if "=" in kv)
-            if props.get("node", node) == node and props.get("path"):
+            if props.get("node") == node and props.get("path"):
                 out.setdefault(name, []).append(props["path"])
     return out
 
@@ -111,7 +118,7 @@ def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[VfioGp
         if driver == "nvidia":
             continue
         if refs is None:
-            refs = vm_passthrough(qemu_dir, read_pci_mappings(mapping_file, os.uname().nodename))
+            refs = vm_passthrough(qemu_dir, read_pci_mappings(mapping_file, this_node()))
         addr = PciAddress.parse(d.name)
         if addr is None:
             continue
@@ -122,79 +129,6 @@ def vfio_gpus(pci_root: Path, qemu_dir: Path, mapping_file: Path) -> list[VfioGp
 
 
 # ---- one VM's start ------------------------------------------------------------------------
-def vm_gpu_functions(qemu_dir: Path, vmid: int, mapping_file: Path, pci_root: Path,
-                     node: str | None = None) -> list[PciAddress]:
-    """The NVIDIA display functions (vendor 0x10de, class 0x03xxxx) that VM `vmid`'s hostpci
-    lines name, by address or through a resource mapping, as sysfs names them; a line
-    naming a whole device (`01:00`) counts each of its functions."""
-    mappings = read_pci_mappings(mapping_file, node or os.uname().nodename)
-    path = qemu_dir / f"{vmid}.conf"
-    try:
-        conf = pveconf.parse_vm_config(path.read_text(encoding="utf-8", errors="replace"), vmid)
-    except OSError:
-        return []
-    return nvidia_functions(conf.lines, mappings, pci_root)
-
-
-def nvidia_functions(lines: list[tuple[str, str]], mappings: dict[str, list[str]],
-                     pci_root: Path) -> list[PciAddress]:
-    """The NVIDIA display functions on this node that a VM config's hostpci lines name."""
-    refs = hostpci_ids(lines, mappings)
-    if not refs:
-        return []
-    try:
-        devs = sorted((a for a in map(PciAddress.parse, (d.name for d in pci_root.iterdir()))
-                       if a is not None), key=sysfs_order)
-    except OSError:
-        return []
-    return [a for a in devs
-            if any(r.covers(a) for r in refs)
-            and _read(pci_root / str(a) / "vendor") == NVIDIA_VENDOR
-            and _read(pci_root / str(a) / "class").startswith("0x03")]
-
-
-def pci_reservations(run_dir: Path) -> dict[PciAddress, int]:
-    """PCI id -> VMID of qemu-server's reservations (PCI.pm: <run_dir>/pci-id-reservations,
-    lines `<id> <vmid> pid:<pid>` for a started VM, `time:<expiry>` while it starts), only
-    those whose VM process lives or whose start window is open. Ids as sysfs names them."""
-    import time
-
-    out: dict[PciAddress, int] = {}
-    try:
-        text = (run_dir / "pci-id-reservations").read_text(encoding="ascii", errors="replace")
-    except OSError:
-        return out
-    for line in text.split("\n"):  # qemu-server writes "\n"-ended lines
-        m = re.fullmatch(r"(\S+) (\d+) (time|pid):(\d+)", line.strip())
-        if not m:
-            continue
-        kind, value = m.group(3), int(m.group(4))
-        live = value > time.time() if kind == "time" else os.path.exists(f"/proc/{value}")
-        ids = _pci_ids(m.group(1))
-        if live and ids:
-            out[ids[0]] = int(m.group(2))
-    return out
-
-
-def w_vm_gpus(pve_dir: str, vmid: int, pci_sysfs: str
-              ) -> dict[PciAddress, str | None] | None:
-    """In a worker (/etc/pve is pmxcfs): VM `vmid`'s NVIDIA GPU functions and the driver
-    each is on now (None: none); None when the VM has no config on this node."""
-    qemu_dir = Path(pve_dir) / "qemu-server"
-    if not (qemu_dir / f"{vmid}.conf").is_file():
-        return None
-    devices = Path(pci_sysfs) / "devices"
-    return {a: driver_of(devices, a) for a in vm_gpu_functions(
-        qemu_dir, vmid, Path(pve_dir) / "mapping" / "pci.cfg", devices)}
-
-
-def driver_of(pci_root: Path, addr: PciAddress) -> str | None:
-    try:
-        return os.path.basename(os.readlink(pci_root / str(addr) / "driver"))
-    except OSError:
-        return None
-
-
 def w_keeping(ct_dir: str, minors: dict[int, PciAddress]) -> dict[int, list[PciAddress]]:
     """In a worker: container -> the addresses among `minors` (GPU minor -> PCI address) that
     its config grants (a grant of every GPU counts for each); its next start takes them."""

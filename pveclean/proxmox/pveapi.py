@@ -179,11 +179,14 @@ class Api:
                                  bool(int(r.get("template") or 0)), kind))
         return sorted(out, key=lambda c: c.vmid)
 
-    def ct_config(self, node: str, vmid: int, kind: str = "lxc") -> pveconf.CtConfig:
+    def ct_config(self, node: str, vmid: int, kind: str = "lxc", current: bool = True
+                  ) -> pveconf.CtConfig:
         """The config in force (current=1): without it the API merges pending changes
-        (PVE::AbstractConfig::load_current_config). A VM's (`kind` qemu) the same way."""
+        (PVE::AbstractConfig::load_current_config). A VM's (`kind` qemu) the same way;
+        `current` False: pending changes merged (a VM's next start applies them before its
+        pre-start: vm_start_nolock's vmconfig_apply_pending)."""
         return config_from_api(vmid, self._call("get", f"/nodes/{node}/{kind}/{vmid}/config",
-                                                current=1))
+                                                **({"current": 1} if current else {})))
 
     def ct_status(self, node: str, vmid: int) -> str:
         """Live state from the node (PVE::LXC::vmstatus); /cluster/resources lags ~10 s."""

@@ -378,7 +378,15 @@ def main() -> int:
     ap.add_argument("--rebind", metavar="PCI_ADDRESS",
                     help="instead: hand this spare GPU's IOMMU group to vfio-pci and back, as "
                          "vm_gpu_rebind does (takes the GPU from the nvidia driver)")
+    ap.add_argument("--handoff-view", action="store_true",
+                    help="instead: read-only, each NVIDIA GPU's IOMMU group, drivers and "
+                         "persistence mode as the VM hook reads them (changes nothing)")
     args = ap.parse_args()
+    if args.handoff_view:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import handoff_view
+
+        return int(handoff_view.main(args.fake_nvml))
     if args.rebind:
         return rebind_check(args.rebind.lower(), args.deadline)
     global FAKE_NVML

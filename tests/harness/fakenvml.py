@@ -101,6 +101,8 @@ class FakeNvml:
     missing: str | None = None  # "v3" or "v2": the process getters an old driver lacks
     # GPU index -> persistence mode on; the library appends a line when NVML changes it
     persistence: dict[int, bool] = field(default_factory=dict)
+    # GPU index -> MIG devices (MIG mode on); the `mig` directive
+    mig: dict[int, int] = field(default_factory=dict)
     # Built without these process getter symbols at all (a driver before R510: ("v3",));
     # the library's build is then kept apart from a full one by its flags.
     without: tuple[str, ...] = ()
@@ -304,6 +306,23 @@ class FakeNvml:
             words = line.split()
             if len(words) == 3 and words[0] == "persistence" and words[1].isdigit():
                 self.persistence[int(words[1])] = words[2] == "on"
+            if len(words) == 2 and words[0] == "reset" and words[1].isdigit():
+                self.leaks.pop(int(words[1]), None)  # a reset (the nvidia-smi stand-in's)
+
+    def set_mig(self, gpu: int, devices: int | None) -> None:
+        """GPU ``gpu`` in MIG mode with ``devices`` MIG devices (None: MIG off)."""
+        if devices is None:
+            self.mig.pop(_non_negative(gpu, "gpu"), None)
+        else:
+            self.mig[_non_negative(gpu, "gpu")] = _non_negative(devices, "devices")
+        self.write()
+
+    def reset(self, gpu: int) -> None:
+        """What the driver's reset of ``gpu`` does to NVML's view: its leak is freed (the
+        nvidia-smi stand-in appends the same `reset` line the library reads)."""
+        with open(self.state_path, "a", encoding="ascii") as fh:
+            fh.write(f"reset {_non_negative(gpu, 'gpu')}\n")
+        self._absorb_library_changes()
 
     def lose(self, gpu: int, getters: tuple[str, ...] = GETTERS) -> None:
         """GPU ``gpu`` fell off the bus (Xid 79): its ``getters`` answer GPU_IS_LOST, while
@@ -361,6 +380,8 @@ class FakeNvml:
             lines.append(f"proc {p.gpu} {p.pid} {used} {p.kind}{mig}")
         for gpu, mib in sorted(self.leaks.items()):
             lines.append(f"leak {gpu} {mib}")
+        for gpu, devices in sorted(self.mig.items()):
+            lines.append(f"mig {gpu} {devices}")
         return "\n".join(lines) + "\n"
 
     def write(self) -> None:

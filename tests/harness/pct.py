@@ -104,12 +104,20 @@ class Lab:
         tmp.write_text("".join(f"{k}: {v}\n" for k, v in lines) + rest)
         os.replace(tmp, path)
 
+    def lock_file(self, vmid: str) -> Path:
+        """PVE::LXC::Config::config_file_lock (in the lab's lock dir)."""
+        return self.lockdir / f"pve-config-{vmid}.lock"
+
+    def lock_shown(self, vmid: str) -> str:
+        """The lock file's path as Proxmox's messages name it."""
+        return f"/run/lock/lxc/pve-config-{vmid}.lock"
+
     def lock(self, vmid: str, timeout: float = 10.0) -> int:
         """PVE::AbstractConfig::lock_config -> PVE::Tools::lock_file_full($file, 10, ...):
         try a non-blocking flock; if contended, print `trying to acquire lock...` on
         stderr, wait (alarm: 10 s), then print ` OK` and go on, or die `got timeout`."""
         self.lockdir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lockdir / f"pve-config-{vmid}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.lock_file(vmid), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
@@ -128,8 +136,7 @@ class Lab:
                 if time.monotonic() >= end:
                     os.close(fd)
                     raise PctError(
-                        f"can't lock file '/run/lock/lxc/pve-config-{vmid}.lock' - got timeout"
-                    ) from None
+                        f"can't lock file '{self.lock_shown(vmid)}' - got timeout") from None
                 time.sleep(0.05)
 
     def storage_cfg(self) -> dict[str, dict[str, str]]:

@@ -78,7 +78,7 @@ def test_leaked_memory_after_stop(lab: Lab, vmid: int) -> None:
     assert post["verdict"] == "leaked"
     (leak,) = post["leaks"]
     assert leak["index"] == 1 and leak["unaccounted_mib"] == 2048
-    assert "nvidia-smi -r -i 1" in leak["hint"]
+    assert "pveclean reset 1" in leak["hint"]
     log = (lab.root / "log" / f"poststop-{vmid}.log").read_text()
     assert len([ln for ln in log.splitlines() if ln.startswith("pveclean:")]) == 1
 

@@ -19,7 +19,7 @@ from pveclean.commands.cli import app, run_app
 from pveclean.errors import ExitCode
 
 COMMANDS = [[], ["ct"], ["hook"], ["unit"], ["vmhook"], ["install"], ["uninstall"], ["status"],
-            ["gpus"], ["metrics"], ["reports"], ["config"], ["config", "check"]]
+            ["gpus"], ["metrics"], ["reports"], ["config"], ["config", "check"], ["reset"]]
 
 
 @pytest.fixture(autouse=True)

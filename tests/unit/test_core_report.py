@@ -270,7 +270,7 @@ def test_find_leaks_counts_only_memory_no_process_holds_beyond_the_slack() -> No
     over = gpu(1, 50 + LEAK_SLACK_MIB + 1)
     leaks = find_leaks([at_slack, over], procs, set(), set())
     assert [(x.index, x.unaccounted_mib) for x in leaks] == [(1, LEAK_SLACK_MIB + 1)]
-    assert leaks[0].hint.endswith("nvidia-smi -r -i 1")
+    assert leaks[0].hint.endswith("pveclean reset 1 (--dry-run first)")
 
 
 def test_find_leaks_looks_only_at_the_containers_gpus() -> None:

@@ -54,12 +54,26 @@ def test_stop_containers_names_only_the_vms_gpus() -> None:
     assert p.stop == {129: (frozenset({0}), frozenset({0})), 130: (frozenset({0}), frozenset({0}))}
 
 
-def test_a_host_process_refuses_in_both_policies_unless_allowed() -> None:
-    m = gmap((A0, 0, [row(5, "host", name="nvidia-persistenced", mib=None), row(6, "ct", 129)]))
+def test_a_host_process_holding_the_gpu_refuses_in_both_policies_even_if_allowed() -> None:
+    """The driver's unbind waits for every holder of the node: an allowed one is a hang."""
+    m = gmap((A0, 0, [row(5, "host", name="nv-hostengine", mib=None), row(6, "ct", 129)]))
     for policy in ("refuse", "stop-containers"):
-        assert plan(200, [A0], m, {}, policy, []).decision is Decision.REFUSE
-    p = plan(200, [A0], m, {}, "stop-containers", ["nvidia-persistenced"])
-    assert p.decision is Decision.STOP and "allowed by vm_gpu_allow_host" in p.notes[0]
+        for allow in ([], ["nv-hostengine"]):
+            assert plan(200, [A0], m, {}, policy, allow).decision is Decision.REFUSE
+    p = plan(200, [A0], m, {}, "stop-containers", ["nv-hostengine"])
+    assert "vm_gpu_allow_host lets pass only processes that do not hold the GPU" in \
+        p.blockers[0] and "hang" in p.blockers[0]
+
+
+def test_the_persistence_daemon_is_let_go_per_gpu() -> None:
+    m = gmap((A0, 0, [row(5, "host", name="nvidia-persistenced", mib=None), row(6, "ct", 129)]),
+             (A1, 1, [row(5, "host", name="nvidia-persistenced", mib=None)]))
+    p = plan(200, [A0], m, {}, "stop-containers", [])
+    assert p.decision is Decision.STOP and p.persistence == frozenset({0})
+    assert "persistence mode is turned off for this GPU alone" in p.notes[0]
+    assert p.as_dict()["persistence_off"] == [0]
+    assert plan(200, [A0], m, {}, "refuse", []).persistence == frozenset()  # refused
+    assert plan(200, [A1], m, {}, "refuse", []).decision is Decision.CLEAR
 
 
 def test_what_cannot_be_placed_or_read_is_not_innocent() -> None:
@@ -94,7 +108,8 @@ def test_still_held_after_the_stop() -> None:
     assert still_held([A0], gmap((A0, 0, []), (A1, 1, [row(3, "ct", 1)])), []) == []
     assert still_held([A0], gmap((A0, 0, [row(3, "ct", 129)])), []) == [
         "GPU 0 (0000:18:00.0) still held: PID 3 python3, 1000 MiB"]
-    assert still_held([A0], gmap((A0, 0, [row(3, "host", name="x")])), ["x"]) == []
+    assert still_held([A0], gmap((A0, 0, [row(3, "host", name="x")])), ["x"]) == [
+        "GPU 0 (0000:18:00.0) still held: PID 3 x, 1000 MiB"]  # allowed, still a hang
     assert "allocated with no process" in still_held([A0], gmap((A0, 0, []), leak_mib=9), [])[0]
 
 

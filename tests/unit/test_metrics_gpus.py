@@ -119,7 +119,8 @@ def test_a_look_past_the_deadline_writes_up_0_and_keeps_the_last_success(
     prom = tmp_path / command.FILE_NAME
     prom.write_text(_text())
     monkeypatch.setattr(command, "w_look", _hangs)  # a hung pmxcfs, a wedged process
-    cfg = dataclasses.replace(Config(), deadline_seconds=1.0)
+    cfg = dataclasses.replace(Config(), deadline_seconds=1.0, state_dir=str(tmp_path / "state"),
+                              kmsg_path=str(tmp_path / "kmsg"))
     t = time.monotonic()
     with pytest.raises(PvecleanError) as err:
         command.write(cfg, str(tmp_path))

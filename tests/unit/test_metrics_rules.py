@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pveclean.core import metrics, metrics_gpus
+from pveclean.core import metrics, metrics_gpus, metrics_xid
 
 DIR = Path(__file__).resolve().parents[2] / "config" / "prometheus"
 RULES = DIR / "pveclean.rules.yml"
@@ -24,7 +24,7 @@ DASHBOARD = DIR / "pveclean-dashboard.json"
 PVE_EXPORTER = {"pve_guest_info", "pve_up", "pve_node_info", "pve_cpu_usage_ratio",
                 "pve_memory_usage_bytes"}
 DCGM_EXPORTER = {"DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL"}
-OURS = set(metrics.RUN_FAMILIES) | set(metrics_gpus.FAMILIES)
+OURS = set(metrics.RUN_FAMILIES) | set(metrics_gpus.FAMILIES) | set(metrics_xid.FAMILIES)
 KNOWN = OURS | PVE_EXPORTER | DCGM_EXPORTER
 PROMQL_WORDS = {"sum", "max", "min", "avg", "count", "by", "without", "on", "ignoring",
                 "group_left", "group_right", "and", "or", "unless", "time", "increase",
@@ -48,6 +48,7 @@ def _series_names(expr: str) -> set[str]:
     bare = re.sub(r"\{[^}]*\}", "{}", bare)
     bare = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", bare)
     bare = re.sub(r"\[[^\]]*\]", "", bare)
+    bare = re.sub(r"\boffset\s+[0-9]+[smhdwy]", "", bare)
     names = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare))
     return {n for n in names if n not in PROMQL_WORDS and not n.startswith("$")}
 

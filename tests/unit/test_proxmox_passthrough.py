@@ -63,10 +63,8 @@ def test_read_pci_mappings_keeps_this_nodes_paths(tmp_path: Path) -> None:
     assert passthrough.read_pci_mappings(f, "pve1") == {
         "big": ["0000:41:00.0"],
         "split": ["0000:42:00.0;0000:43:00.0", "0000:44:00.0"],
-        "anynode": ["0000:45:00.0"],  # a map without node= counts on every node
-    }
-    assert passthrough.read_pci_mappings(f, "pve2") == {
-        "big": ["0000:81:00.0"], "anynode": ["0000:45:00.0"]}
+    }  # a map without node= is invalid (PVE::Mapping::PCI), not "every node"
+    assert passthrough.read_pci_mappings(f, "pve2") == {"big": ["0000:81:00.0"]}
 
 
 def test_read_pci_mappings_of_a_missing_file(tmp_path: Path) -> None:

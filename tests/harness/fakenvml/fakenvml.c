@@ -25,6 +25,14 @@
  *   pci_domain <gpu_index> <hex domain>
  *   missing v3|v2
  *   persistence <gpu_index> on|off
+ *   reset <gpu_index>
+ *   mig <gpu_index> <mig_devices>
+ *
+ * reset (appended by the lab's nvidia-smi stand-in when it resets a GPU) frees the leaks of
+ * that GPU on the lines before it, as a GPU reset frees memory no process holds.
+ * mig turns MIG mode on for a GPU with that many MIG devices (0: MIG on, no instances):
+ * nvmlDeviceGetMigMode, nvmlDeviceGetMaxMigDeviceCount (7) and
+ * nvmlDeviceGetMigDeviceHandleByIndex (NOT_FOUND past them) answer for it.
  *
  * A proc line with <gi> <ci> is one row of a MIG instance: one PID may have several
  * rows on one GPU (one per GPU/compute instance), each listed and counted on its own.
@@ -197,6 +205,7 @@ struct state {
     int fault[MAX_GPUS][NFAULTS]; /* per GPU index, per getter: an NVML error or 0 */
     unsigned int domain[MAX_GPUS];
     unsigned char persistence[MAX_GPUS]; /* 1: persistence mode enabled */
+    int mig[MAX_GPUS];                   /* MIG devices + 1 (0: MIG off) */
 };
 
 /* One static byte per possible GPU: handles are real pointers into it. */
@@ -353,6 +362,17 @@ static void parse_line(struct state *st, char *line)
             else if (strcmp(tok[2], "off") == 0)
                 st->persistence[gi] = 0;
         }
+    } else if (strcmp(tok[0], "reset") == 0 && n == 2) {
+        unsigned int gi;
+        int i;
+        if (parse_uint(tok[1], &gi) && gi < MAX_GPUS)
+            for (i = 0; i < st->nprocs; i++)
+                if (st->procs[i].pid == 0 && st->procs[i].gpu == gi)
+                    st->procs[i].mib = 0; /* a leak before the reset: freed */
+    } else if (strcmp(tok[0], "mig") == 0 && n == 3) {
+        unsigned int gi, devs;
+        if (parse_uint(tok[1], &gi) && gi < MAX_GPUS && parse_uint(tok[2], &devs) && devs <= 7)
+            st->mig[gi] = (int)devs + 1;
     } else if (strcmp(tok[0], "stuck") == 0 && n == 2) {
         snprintf(st->stuck, sizeof(st->stuck), "%s", tok[1]);
     } else if (strcmp(tok[0], "hang") == 0 && n == 2) {
@@ -946,6 +966,65 @@ API nvmlReturn_t nvmlDeviceSetPersistenceMode(nvmlDevice_t device, int mode)
             if (fclose(f) != 0)
                 r = NVML_ERROR_UNKNOWN;
         }
+    }
+    free(st);
+    return r;
+}
+
+/* ---- MIG mode (the `mig` directive) ----------------------------------- */
+
+#define NVML_DEVICE_MIG_DISABLE 0
+#define NVML_DEVICE_MIG_ENABLE 1
+#define FAKE_MAX_MIG_DEVICES 7
+#define FAKE_NVML_ERROR_NOT_SUPPORTED ((nvmlReturn_t)3) /* nvml.h's NVML_ERROR_NOT_SUPPORTED */
+
+API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current,
+                                      unsigned int *pending)
+{
+    struct state *st;
+    struct gpu *g;
+    nvmlReturn_t r = enter_dev(device, &st, &g);
+    if (r == NVML_SUCCESS) {
+        if (!current || !pending) {
+            r = NVML_ERROR_INVALID_ARGUMENT;
+        } else if (!st->mig[g->index]) {
+            r = FAKE_NVML_ERROR_NOT_SUPPORTED; /* as a GPU without MIG answers */
+        } else {
+            *current = *pending = NVML_DEVICE_MIG_ENABLE;
+        }
+    }
+    free(st);
+    return r;
+}
+
+API nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count)
+{
+    struct state *st;
+    struct gpu *g;
+    nvmlReturn_t r = enter_dev(device, &st, &g);
+    if (r == NVML_SUCCESS) {
+        if (!count)
+            r = NVML_ERROR_INVALID_ARGUMENT;
+        else
+            *count = st->mig[g->index] ? FAKE_MAX_MIG_DEVICES : 0;
+    }
+    free(st);
+    return r;
+}
+
+API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index,
+                                                     nvmlDevice_t *mig)
+{
+    struct state *st;
+    struct gpu *g;
+    nvmlReturn_t r = enter_dev(device, &st, &g);
+    if (r == NVML_SUCCESS) {
+        if (!mig)
+            r = NVML_ERROR_INVALID_ARGUMENT;
+        else if (!st->mig[g->index] || index + 1 >= (unsigned int)st->mig[g->index])
+            r = NVML_ERROR_NOT_FOUND;
+        else
+            *mig = device; /* the parent's handle stands in: nothing else is asked of it */
     }
     free(st);
     return r;
