@@ -81,8 +81,12 @@ class ScanCache:
     mounts (the container's processes share one), and (st_dev, inode) -> st_rdev of mapped
     files, -1 for no device (processes map the same libraries)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tenant: bool = True) -> None:
         self.extra_fds = EXTRA_FDS  # fds past MAX_FDS that may still be judged, scan-wide
+        # a container's processes (the tenant's: hostile) or the host's own (the admin's):
+        # what io_uring hides (requests in flight, a ring kept by its mapping) is a finding
+        # only for the tenant's; QEMU's iothreads keep polls in flight on every PVE host
+        self.tenant = tenant
         self.rings: dict[int, list[DeviceUse]] = {}  # ring inode -> GPU nodes it holds
         self.rdevs: dict[tuple[tuple[int, int], int], int] = {}
         self._risky: dict[str, Risky] = {}
@@ -164,8 +168,11 @@ class _FdTable:
 
     def _ring(self, name: str) -> None:
         from pveclean.host import uring  # a ring's registered files: rare, so judged apart
-        ino, mine = uring.judge_ring(self.base, name, self.devices, self.out.held,
-                                     self.out.unjudged, self.ring_done, self.out.rdevs)
+        ino, mine, in_flight = uring.judge_ring(self.base, name, self.devices, self.out.held,
+                                                self.out.unjudged, self.ring_done,
+                                                self.out.rdevs)
+        if in_flight and self.cache.tenant:  # see ScanCache.tenant
+            self.out.unjudged.append(in_flight)
         if ino is not None:
             self.out.rings.add(ino)
             self.cache.rings[ino] = mine
@@ -329,7 +336,8 @@ def judge(pid: int, devices: GpuDevices, cache: ScanCache, progress: Progress = 
     got.rdevs |= maps.rdevs
     got.unjudged += maps.unjudged
     got.capped |= maps.capped
-    mapped_rings(got, maps.mapped_rings, cache)
+    if cache.tenant:  # see ScanCache.tenant
+        mapped_rings(got, maps.mapped_rings, cache)
     return got
 
 

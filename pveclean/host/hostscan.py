@@ -59,7 +59,7 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
     unjudged: list[str] = []
     clean: list[int] = []
     cgroups = dict(pids)
-    for pid, got in judge_each(cgroups, devices, skip, _announce):
+    for pid, got in judge_each(cgroups, devices, skip, _announce, tenant=False):
         if got.unjudged:
             unjudged.append(f"host PID {pid}: {'; '.join(got.unjudged[:3])}")
         if not got.held:

@@ -41,14 +41,14 @@ def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder
 
 def judge_each(pids: Iterable[int], devices: GpuDevices, skip: frozenset[int],
                announce: Callable[[int], devnodes.Progress],
-               admit: Callable[[int], bool] | None = None
+               admit: Callable[[int], bool] | None = None, tenant: bool = True
                ) -> Iterator[tuple[int, devnodes.Judged]]:
     """The one per-process loop of both scans, a container's tree (scan_host) and the host's
     processes (hostscan.w_host_share): each PID not in `skip` (its reads hung in an earlier
     try) is announced to the worker before its /proc files are read, so a read that hangs is
     pinned to it (`announce` returns the progress call for long tables), let through
     `admit`, and its GPU nodes judged. Yields (PID, what it holds and could not judge)."""
-    cache = devnodes.ScanCache()
+    cache = devnodes.ScanCache(tenant)  # tenant False: the host's own (ScanCache.tenant)
     for pid in pids:
         if pid in skip:
             continue

@@ -73,22 +73,26 @@ NotJudged = str
 
 def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[DeviceUse],
                unjudged: list[str], done: dict[bytes, DeviceUse | NotJudged | None],
-               rdevs: set[int] | None = None) -> tuple[int | None, list[DeviceUse]]:
+               rdevs: set[int] | None = None
+               ) -> tuple[int | None, list[DeviceUse], str | None]:
     """Add to `held` the GPU nodes registered with ring fd `fd` (and their device numbers to
     `rdevs`), to `unjudged` why some registered file, or a request in flight, could not be
-    judged. `done`: path -> finding, for the whole process. Returns the ring's inode and the
-    GPU nodes it holds (for a process that has the ring only mapped, see devnodes.judge)."""
+    judged. `done`: path -> finding, for the whole process. Returns the ring's inode, the
+    GPU nodes it holds (for a process that has the ring only mapped, see devnodes.judge),
+    and why its requests in flight cannot be judged (None: it has none), for the caller to
+    count or not (devnodes.ScanCache.tenant)."""
     ring = ring_files(base, fd)
+    in_flight = None
     if ring.polls:
-        unjudged.append(f"io_uring fd {fd}: {ring.polls} request(s) in flight (pending polls) "
-                        "on files the kernel does not name: not judged")
+        in_flight = (f"io_uring fd {fd}: {ring.polls} request(s) in flight (pending polls) "
+                     "on files the kernel does not name: not judged")
     elif ring.polls_unread:
-        unjudged.append(f"io_uring fd {fd}: its fdinfo is cut before its requests in flight: "
-                        "not judged")
+        in_flight = (f"io_uring fd {fd}: its fdinfo is cut before its requests in flight: "
+                     "not judged")
     files = ring.files
     if isinstance(files, str):
         unjudged.append(f"io_uring fd {fd}: {files}")
-        return ring.ino, []
+        return ring.ino, [], in_flight
     paths = [p for _slot, p in files.paths]
     todo = [p for p in paths if p not in done]
     for finding in _judge_paths(base, fd, todo, devices, done) if todo else ():
@@ -100,7 +104,7 @@ def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[DeviceUse],
             if finding not in held:
                 held.append(finding)
     mine = [f for p in paths if isinstance(f := done.get(p), DeviceUse)]
-    return ring.ino, mine
+    return ring.ino, mine, in_flight
 
 
 def _judge_paths(base: str, fd: str, todo: list[bytes], devices: GpuDevices,

@@ -349,3 +349,15 @@ def test_a_registered_path_is_looked_up_above_the_holders_chroot(proc: Path,
     os.symlink(jail, base / "root")
     got = devnodes.judge_fds(70, DEVICES)
     assert got is not None and labels(got.held) == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
+
+
+def test_the_hosts_own_rings_in_flight_and_mapped_are_not_findings(proc: Path) -> None:
+    """The host's processes are the admin's, not the tenant's: QEMU's iothreads keep polls in
+    flight on every PVE host (fdmon-io_uring). Their registered files are still judged."""
+    base = ring_task(proc, 70, RING_POLLS)
+    (base / "maps").write_text(RING_MAP)
+    got = devnodes.judge(70, DEVICES, devnodes.ScanCache(tenant=False))
+    assert got is not None and got.unjudged == []
+    assert labels(got.held) == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
+    tenant = devnodes.judge(70, DEVICES, devnodes.ScanCache())
+    assert tenant is not None and len(tenant.unjudged) == 2  # in flight; mapped, no fd read
