@@ -150,7 +150,7 @@ def _signal_round(run: Run, targets: list[Holder], term: bool) -> float | None:
     from pveclean.host import pidfds  # its proofs and records: for a stop only
     reads, scope, end = run.reads, run.scope, run.deadline.work_end
     last_exit: float | None = None
-    run.freezer.hold()
+    run.freezer.hold([h.host_pid for h in targets])  # a v1-frozen target thawed first
     batch = pidfds.fd_budget()
     for i in range(0, len(targets), batch):  # one batch unless the hard limit is low
         proven, rejected = pidfds.prove_all(
@@ -182,9 +182,9 @@ def _verify(run: Run, disc: Discovery, loop: Loop) -> tuple[policy.Decision, lis
         late = policy.late_chase(len(chase), run.deadline.expired())
         if late is not None:
             return late, chase
-        partial = not loop.at.full
+        partial = not loop.at.full  # every look frozen: the settling one reads everyone
         rescan = reads.rescan(scope, loop.known, end, loop.quiet if partial else None,
-                              disc.scanned, run.freezer.hold if partial else None)
+                              disc.scanned, run.freezer.hold)
         look, new = policy.look_at(rescan, loop.handled)
         d, at = policy.decide(look, loop.at, limits, expired=run.deadline.expired(),
                               now=run.deadline.clock())
@@ -400,7 +400,8 @@ def _conclude(run: Run, disc: Discovery, unit_stops: UnitStops | None,
             # a stopping container's units stop with it: hooks do not wait for restarts
             guestunits.await_restarts(holders, run.scope.cgroup_dir.parent.parent,
                                       min(last_exit + RESTART_WATCH, run.deadline.work_end))
-        rep = guestunits.annotate(rep, run.scope, unit_stops)
+        rep = guestunits.annotate(rep, run.scope, unit_stops, run.deadline.end)
+    rep = rep.timed(run.deadline.elapsed())  # the real duration: units' walks came after
     return finish(rep, run.cfg, run.opts.write_report, run.deadline, reads.worker)
 
 

@@ -135,7 +135,11 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "state_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "pve_config_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "systemd_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
-    "nvml_library": ("a path or null", lambda v: v is None or isinstance(v, str)),
+    # absolute, or a bare name ld.so looks up in the system's dirs: never one relative to
+    # the working directory, which a hook's and a shell's differ in
+    "nvml_library": ("an absolute path, a library name or null",
+                     lambda v: v is None or (isinstance(v, str) and bool(v.strip())
+                                             and (v.startswith("/") or "/" not in v))),
     "cgroup_root": ("a path or null", lambda v: v is None or isinstance(v, str)),
     "probe": ("true or false", lambda v: isinstance(v, bool)),
     "chase_rounds": ("an integer 0..20", lambda v: type(v) is int and 0 <= v <= 20),

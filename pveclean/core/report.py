@@ -198,6 +198,11 @@ class Report:
     def with_warning(self, text: str) -> Report:
         return dataclasses.replace(self, warnings=[*self.warnings, text])
 
+    def timed(self, seconds: float) -> Report:
+        """The same report, its duration the run's whole one (units' walks and hints come
+        after build_report)."""
+        return dataclasses.replace(self, duration_s=round(seconds, 3))
+
     def with_error(self, text: str) -> Report:
         return dataclasses.replace(self, errors=[*self.errors, text])
 

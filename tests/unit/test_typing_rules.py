@@ -87,6 +87,8 @@ TEXT_PARSERS: dict[str, str] = {
     "host.fstext:parse_mapping": "a /proc/PID/maps line",
     "host.fstext:parse_fdinfo": "/proc/PID/fdinfo",
     "host.fstext:uring_files": "io_uring's fdinfo (UserFiles)",
+    "host.fstext:uring_polls": "io_uring's fdinfo (PollList)",
+    "host.freezer_v1:_freezer_path": "/proc/PID/cgroup's v1 controller list (kernel)",
     "host.nvml:pci_id": "NVML's PCI bus id",
     "host.nvml:_describe": "nvidia-ml-py's NVMLError_* class names",
     "host.procfs:parse_stat": "/proc/PID/stat",
