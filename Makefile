@@ -62,7 +62,7 @@ soak: lab-deps venv
 	$(BIN)/python -m tests.soak --cycles $(or $(CYCLES),100)
 
 gpu-check: venv
-	$(BIN)/python tests/gpu/gpu_check.py
+	$(BIN)/python tests/gpu/gpu_check.py $(GPU_CHECK_ARGS)
 
 # dist/pveclean_<version>_all.deb, for Proxmox VE 8 and 9, built the Debian way from debian/
 # with Debian's packages only (no venv, nothing from PyPI: debian/vendor/README). As root, the

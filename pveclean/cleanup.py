@@ -15,7 +15,7 @@ from pveclean.core.report import Findings, Report, RunResult, build_report, busy
 from pveclean.core.run import Asked, OnlyGpus, Run, RunOptions
 from pveclean.core.verdicts import Outcome, Verdict
 from pveclean.errors import ExitCode, PvecleanError
-from pveclean.host import cgroupfs, devnodes
+from pveclean.host import cgroupfs, devnodes, releasewatch
 from pveclean.host.clock import stamp, start_deadline
 from pveclean.host.freezer import Freezer
 from pveclean.host.nvml import Nvml
@@ -150,7 +150,7 @@ def _signal_round(run: Run, targets: list[Holder], term: bool) -> float | None:
     from pveclean.host import pidfds  # its proofs and records: for a stop only
     reads, scope, end = run.reads, run.scope, run.deadline.work_end
     last_exit: float | None = None
-    run.freezer.hold()
+    run.freezer.hold([h.host_pid for h in targets])  # a v1-frozen target thawed first
     batch = pidfds.fd_budget()
     for i in range(0, len(targets), batch):  # one batch unless the hard limit is low
         proven, rejected = pidfds.prove_all(
@@ -182,9 +182,9 @@ def _verify(run: Run, disc: Discovery, loop: Loop) -> tuple[policy.Decision, lis
         late = policy.late_chase(len(chase), run.deadline.expired())
         if late is not None:
             return late, chase
-        partial = not loop.at.full
+        partial = not loop.at.full  # every look frozen: the settling one reads everyone
         rescan = reads.rescan(scope, loop.known, end, loop.quiet if partial else None,
-                              disc.scanned, run.freezer.hold if partial else None)
+                              disc.scanned, run.freezer.hold)
         look, new = policy.look_at(rescan, loop.handled)
         d, at = policy.decide(look, loop.at, limits, expired=run.deadline.expired(),
                               now=run.deadline.clock())
@@ -269,8 +269,7 @@ def clean(vmid: int, cfg: Config, worker: Worker, opts: RunOptions = RunOptions(
     raise_open_files_limit()
     scan = Worker()  # the run's reads of /proc and /etc/pve (host/runreads.Reads)
     try:
-        asked = Asked(vmid, cfg, opts, read_ct_config(cfg, vmid, scan, deadline), deadline,
-                      started)
+        asked = Asked(vmid, cfg, opts, read_ct_config(cfg, vmid, scan, deadline), deadline, started)
         if opts.dry_run:
             res = _clean(asked, worker, scan)
         else:
@@ -381,7 +380,7 @@ def _conclude(run: Run, disc: Discovery, unit_stops: UnitStops | None,
                        f"({run.deadline.elapsed():.2f} s); its findings were not used"))
         _drop_probe(disc, late)
     asked = not (run.opts.dry_run or idle) and (disc.scanned or bool(holders))
-    after = reads.memory(run.deadline.work_end) if asked else before
+    after, released = releasewatch.after_stop(run, disc, stopped, asked)
     problems = list(dict.fromkeys(reads.problems))
     errors = list(problems)
     verdict = verdicts.with_problems(so_far, problems)
@@ -391,7 +390,8 @@ def _conclude(run: Run, disc: Discovery, unit_stops: UnitStops | None,
                      0 if stopped is None else stopped.rounds, errors,
                      None if stopped is None else stopped.verify_s, len(reads.killed))
     rep = build_report(stamp(run.started, run.deadline.elapsed()), run.vmid, run.opts.phase,
-                       run.opts.dry_run, found, run.ctconf.gpu_lines(), run.cfg)
+                       run.opts.dry_run, found, run.ctconf.gpu_lines(), run.cfg
+                       ).with_release(released)
     last_exit = None if stopped is None else stopped.last_exit
     if unit_stops is not None or holders:  # else there is nothing to say of units
         from pveclean.proxmox import guestunits  # not for a run that found nothing
@@ -399,7 +399,8 @@ def _conclude(run: Run, disc: Discovery, unit_stops: UnitStops | None,
             # a stopping container's units stop with it: hooks do not wait for restarts
             guestunits.await_restarts(holders, run.scope.cgroup_dir.parent.parent,
                                       min(last_exit + RESTART_WATCH, run.deadline.work_end))
-        rep = guestunits.annotate(rep, run.scope, unit_stops)
+        rep = guestunits.annotate(rep, run.scope, unit_stops, run.deadline.end)
+    rep = rep.timed(run.deadline.elapsed())  # the real duration: units' walks came after
     return finish(rep, run.cfg, run.opts.write_report, run.deadline, reads.worker)
 
 
@@ -444,7 +445,6 @@ def finish(rep: Report, cfg: Config, write_report: bool = True,
                    "(a hung file system?)")
     rep = rep.with_error(why)
     spare = reportfiles.write_spare(rep, max(cfg.keep_reports, 1))
-    notify.publish(  # syslog only: metrics on the same hung file system would block here
-        rep, None if spare is None else str(spare), cfg.syslog, cfg.syslog_socket,
-        None, cfg.journal_socket)
+    notify.publish(rep, None if spare is None else str(spare), cfg.syslog, cfg.syslog_socket,
+                   None, cfg.journal_socket)  # syslog only: metrics would block on that fs
     return RunResult(rep, None, max(code, ExitCode.REPORT), why, spare=spare)

@@ -9,7 +9,7 @@ import shlex
 
 from pveclean.commands.render import unit_lines
 from pveclean.commands.table import table
-from pveclean.core.text import safe
+from pveclean.core.text import fit, safe
 from pveclean.core.units import unit_of
 
 TYPE_CHECKING = False
@@ -87,16 +87,17 @@ def render_dry_run(rep: Report, columns: int = COLUMNS, grace: float | None = No
     if bystanders:
         lines.append(f"will not touch {len(bystanders)} other GPU user(s):")
         for p, why in bystanders:
-            lines.append(safe(f"  PID {p.host_pid} {safe(p.name, 16)}, "
-                              f"GPU:MiB {gpu_text(p.gpu_memory_mib)}: {why}", columns))
+            lines.append(fit(f"  PID {p.host_pid} {safe(p.name, 16)}, "
+                             f"GPU:MiB {gpu_text(p.gpu_memory_mib)}: {why}", columns))
     for gpu in rep.gpus:
         used = gpu.used_before_mib
-        lines.append(safe(f"GPU {gpu.index} {safe(gpu.name, 40)}: "
-                          f"{'?' if used is None else used} of {gpu.total_mib or '?'} "
-                          "MiB used now", columns))
-    lines += [safe(line, columns) for line in unit_lines(rep)]
-    lines += [safe(f"warning: {safe(w, None)}", columns) for w in rep.warnings]
-    lines += [safe(f"error: {safe(e, None)}", columns) for e in rep.errors]
+        lines.append(fit(f"GPU {gpu.index} {safe(gpu.name, 40)}: "
+                         f"{'?' if used is None else used} of {safe(gpu.total_mib or '?')} "
+                         "MiB used now", columns))
+    # each piece made safe once, then cut: escaped twice, a backslash pasted is wrong
+    lines += [fit(line, columns) for line in unit_lines(rep)]
+    lines += [safe(f"warning: {w}", columns) for w in rep.warnings]
+    lines += [safe(f"error: {e}", columns) for e in rep.errors]
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from pveclean.core import notjudged
 from pveclean.core.config import Config
 from pveclean.core.discovery import stall_for
 from pveclean.core.gpufaults import with_faults
@@ -36,7 +37,8 @@ from pveclean.core.gpumap import (
     owner_order,
     place_all,
 )
-from pveclean.core.owners import Layout, is_ct_dir
+from pveclean.core.notjudged import NotJudged
+from pveclean.core.owners import Layout, Owner, OwnerKind, is_ct_dir
 from pveclean.core.pci import PciAddress
 from pveclean.core.records import GpuDevices, GpuMemory, NvmlProcesses, Scope, Source, SourceState
 from pveclean.core.vmguard import conflicts
@@ -133,6 +135,10 @@ def _ask_nvml(nvml: Nvml, warnings: list[str]
         return gpus, used, buses, Source(SourceState.UNAVAILABLE, f"unavailable: {why}")
     said = [f"no {what}: {exc}" for what, exc in failed]
     warnings += [f"NVML gave {line}" for line in said]
+    for what, fault in failed:
+        if what == "processes":  # not "every GPU's memory leaked" (issue 38): not judged
+            from pveclean.core.release import unlisted
+            used = unlisted(gpus, str(fault))
     gpus = with_faults(gpus, used.faults)
     for g in gpus:
         if not g.ok:
@@ -222,6 +228,7 @@ class _Look:
     hostnames: dict[int, str] = field(default_factory=dict)
     scanned: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
+    unread: list[NotJudged] = field(default_factory=list)  # never innocent: core/notjudged
 
     def containers(self, ct_reader: Reader) -> None:
         """The holders of each container whose config may use a GPU (or that has none)."""
@@ -256,9 +263,14 @@ class _Look:
             self.warnings.append(str(why))
             self.warnings.append(f"CT {vmid}: its cgroup tree could not be read; its holders "
                                  "are shown only as NVML lists them")
+            self.unread.append(notjudged.tree(vmid, str(why)))
             return
         self.warnings += [f"CT {vmid}: {p}" for p in view.unjudged_problems()]
+        self.unread += notjudged.of_container(vmid, view.unjudged)
         for h in view.holders.values():
+            if h.host_pid == 0:  # discovery.unwalked: the part of the tree not walked
+                self.unread.append(notjudged.tree(vmid, h.protected or "not walked"))
+                continue
             self.procs[h.host_pid] = GpuProc.of_holder(h, vmid, view.rdevs.get(h.host_pid, ()))
 
     def host(self, host_scan: HostScan | None) -> tuple[list[GpuProc], int]:
@@ -271,8 +283,10 @@ class _Look:
             self.warnings.append(f"the host's cgroups could not be read "
                                  f"({type(exc).__name__}); host holders are shown only as "
                                  "NVML lists them")
+            self.unread += notjudged.of_host([f"its cgroups ({type(exc).__name__})"])
             return [], 0
         self.warnings += unread
+        self.unread += notjudged.of_host(unread)
         return host, n_host
 
     def build(self, nvml: Nvml | None, pci_root: Path, host_scan: HostScan | None,
@@ -284,7 +298,12 @@ class _Look:
         buses: dict[int, PciAddress] = {}
         if nvml is not None:
             gpus, used, buses, nvml_state = _ask_nvml(nvml, self.warnings)
+            if nvml_state.state is SourceState.PARTIAL:  # who has memory where: not all told
+                self.unread.append(notjudged.NotJudged(Owner(OwnerKind.UNKNOWN), "NVML",
+                                                       str(nvml_state)))
         host, n_host = self.host(host_scan)
+        if host_scan is None:
+            self.unread += notjudged.of_host(["its cgroups could not be read"])
         self.procs.update((p.host_pid, p) for p in host)
         for pid, per_gpu in used.by_pid.items():
             self.procs[pid] = (self.procs.get(pid) or attribute_pid(pid)).with_memory(per_gpu)
@@ -303,7 +322,7 @@ class _Look:
                       tuple(sorted(other, key=owner_order)),
                       tuple(vfio), (), dict(self.hostnames), scan,
                       Source(SourceState.OK), nvml_state, tuple(self.warnings),
-                      tuple(p.proc for p in placed if p.nodes.untied))
+                      tuple(p.proc for p in placed if p.nodes.untied), tuple(self.unread))
         return gmap.with_conflicts(self.conflicts(uses, pve))
 
     def conflicts(self, uses: tuple[GpuUse, ...], pve: Path) -> list[VmConflict]:

@@ -90,6 +90,7 @@ def render_gpus(gmap: GpuMap) -> str:
             rows.append((_owner(p, hostnames), str(p.host_pid), str(p.ct_pid or "-"),
                          safe(p.name, 20), safe(p.unit or "-", 40), safe(devs, 40)))
         lines += _table(rows, "  ")
+    lines += not_judged_lines(gmap)
     if gmap.vfio:
         lines += ["", "NVIDIA GPUs not on the nvidia driver (NVML does not see them):"]
         lines += [_vfio_line(v) for v in gmap.vfio]
@@ -100,6 +101,18 @@ def render_gpus(gmap: GpuMap) -> str:
                   f"processes in {s.seconds * 1000:.0f} ms; NVML: {gmap.nvml}"]
     lines += [f"warning: {safe(w, 300)}" for w in gmap.warnings]
     return "\n".join(lines)
+
+
+def not_judged_lines(gmap: GpuMap) -> list[str]:
+    """What the look could not read whole: what it holds cannot be told (a VM's start is
+    refused while any is)."""
+    if not gmap.not_judged:
+        return []
+    rows = [("OWNER", "HOST PID", "WHAT", "WHY")]
+    rows += [(n.owner.label, str(n.host_pid or "-"), safe(n.what, 30), safe(n.why, 80))
+             for n in gmap.not_judged]
+    return ["", "NOT JUDGED (could not be read whole; a VM's start is refused while any is):",
+            *_table(rows, "  ")]
 
 
 def vm_conflict_lines(rows: Iterable[VmConflict]) -> list[str]:

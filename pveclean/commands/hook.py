@@ -18,11 +18,12 @@ from pveclean.commands import xidhook
 from pveclean.core.config import PHASES, Config
 from pveclean.core.discovery import stall_for
 from pveclean.core.gpufaults import unchecked
+from pveclean.core.release import leaked
 from pveclean.core.report import Report, RunResult, find_leaks
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
-from pveclean.host import cgroupfs, reportfiles
+from pveclean.host import cgroupfs, releasewatch, reportfiles
 from pveclean.host.clock import start_deadline
 from pveclean.host.configfile import load
 from pveclean.host.nvml import Nvml
@@ -104,6 +105,10 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     elif rep.verdict == Verdict.CLEAN:
         say(f"pveclean: CT {vmid} pre-stop: stopped {s.stopped} GPU holders "
             f"({s.freed_mib} MiB freed) in {dur:.1f} s; {_where(res)}")
+    elif rep.verdict == Verdict.LEAKED and not rep.remaining():  # issue 38: not "REMAIN"
+        stuck = "; ".join(r.line() for r in leaked(rep.release))
+        say(f"pveclean: WARNING: CT {vmid} pre-stop: stopped {s.stopped} GPU holders, but "
+            f"their memory stayed allocated: {stuck}; {_where(res)}")
     else:
         left = rep.remaining()
         names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} ({h.outcome}, "
@@ -218,7 +223,9 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
             grant = ran_with.gpu() if ran_with is not None else None
             if grant is None or grant.any or grant.allow_all:  # else it had no GPU to leak
                 minors = _container_minors(ran_with)
-                leaks = find_leaks(memory, procs, minors, gpus_used(pre) if pre else set())
+                used = gpus_used(pre) if pre else set()  # memory still falling: waited for
+                leaks, memory, procs = releasewatch.settled_leaks(  # (reads' NVML session)
+                    reads, (memory, procs), end, lambda m, p: find_leaks(m, p, minors, used))
                 for why in unchecked(memory, procs, minors):
                     rep = rep.with_warning(why)  # a GPU NVML could not answer for: not judged
     rep = rep.with_leaks(leaks, _brief(pre))

@@ -32,7 +32,9 @@ def show_one(cfg: Config, args: list[str], as_json: bool, echo: Callable[[str, b
         path = Path(which) if "/" in which else Path(cfg.report_dir) / which
     try:
         # --json: the file's own values, as they are (a VM's report too); else typed
-        text = (json.dumps(reportfiles.load(path), indent=2, default=str) if as_json
+        doc = reportfiles.load(path)
+        vm = doc.get("kind") == "vm"  # a VM hook's report: its own values, as --json shows
+        text = (json.dumps(doc, indent=2, default=str) if as_json or vm
                 else render_report(reportfiles.load_report(path)))
     except (OSError, reportfiles.ReportError) as exc:
         raise PvecleanError(f"cannot read report {path}: {exc}", ExitCode.USAGE) from None

@@ -110,6 +110,15 @@ def _look(cfg: Config, deadline: Deadline) -> GpuMap:
                      max(deadline.remaining() - 0.5, 0.5), "reading the host's GPUs")
 
 
+def _settled(cfg: Config, addrs: list[PciAddress], deadline: Deadline
+             ) -> tuple[GpuMap, list[str]]:
+    """_look(), and again while memory on the VM's GPUs is still being released (issue 38:
+    commands/vmrelease.py); the lines for memory still falling when time ran out."""
+    from pveclean.commands.vmrelease import settle
+
+    return settle(_look(cfg, deadline), addrs, lambda: _look(cfg, deadline), deadline)
+
+
 def _call(wk: Worker, fn: Callable[..., T], *args: object, deadline: Deadline, what: str) -> T:
     from pveclean.host.worker import RemoteError, WorkerError
 
@@ -140,7 +149,7 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
         addrs = sorted(drivers, key=sysfs_order)
         say(f"pveclean: VM {vmid} pre-start: checking who holds {_listed(addrs)} (the IOMMU "
             "group qemu-server unbinds)")
-        gmap = _look(cfg, deadline)
+        gmap, releasing = _settled(cfg, addrs, deadline)  # issue 38: a slow release
         minors = {g.minor: g.pci_bus_id for g in gmap.gpus
                   if g.pci_bus_id is not None and g.pci_bus_id in addrs and g.minor is not None}
         keeping = _call(scan, passthrough.w_keeping, cfg.pve_config_dir, minors,
@@ -153,7 +162,7 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
         say(f"pveclean: VM {vmid} pre-start: {line}")
     record = VmReport(vmid, "pre-start", os.uname().nodename, 0.0, policy, plan=plan)
     if plan.decision is vmguard.Decision.REFUSE:
-        for line in plan.blockers:
+        for line in [*releasing, *plan.blockers]:
             say(f"pveclean: VM {vmid} pre-start: refusing to start: {line}")
         return _finish(cfg, record, VmVerdict.REFUSED, ExitCode.REFUSE, deadline=deadline)
     if plan.persistence:

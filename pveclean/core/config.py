@@ -47,6 +47,9 @@ class Config:
     report_dir: str = "/var/log/pveclean"
     grace_seconds: float = 10.0
     deadline_seconds: float = 30.0
+    # how long after the last holder's exit a run waits for its GPU memory to come back
+    # (core/release.py), within deadline_seconds
+    release_seconds: float = 30.0
     protect: list[str] = field(
         default_factory=lambda: ["nvidia-persistenced", "nv-hostengine", "nvidia-smi"]
     )
@@ -126,12 +129,17 @@ _SCHEMA: dict[str, tuple[str, Any]] = {
     "report_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "grace_seconds": ("a number >= 0", lambda v: _is_number(v) and 0 <= v <= 3600),
     "deadline_seconds": ("a number > 0", lambda v: _is_number(v) and 0 < v <= 3600),
+    "release_seconds": ("a number >= 0", lambda v: _is_number(v) and 0 <= v <= 3600),
     "protect": ("a list of process names", _str_list),
     "pct_command": ("a command name or path", lambda v: isinstance(v, str) and bool(v.strip())),
     "state_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "pve_config_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
     "systemd_dir": ("a path", lambda v: isinstance(v, str) and v.startswith("/")),
-    "nvml_library": ("a path or null", lambda v: v is None or isinstance(v, str)),
+    # absolute, or a bare name ld.so looks up in the system's dirs: never one relative to
+    # the working directory, which a hook's and a shell's differ in
+    "nvml_library": ("an absolute path, a library name or null",
+                     lambda v: v is None or (isinstance(v, str) and bool(v.strip())
+                                             and (v.startswith("/") or "/" not in v))),
     "cgroup_root": ("a path or null", lambda v: v is None or isinstance(v, str)),
     "probe": ("true or false", lambda v: isinstance(v, bool)),
     "chase_rounds": ("an integer 0..20", lambda v: type(v) is int and 0 <= v <= 20),
@@ -201,7 +209,7 @@ def parse(text: str, source: str = "<string>") -> Config:
         if not check(value):
             raise ConfigError(f"{source} line {line}: '{key}' must be {expected}, got {value!r}")
         if key in ("grace_seconds", "deadline_seconds", "lock_wait_seconds",
-                   "unit_start_timeout_seconds"):
+                   "unit_start_timeout_seconds", "release_seconds"):
             value = float(value)
         values[key] = value
     if "phases" in values:

@@ -99,6 +99,11 @@ def unchecked(gpus: list[GpuMemory], procs: NvmlProcesses, minors: set[int]) -> 
     its configured ones; empty: any): NVML could not read it or list its processes."""
     faults = {**procs.faults, **faults_of(gpus)}
     minor_of = {g.index: g.minor for g in gpus}
-    return [f"GPU {i} is {status} ({reason}): its memory is not checked for leaks"
-            for i, (status, reason) in sorted(faults.items())
-            if not minors or minor_of.get(i) is None or minor_of[i] in minors]
+    out = [f"GPU {i} is {status} ({reason}): its memory is not checked for leaks"
+           for i, (status, reason) in sorted(faults.items())
+           if not minors or minor_of.get(i) is None or minor_of[i] in minors]
+    na = sorted({i for per in procs.by_pid.values() for i, m in per.items() if m is None}
+                - set(faults))
+    return out + [f"GPU {i}: NVML reports a process's memory on it as not available: its "
+                  "memory is not checked for leaks (not judged)" for i in na
+                  if not minors or minor_of.get(i) is None or minor_of[i] in minors]

@@ -13,6 +13,7 @@ from pveclean.core.gpunodes import NVIDIA_MAJOR as NVIDIA_MAJOR
 from pveclean.core.gpunodes import major_minor as major_minor
 from pveclean.core.gpunodes import makedev as makedev
 from pveclean.core.gpunodes import sort_nodes
+from pveclean.core.notjudged import NotJudged
 from pveclean.core.owners import Owner, OwnerKind
 from pveclean.core.pci import PciAddress
 from pveclean.core.records import (
@@ -271,6 +272,9 @@ class GpuMap:
     # holders whose GPU nodes could not be tied to a GPU (their device numbers): none may
     # be taken for no holder of a VM's GPU
     untied: tuple[GpuProc, ...] = ()
+    # what the look could not read whole (a tree, a process, the host's processes): never
+    # innocent, each blocks a VM's start (core/notjudged.py)
+    not_judged: tuple[NotJudged, ...] = ()
 
     def with_conflicts(self, rows: Iterable[VmConflict]) -> GpuMap:
         return replace(self, vm_conflicts=tuple(rows))
@@ -289,6 +293,8 @@ class GpuMap:
             "scan": self.scan.as_dict(),
             "sources": {"host": str(self.host_source), "nvml": str(self.nvml)},
             "warnings": list(self.warnings),
+            **({"not_judged": [n.as_dict() for n in self.not_judged]}
+               if self.not_judged else {}),
         }
 
 

@@ -81,7 +81,7 @@ def run_families(rep: Report, now: float,
         fam.set(value, *key)
     stopped = rep.summary.stopped
     freed = rep.summary.freed_mib * MIB
-    leaked = sum(x.unaccounted_mib for x in rep.leaks or []) * MIB
+    leaked = rep.leaked_mib() * MIB
     verdict = str(rep.verdict)
     fams["pveclean_runs_total"].add(1, ident, phase, cut(verdict))
     fams["pveclean_holders_stopped_total"].add(stopped, ident)

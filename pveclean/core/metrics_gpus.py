@@ -16,6 +16,9 @@ from pveclean.core.gpumap import GpuMap
 from pveclean.core.metrics import MIB, Family, guest_id
 from pveclean.core.owners import Owner, OwnerKind
 from pveclean.core.pci import HostPci, PciAddress
+from pveclean.core.records import SourceState
+
+NVML_ANSWERED = frozenset({SourceState.OK, SourceState.PARTIAL})
 
 GPU = ("node", "gpu", "UUID", "pci_bus_id")
 OWNER = (*GPU, "owner_type", "id")
@@ -47,6 +50,12 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                                ("node",)),
     "pveclean_gpus_warnings": ("gauge", "Warnings of the last look (see pveclean gpus).",
                                ("node",)),
+    # issue 38: a leak is only what NVML positively shows
+    "pveclean_gpu_nvml_ok": ("gauge", "1 when NVML answered for the GPU (its memory and "
+                             "process list), 0 when not (lost, failed, hung): its memory is "
+                             "then not judged and no unaccounted series is written.", GPU),
+    "pveclean_gpus_nvml_up": ("gauge", "1 when NVML answered the last look (if only in part), "
+                              "0 when it could not be used at all.", ("node",)),
 }
 
 
@@ -81,6 +90,7 @@ def families(gmap: GpuMap, node: str, running: Mapping[int, bool],
             fams["pveclean_gpu_memory_used_bytes"].set(g.used_mib * MIB, *gpu)
         if g.unaccounted_mib is not None:
             fams["pveclean_gpu_unaccounted_memory_bytes"].set(g.unaccounted_mib * MIB, *gpu)
+        fams["pveclean_gpu_nvml_ok"].set(1 if g.gpu.ok else 0, *gpu)
         for p in g.processes:
             who = owner(p.owner, node)
             fams["pveclean_gpu_holders"].add(1, *gpu, *who)
@@ -97,6 +107,7 @@ def families(gmap: GpuMap, node: str, running: Mapping[int, bool],
                                                      guest_id(ref.vmid, "qemu"))
     for vmid, up in sorted(running.items()):
         fams["pveclean_container_running"].set(1 if up else 0, node, guest_id(vmid))
+    fams["pveclean_gpus_nvml_up"].set(1 if gmap.nvml.state in NVML_ANSWERED else 0, node)
     status(fams, node, True, now, gmap.scan.seconds, len(gmap.warnings))
     return list(fams.values())
 

@@ -28,7 +28,8 @@ class Step(StrEnum):
     POLL = "poll"  # look again after `wait`
     TIME_UP = "time-up"  # the run's time for verifying is spent; done
     # clean on looks that skipped the processes known to hold nothing: before a verdict, one
-    # look reads them all, thawed (a non-holder may have been passed a GPU fd: SCM_RIGHTS)
+    # look reads them all, frozen as every look (a non-holder may have been passed a GPU fd,
+    # or opened one while hopping between fresh cgroups: only a tree held still shows it)
     FULL_LOOK = "full-look"
     LATE_CHASE = "late-chase"  # the late probe named holders of its own: a round for them
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from pveclean.core.amendments import Leak, NotListed, PreStopBrief, UnitStops
     from pveclean.core.config import Config
+    from pveclean.core.release import GpuRelease
     from pveclean.proxmox.pveconf import CtConfig
 
 
@@ -42,7 +43,8 @@ def find_leaks(gpus: list[GpuMemory], procs: NvmlProcesses,
     """Memory allocated on the container's GPUs that no live process accounts for. A PID's
     figure on a GPU is already the sum of its rows there (one per MIG instance, see
     host/nvml.py), so no MIG user shows as a leak. A GPU NVML could not read, or whose
-    process list it could not give (`procs.faults`), is not judged: no figure, no leak."""
+    process list it could not give (`procs.faults`), or where it reports a process's memory
+    as not available (N/A: under MIG, on some boards), is not judged: no figure, no leak."""
     from pveclean.core.amendments import Leak  # a post-stop's only
 
     leaks = []
@@ -55,8 +57,10 @@ def find_leaks(gpus: list[GpuMemory], procs: NvmlProcesses,
                 continue  # not one of this container's GPUs
         elif used_by_ct and g.index not in used_by_ct:
             continue
-        accounted = sum(m or 0 for per in procs.by_pid.values() for i, m in per.items()
-                        if i == g.index)
+        listed = [m for per in procs.by_pid.values() for i, m in per.items() if i == g.index]
+        if None in listed:
+            continue  # a process's memory NVML reports as not available: not judged
+        accounted = sum(m or 0 for m in listed)
         unaccounted = g.used_mib - accounted
         if unaccounted > LEAK_SLACK_MIB:
             leaks.append(Leak(g.index, g.uuid, unaccounted,
@@ -128,6 +132,7 @@ class Report:
     more_other_gpu_users: int = 0  # past their share of the report (bounds.SECTION_BYTES)
     more_leaks: int = 0
     notify_errors: list[str] | None = None  # what its journal line or metrics could not say
+    release: list[GpuRelease] | None = None  # the memory its stop set out to free (release.py)
 
     @property
     def busy(self) -> bool:
@@ -193,6 +198,11 @@ class Report:
     def with_warning(self, text: str) -> Report:
         return dataclasses.replace(self, warnings=[*self.warnings, text])
 
+    def timed(self, seconds: float) -> Report:
+        """The same report, its duration the run's whole one (units' walks and hints come
+        after build_report)."""
+        return dataclasses.replace(self, duration_s=round(seconds, 3))
+
     def with_error(self, text: str) -> Report:
         return dataclasses.replace(self, errors=[*self.errors, text])
 
@@ -212,6 +222,22 @@ class Report:
         """A post-stop's leak check, and what the last pre-stop report (if any) said."""
         return dataclasses.replace(self, leaks=leaks, pre_stop_report=pre,
                                    verdict=with_leaks(self.verdict, leaks))
+
+    def leaked_mib(self) -> int:
+        """MiB leaked: a post-stop's leaks, and what a stop's release left (issue 38)."""
+        from pveclean.core.release import leaked
+        return (sum(x.unaccounted_mib for x in self.leaks or [])
+                + sum(r.left_mib or 0 for r in leaked(self.release)))
+
+    def with_release(self, rows: list[GpuRelease] | None) -> Report:
+        """Where the memory the stop set out to free stands (None: not watched): what is not
+        back is a warning; what is leaked makes the verdict `leaked` (unless already worse)."""
+        if rows is None:
+            return self
+        from pveclean.core.release import leaked, unsettled
+        return dataclasses.replace(
+            self, release=list(rows), verdict=with_leaks(self.verdict, leaked(rows)),
+            warnings=[*self.warnings, *(r.line() for r in unsettled(rows))])
 
     def as_dict(self) -> dict[str, object]:
         """The report as it is written and shown: plain values, keys in their fixed order."""
@@ -251,6 +277,8 @@ class Report:
             d["hints"] = self.hints
         if self.leaks is not None:
             d["leaks"] = _listed(self.leaks, self.more_leaks)
+        if self.release is not None:
+            d["release"] = [r.as_dict() for r in self.release]
         if self.pre_stop_report is not None:
             d["pre_stop_report"] = self.pre_stop_report.as_dict()
         if self.removed_cgroups:

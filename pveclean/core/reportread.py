@@ -24,6 +24,7 @@ from pveclean.core.records import (
     Source,
     SourceState,
 )
+from pveclean.core.release import GpuRelease, Release
 from pveclean.core.report import ContainerState, Report, Summary
 from pveclean.core.reportparts import GpuRow, Settings
 from pveclean.core.verdicts import Outcome, Verdict
@@ -245,7 +246,22 @@ def from_dict(d: Doc) -> Report:
         removed_cgroups=None if d.get("removed_cgroups") is None
         else _texts(d.get("removed_cgroups")),
         holders_not_listed=_not_listed(d.get("holders_not_listed")),
-        capped=True, notify_errors=_texts(d.get("notify_errors")) or None)
+        capped=True, notify_errors=_texts(d.get("notify_errors")) or None,
+        release=_release(d.get("release")))
+
+
+def _release(v: object) -> list[GpuRelease] | None:
+    """A report's `release` section (issue 38); a state this version does not know is
+    `not-judged`."""
+    if v is None:
+        return None
+    states = {str(r): r for r in Release}
+    return [GpuRelease(_int(x.get("gpu")), str(x.get("uuid", "")),
+                       states.get(str(x.get("state")), Release.NOT_JUDGED),
+                       _int(x.get("set_out_to_free_mib")), _opt_int(x.get("left_mib")),
+                       None if x.get("after_s") is None else _num(x.get("after_s")),
+                       _text(x.get("reason")))
+            for x in _list(v) if isinstance(x, Mapping)]
 
 
 @dataclass(frozen=True)

@@ -74,3 +74,20 @@ def safe(value: object, limit: int | None = 80) -> str:
         parts.append(part)
         used += w
     return "".join(parts)
+
+
+def fit(shown: str, limit: int) -> str:
+    """Text already made safe (by safe(), piece by piece) cut to `limit` columns, never
+    escaped again: a backslash escaped twice would make a unit name pasted into a shell
+    wrong."""
+    if width(shown) <= limit:
+        return shown
+    out: list[str] = []
+    used = 0
+    for ch in shown:
+        w = char_width(ch)
+        if used + w > limit - 1:
+            break
+        out.append(ch)
+        used += w
+    return "".join(out) + ELLIPSIS

@@ -28,6 +28,9 @@ class Outcome(StrEnum):
     TERMINATED = "terminated"  # exited within the grace after SIGTERM
     KILLED = "killed"  # exited after SIGKILL (or after the grace)
     SURVIVED = "survived"  # still there at the deadline, or appeared after the last round
+    # signalled, and at the deadline in the kernel's exit (PF_EXITING, or SIGKILL pending):
+    # not a survivor the run could stop, a process whose memory comes back once it is gone
+    EXITING = "exiting"
     PROTECTED = "protected"  # never signalled (see Holder.protected)
     EXITED = "exited"  # gone before its identity was proven: nothing to signal
     SKIPPED = "skipped"  # not proven to be the process that was found: not signalled
@@ -47,7 +50,8 @@ VERDICT_EXIT: dict[str, ExitCode] = {
 
 VERDICTS = tuple(Verdict)
 STOPPED = frozenset({Outcome.TERMINATED, Outcome.KILLED})
-REMAINING = frozenset({Outcome.SURVIVED, Outcome.PROTECTED})  # holders a run leaves behind
+# holders a run leaves behind (an exiting one too: not clean until it is gone)
+REMAINING = frozenset({Outcome.SURVIVED, Outcome.PROTECTED, Outcome.EXITING})
 UNTROUBLED = frozenset({Verdict.CLEAN, Verdict.NOTHING_TO_DO})  # verdicts that vouch for all
 
 

@@ -7,8 +7,9 @@ nvidia driver makes that unbind hang or fail, or the start fails "device busy". 
 holder of the VM's GPUs is named: a container's may be stopped (policy `stop-containers`),
 the host's never (only one named in `vm_gpu_allow_host` may stay), another running VM's
 never, and one that cannot be told (an unknown owner, a GPU NVML cannot read, a process
-holding a GPU driver node whose device number ties it to no GPU) is no innocent: it refuses
-the start.
+holding a GPU driver node whose device number ties it to no GPU, a tree, process or part of
+the host the look could not read whole: `GpuMap.not_judged`) is no innocent: it refuses the
+start.
 """
 
 from __future__ import annotations
@@ -123,10 +124,14 @@ def _holders(where: str, g: GpuUse, allow_host: list[str], found: _Found) -> Non
 
 
 def _untied(gmap: GpuMap, allow_host: list[str]) -> list[str]:
-    """Holders of a GPU node that cannot be tied to a GPU: any may hold the VM's."""
-    return [f"{_holder(p)} holds a GPU node pveclean cannot tie to a GPU "
-            f"({p.owner.label}): look with `pveclean gpus`"
-            for p in gmap.untied if not _allowed(p, allow_host)]
+    """Holders of a GPU node that cannot be tied to a GPU: any may hold the VM's; and each
+    part of the host the look could not read whole: what it holds cannot be told."""
+    out = [f"{_holder(p)} holds a GPU node pveclean cannot tie to a GPU "
+           f"({p.owner.label}): look with `pveclean gpus`"
+           for p in gmap.untied if not _allowed(p, allow_host)]
+    return out + [f"{n.owner.label}: {safe(n.what, 60)} could not be read whole, so what it "
+                  f"holds cannot be told ({safe(n.why, 200)}): look with `pveclean gpus`"
+                  for n in gmap.not_judged]
 
 
 @dataclass(frozen=True)

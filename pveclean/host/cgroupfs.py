@@ -107,9 +107,11 @@ class CgroupTree(dict[int, str]):
         return bool(len(self)) or self.truncated is not None
 
 
-def _cgroup_dirs(cgroup_dir: Path, limit: int) -> tuple[list[str], str | None]:
+def _cgroup_dirs(cgroup_dir: Path, limit: int, until: float | None = None
+                 ) -> tuple[list[str], str | None]:
     """Every cgroup below `cgroup_dir` (itself first), iteratively: no recursion limit, at
-    most `limit` of them. Deepest last, as a stack walk finds them."""
+    most `limit` of them, and none listed after `until` (monotonic). Deepest last, as a stack
+    walk finds them."""
     root = str(cgroup_dir)
     found: list[str] = []
     stack = [root]
@@ -118,6 +120,9 @@ def _cgroup_dirs(cgroup_dir: Path, limit: int) -> tuple[list[str], str | None]:
         if len(found) >= limit:
             return found, (f"the cgroup tree has more than {limit} cgroups; processes in "
                            f"the cgroups past the first {limit} were not looked at")
+        if until is not None and len(found) % 64 == 63 and time.monotonic() >= until:
+            return found, (f"the walk of the cgroup tree ran out of time after {len(found)} "
+                           "cgroups; processes in the rest were not looked at")
         found.append(d)
         try:
             with os.scandir(d) as it:
@@ -131,47 +136,138 @@ def _cgroup_dirs(cgroup_dir: Path, limit: int) -> tuple[list[str], str | None]:
     return found, None
 
 
-def tree_pids(cgroup_dir: Path, limit: int | None = None) -> CgroupTree:
+def tree_pids(cgroup_dir: Path, limit: int | None = None, until: float | None = None
+              ) -> CgroupTree:
     """PIDs of every process in a cgroup and all cgroups below it -> their relative cgroup.
     A threaded cgroup's cgroup.procs cannot be read (EOPNOTSUPP, by design: see the kernel's
-    cgroup-v2.rst, "Threads"): its cgroup.threads is, each thread counted as its process."""
+    cgroup-v2.rst, "Threads"): its cgroup.threads is, each thread counted as its process.
+    Walked by file descriptor (each cgroup opened from its parent's fd), so a chain past
+    PATH_MAX is walked whole; a branch that cannot be read is skipped and named, the rest
+    walked (`truncated` says what was not). `until` (monotonic): no cgroup listed after it."""
     found = CgroupTree()
-    if not cgroup_dir.is_dir():
+    try:
+        top = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return found  # no such tree (a stopped container): no process
+    except OSError as exc:
+        found.truncated = f"cannot read cgroup {_where(cgroup_dir, '.')}: {exc.strerror}"
         return found
-    dirs, found.truncated = _cgroup_dirs(cgroup_dir, MAX_CGROUPS if limit is None else limit)
-    root = str(cgroup_dir)
-    for d in dirs:
-        rel = "." if d == root else d[len(root) + 1 :]
-        try:
-            for pid in _members(d):
-                found[pid] = rel
-        except FileNotFoundError:
-            continue  # removed while we walked
-        except OSError as exc:
-            where = d if len(d) <= 200 else f"{d[:100]}…{d[-100:]}"
-            found.truncated = found.truncated or (f"cannot read {where}/cgroup.procs: "
-                                                  f"{exc.strerror}")
+    limit = MAX_CGROUPS if limit is None else limit
+    problems: list[str] = []
+    # (the parent's fd, shared by its children; the name; the relative path): opened when
+    # popped, so the fds open at once are at most the depth (each with children pending),
+    # whatever the width
+    stack: list[tuple[_Fd | None, str, str]] = [(None, "", ".")]
+    seen = 0
+    while stack:
+        parent, name, rel = stack.pop()
+        if seen >= limit or (until is not None and seen % 64 == 63
+                             and time.monotonic() >= until):
+            _drop(parent, stack)
+            problems.insert(0, _cut_short(seen, limit))
+            break
+        fd = top if parent is None else _open_child(parent, name, rel, cgroup_dir, problems)
+        if fd is None:
+            continue
+        seen += 1
+        names = _visit(fd, rel, cgroup_dir, found, problems)
+        if not names:
+            os.close(fd)
+            continue
+        own = _Fd(fd, len(names))  # its children's parent now: closed after the last
+        for child in sorted(names, reverse=True):
+            stack.append((own, child, child if rel == "." else f"{rel}/{child}"))
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        found.truncated = "; ".join(problems[:3]) + more
     return found
 
 
-def _members(d: str) -> list[int]:
-    """The processes of one cgroup: cgroup.procs, or in a threaded cgroup the thread group of
-    each thread in cgroup.threads (a thread that is gone by then is left out)."""
+class _Fd:
+    """A directory fd its children share; closed when the last of them is opened."""
+
+    def __init__(self, fd: int, left: int) -> None:
+        self.fd, self.left = fd, left
+
+    def done(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            os.close(self.fd)
+
+
+def _drop(parent: _Fd | None, stack: list[tuple[_Fd | None, str, str]]) -> None:
+    for p in [parent, *(s[0] for s in stack)]:
+        if p is not None:
+            p.done()
+    stack.clear()
+
+
+def _cut_short(seen: int, limit: int) -> str:
+    if seen >= limit:
+        return (f"the cgroup tree has more than {limit} cgroups; processes in the cgroups "
+                f"past the first {limit} were not looked at")
+    return (f"the walk of the cgroup tree ran out of time after {seen} cgroups; processes in "
+            "the rest were not looked at")
+
+
+def _where(cgroup_dir: Path, rel: str) -> str:
+    d = str(cgroup_dir) if rel == "." else f"{cgroup_dir}/{rel}"
+    return d if len(d) <= 200 else f"{d[:100]}…{d[-100:]}"
+
+
+def _open_child(parent: _Fd, name: str, rel: str, cgroup_dir: Path,
+                problems: list[str]) -> int | None:
     try:
-        return _ids(os.path.join(d, "cgroup.procs"))
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW,
+                       dir_fd=parent.fd)
+    except FileNotFoundError:
+        return None  # removed while we walked
+    except OSError as exc:
+        problems.append(f"cannot read cgroup {_where(cgroup_dir, rel)}: {exc.strerror}")
+        return None
+    finally:
+        parent.done()
+
+
+def _visit(fd: int, rel: str, cgroup_dir: Path, found: CgroupTree,
+           problems: list[str]) -> list[str]:
+    """Read one cgroup's processes into `found`; its child cgroups' names."""
+    try:
+        for pid in _members_at(fd):
+            found[pid] = rel
+    except FileNotFoundError:
+        pass  # removed while we walked (its listing is then empty too)
+    except OSError as exc:
+        problems.append(f"cannot read {_where(cgroup_dir, rel)}/cgroup.procs: {exc.strerror}")
+    try:
+        with os.scandir(fd) as it:
+            return [e.name for e in it if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        problems.append(f"cannot read cgroup {_where(cgroup_dir, rel)}: {exc.strerror}")
+        return []
+
+
+def _members_at(fd: int) -> list[int]:
+    """The processes of the cgroup open as `fd`: cgroup.procs, or in a threaded cgroup the
+    thread group of each thread in cgroup.threads (a thread that is gone by then is left
+    out)."""
+    try:
+        return _ids_at(fd, "cgroup.procs")
     except OSError as exc:
         if exc.errno != errno.EOPNOTSUPP:
             raise
     pids: dict[int, None] = {}
-    for tid in _ids(os.path.join(d, "cgroup.threads")):
+    for tid in _ids_at(fd, "cgroup.threads"):
         tgid = thread_group(tid)
         if tgid is not None:
             pids[tgid] = None
     return list(pids)
 
 
-def _ids(file: str) -> list[int]:
-    with open(file, encoding="ascii") as fh:
+def _ids_at(fd: int, name: str) -> list[int]:
+    with open(os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=fd), encoding="ascii") as fh:
         return [int(line) for line in fh if line.strip().isdigit()]
 
 

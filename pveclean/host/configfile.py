@@ -37,12 +37,14 @@ def check_permissions(path: Path, st: os.stat_result) -> None:
         )
 
 
-def untrusted(path: str | os.PathLike[str], what: str) -> str | None:
+def untrusted(path: str | os.PathLike[str], what: str, in_own_dir: bool = True
+              ) -> str | None:
     """Why root must not trust `path` (None: it may). The file and every directory above
     it, as written and as resolved, must be root's and not writable by group or others; a
     directory above the file's own may be a sticky one like /tmp (others cannot replace
     root's entries in it). A file someone else could change would run as root in every
-    hook (pct_command, nvml_library) or steer what it kills (the config)."""
+    hook (pct_command, nvml_library) or steer what it kills (the config). `in_own_dir` False:
+    `path` is itself the directory a file would be in (a missing nvml_library's)."""
     p = os.path.abspath(path)
     for candidate in dict.fromkeys([p, os.path.realpath(p)]):
         try:
@@ -54,7 +56,7 @@ def untrusted(path: str | os.PathLike[str], what: str) -> str | None:
         if st.st_mode & 0o022:
             return (f"{what} {candidate} is writable by group or others (mode "
                     f"{st.st_mode & 0o777:o}); run 'chmod go-w {candidate}'")
-        d, own_dir = os.path.dirname(candidate), True
+        d, own_dir = os.path.dirname(candidate), in_own_dir
         while True:
             try:
                 dst = os.lstat(d)
@@ -107,11 +109,25 @@ def check_trusted(cfg: Config, path: Path | None = None) -> None:
          "nvml_library"),
     ]
     for target, what in checks:
+        orig = target
+        if target is not None and what == "nvml_library" and not os.path.exists(target):
+            target = _missing_library(target)  # who could put one there before it loads?
         if target is None or (what != "config file" and not os.path.exists(target)):
-            continue  # a missing pct or library fails later, with its own message
-        why = untrusted(target, what)
+            continue  # a missing pct fails later, with its own message
+        # a missing library's directory stands for the file: the one above may be sticky
+        why = untrusted(target, what, in_own_dir=target == orig)
         if why:
             raise ConfigError(f"{why}; refusing to use it")
+
+
+def _missing_library(path: str) -> str:
+    """An nvml_library path that does not exist (yet): the nearest directory above it that
+    does is checked as the library itself would be (root's, writable by root only, sticky
+    or not), since a file put there after the check would be loaded by root."""
+    d = os.path.dirname(path)
+    while d != "/" and not os.path.isdir(d):
+        d = os.path.dirname(d)
+    return d
 
 
 def load(explicit: str | os.PathLike[str] | None = None) -> Config:

@@ -42,6 +42,7 @@ EXTRA_FDS = 16384  # ... and beyond it, while the scan has these left; the rest:
 PROGRESS_EVERY = 1024  # fds or maps lines between two progress() calls (see judge())
 MAX_MAPS = 16 << 20  # bytes of one process's maps read; the mappings past it: not judged
 Progress = Callable[[], None] | None
+_URING_MAP = fstext.URING.encode()
 _MAY_BE_RING = (stat.S_IFREG, 0)  # an anon inode's type (S_IFREG since Linux 6.15)
 
 
@@ -80,8 +81,13 @@ class ScanCache:
     mounts (the container's processes share one), and (st_dev, inode) -> st_rdev of mapped
     files, -1 for no device (processes map the same libraries)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tenant: bool = True) -> None:
         self.extra_fds = EXTRA_FDS  # fds past MAX_FDS that may still be judged, scan-wide
+        # a container's processes (the tenant's: hostile) or the host's own (the admin's):
+        # what io_uring hides (requests in flight, a ring kept by its mapping) is a finding
+        # only for the tenant's; QEMU's iothreads keep polls in flight on every PVE host
+        self.tenant = tenant
+        self.rings: dict[int, list[DeviceUse]] = {}  # ring inode -> GPU nodes it holds
         self.rdevs: dict[tuple[tuple[int, int], int], int] = {}
         self._risky: dict[str, Risky] = {}
 
@@ -102,6 +108,8 @@ class Judged:
     unjudged: list[str] = field(default_factory=list)
     capped: bool = False  # a cap (MAX_FDS, MAX_MAPS) cut the reading
     rdevs: set[int] = field(default_factory=set)  # the device numbers `held` names
+    rings: set[int] = field(default_factory=set)  # inodes of the io_uring rings read by fd
+    mapped_rings: dict[int, str] = field(default_factory=dict)  # ring inode -> its mapping
 
 
 def _fd_info(base: str, fd: str) -> fstext.FdInfo | None:
@@ -160,8 +168,14 @@ class _FdTable:
 
     def _ring(self, name: str) -> None:
         from pveclean.host import uring  # a ring's registered files: rare, so judged apart
-        uring.judge_ring(self.base, name, self.devices, self.out.held, self.out.unjudged,
-                         self.ring_done, self.out.rdevs)
+        ino, mine, in_flight = uring.judge_ring(self.base, name, self.devices, self.out.held,
+                                                self.out.unjudged, self.ring_done,
+                                                self.out.rdevs)
+        if in_flight and self.cache.tenant:  # see ScanCache.tenant
+            self.out.unjudged.append(in_flight)
+        if ino is not None:
+            self.out.rings.add(ino)
+            self.cache.rings[ino] = mine
 
 
 def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
@@ -213,16 +227,24 @@ def judge_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None,
               progress: Progress = None, first: bool = False) -> Judged | None:
     """The GPU nodes `pid` holds through fds and io_uring fixed files, at any path (a bind
     mount of /dev/nvidia0 at /opt/g counts), and what could not be judged; None if the
-    process is gone. A process whose main thread exited shows no fds on /proc/PID/fd: its
-    live threads' fd tables are read then."""
+    process is gone. Every distinct fd table of the thread group is read once: a thread
+    with a table of its own (unshare(CLONE_FILES)), the threads of a zombie leader (whose
+    /proc/PID/fd is empty), see fdtables.py."""
     cache = cache or ScanCache()
     out = Judged()
     n = _judge_table(procfs.path(pid), devices, cache, out, progress, first)
     if n is None:
         return None
-    if n == 0:
-        for tbase in thread_bases(pid, "fd"):
-            _judge_table(tbase, devices, cache, out, progress, first)
+    from pveclean.host import fdtables
+
+    try:
+        others = fdtables.other_tables(pid, out.unjudged)
+    except fdtables.NoKcmp:  # tables cannot be told apart: the leader's, or its threads'
+        others = thread_bases(pid, "fd") if n == 0 else []
+    for tbase in others:
+        if first and out.held:
+            break
+        _judge_table(tbase, devices, cache, out, progress, first)
     return out
 
 
@@ -251,6 +273,9 @@ def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
         seen.add((f[3], f[4]))
         m = fstext.parse_mapping(line)
         if m is None:
+            continue
+        if m.name == _URING_MAP:  # a ring kept by its mapping: judged in judge()
+            out.mapped_rings[m.inode] = m.map_file
             continue
         key = (m.dev, m.inode)
         rdev = cache.rdevs.get(key)
@@ -311,21 +336,46 @@ def judge(pid: int, devices: GpuDevices, cache: ScanCache, progress: Progress = 
     got.rdevs |= maps.rdevs
     got.unjudged += maps.unjudged
     got.capped |= maps.capped
+    if cache.tenant:  # see ScanCache.tenant
+        mapped_rings(got, maps.mapped_rings, cache)
     return got
 
 
+def mapped_rings(got: Judged, mapped: dict[int, str], cache: ScanCache) -> None:
+    """An io_uring ring the process keeps only by its SQ/CQ mapping (its fd closed, or
+    registered with IORING_REGISTER_RING_FDS and closed) still holds its registered files
+    and requests. The kernel shows such a ring's files only through an fd of it: one read
+    through another process's fd in this scan lends its finding; else it is not judged."""
+    for ino, where in sorted(mapped.items()):
+        if ino in got.rings:
+            continue
+        lent = cache.rings.get(ino)
+        if lent is None:
+            got.unjudged.append(f"io_uring ring (inode {ino}) kept by its mapping {where} in no "
+                                "fd table read: its registered files and requests cannot be "
+                                "read; not judged")
+            continue
+        for d in lent:
+            if d not in got.held:
+                got.held.append(d)
+                if d.major is not None and d.minor is not None:
+                    got.rdevs.add(os.makedev(d.major, d.minor))
+
+
 def still_holds(pid: int, devices: GpuDevices) -> bool:
-    """For the identity check just before a signal: does `pid`, found holding by the scan,
-    hold a GPU node still, or can that not be ruled out (part of it not judged)? Stops at
-    the first GPU node; MAX_FDS fds at most (no scan-wide extra)."""
+    """For the identity check just before a signal: does `pid`, found holding by the scan
+    (or named by the probe), hold a GPU node still, or can that not be ruled out (part of it
+    not judged)? Stops at the first GPU node; reads as many fds as discovery could (MAX_FDS
+    and EXTRA_FDS): a process discovery read whole and found holding nothing is read whole
+    again, so the probe's word alone never makes it "may hold" past a cap."""
     cache = ScanCache()
-    cache.extra_fds = 0
     got = judge_fds(pid, devices, cache, first=True)
     if got is None:
         return False
     if not got.held:
         maps = judge_maps(pid, devices, cache)
         got.held, got.unjudged = maps.held, got.unjudged + maps.unjudged
+        mapped_rings(got, maps.mapped_rings, cache)
     return bool(got.held or got.unjudged)
 
 

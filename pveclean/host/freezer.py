@@ -10,6 +10,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from pveclean.host import cgroupfs
@@ -96,12 +97,14 @@ class Freezer:
         NVML never lengthens a freeze);
       * while identities are proven and SIGTERMs sent (cleanup's round holds first);
       * while the SIGKILLs are decided and sent (pidfds.stop: set(True));
-      * each partial verification look (reads.rescan calls hold() after NVML's answer).
+      * each verification look, the full one that settles a `clean` verdict (policy's
+        FULL_LOOK) included: a process idle at discovery that opened a node during the grace
+        while hopping between fresh cgroups, or a fork relay, is where the walk is only in
+        a tree held still (reads.rescan calls hold() after NVML's answer).
     Thawed (release):
       * during the SIGTERM grace (a process exits cleanly only if it runs) and while SIGKILLed
         processes are awaited (pidfds.stop: set(False));
-      * between looks, and for the full look that settles a `clean` verdict (policy's
-        FULL_LOOK: what a freeze would add there, an fd kept in flight defeats anyway);
+      * between looks;
       * before `--stop-units` runs systemctl in the container.
     A look that ends the loop or starts a chase round leaves the tree as it was: the next
     round holds anyway (hold() is idempotent), and the run's exit thaws.
@@ -159,7 +162,12 @@ class Freezer:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def hold(self) -> None:
+    def hold(self, signalled: Iterable[int] = ()) -> None:
+        """Freeze (v2); the `signalled` PIDs' v1 freezer cgroups in the container's tree are
+        thawed first (freezer_v1: a v1-frozen task waits out even SIGKILL), and said."""
+        if signalled:
+            from pveclean.host.freezer_v1 import thaw_in_tree  # a round's targets only
+            self.warnings += thaw_in_tree(signalled, self.vmid)
         if not self.enabled or self.frozen:
             return
         if self._guard is None:

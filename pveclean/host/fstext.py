@@ -172,3 +172,17 @@ def uring_files(lines_: Iterable[bytes]) -> UringFiles | None:
     if count is None:
         return None
     return UringFiles(count, tuple(paths), False)
+
+
+def uring_polls(lines_: Iterable[bytes]) -> int:
+    """How many requests in flight an io_uring fdinfo's "PollList:" section lists (one line
+    "  op=%d, task_works=%d" each, io_uring/fdinfo.c): each holds a file it does not name."""
+    n, inside = 0, False
+    for line in lines_:
+        if line.startswith(b"PollList:"):
+            inside = True
+        elif inside and line.startswith(b"  op="):
+            n += 1
+        else:
+            inside = False
+    return n

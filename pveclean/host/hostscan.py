@@ -7,6 +7,7 @@ import os
 from functools import partial
 from pathlib import Path
 
+from pveclean.core.bounds import cap_devices, cut, cut_device
 from pveclean.core.gpumap import GpuProc, full_name
 from pveclean.core.owners import HOST, Layout, OwnerKind, is_ct_dir, owner_of
 from pveclean.core.records import GpuDevices
@@ -58,7 +59,7 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
     unjudged: list[str] = []
     clean: list[int] = []
     cgroups = dict(pids)
-    for pid, got in judge_each(cgroups, devices, skip, _announce):
+    for pid, got in judge_each(cgroups, devices, skip, _announce, tenant=False):
         if got.unjudged:
             unjudged.append(f"host PID {pid}: {'; '.join(got.unjudged[:3])}")
         if not got.held:
@@ -69,9 +70,12 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
         if st is None or st.state == "Z":
             continue
         cgroup = cgroups[pid]
-        out.append(GpuProc(pid, full_name(st.name, procfs.argv(pid)), HOST, cgroup=cgroup,
-                           unit=unit_of(cgroup), devices=tuple(got.held),
-                           rdevs=frozenset(got.rdevs)))
+        # its strings cut where read, as a container's holders' (bounds: the report's caps)
+        kept, more = cap_devices(got.held)
+        out.append(GpuProc(pid, cut(full_name(st.name, procfs.argv(pid))), HOST,
+                           cgroup=cut(cgroup), unit=unit_of(cgroup),
+                           devices=tuple(cut_device(d) for d in kept),
+                           rdevs=frozenset(got.rdevs), devices_more=more))
     return out, unjudged, clean
 
 

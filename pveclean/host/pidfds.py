@@ -124,13 +124,20 @@ def check_identities(holders: list[Holder], vmid: int, devices: GpuDevices, runn
     return out
 
 
-def describe(pids: list[int]) -> dict[int, tuple[str | None, str | None, bool]]:
-    """(state, wchan, frozen) of processes that survived (in the worker: /proc reads)."""
-    out: dict[int, tuple[str | None, str | None, bool]] = {}
+Described = tuple[str | None, str | None, bool, bool]  # state, wchan, frozen, exiting
+EXITING_NOTE = ("in the kernel's exit at the deadline (PF_EXITING or SIGKILL pending): not a "
+                "survivor; its GPU memory comes back once the kernel lets it go")
+
+
+def describe(pids: list[int]) -> dict[int, Described]:
+    """(state, wchan, frozen, exiting) of processes still there after their signals (in the
+    worker: /proc reads)."""
+    out: dict[int, Described] = {}
     for pid in pids:
         worker.note(("pid", pid), None)
         st = procfs.read_status(pid)
-        out[pid] = (st.state if st else None, procfs.wchan(pid), cgroupfs.frozen(pid))
+        out[pid] = (st.state if st else None, procfs.wchan(pid), cgroupfs.frozen(pid),
+                    procfs.exiting(pid))
     return out
 
 
@@ -191,8 +198,7 @@ def stop(
     grace: float,
     deadline_at: float,
     progress: Callable[[str], None] | None = None,
-    describe_fn: Callable[[list[int]], dict[int, tuple[str | None, str | None, bool]] | None]
-    | None = None,
+    describe_fn: Callable[[list[int]], dict[int, Described] | None] | None = None,
     hold: Callable[[bool], None] | None = None,
     term: bool = True,
 ) -> float | None:
@@ -230,8 +236,10 @@ def stop(
     for t in targets:
         h = t.holder
         if t.exited_at is None:
-            h.outcome = Outcome.SURVIVED
-            state, wch, is_frozen = info.get(h.host_pid, (None, None, False))
+            state, wch, is_frozen, out = info.get(h.host_pid, (None, None, False, False))
+            h.outcome = Outcome.EXITING if out and not is_frozen else Outcome.SURVIVED
+            if out and not is_frozen:
+                h.note(EXITING_NOTE)
             h.state = state or h.state
             h.wchan = wch
             h.frozen = h.frozen or is_frozen

@@ -102,6 +102,34 @@ def parse_stat(text: str) -> tuple[str, int, int] | None:
         return None
 
 
+PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit()
+SIGKILL_BIT = 1 << 8  # SIGKILL (9) in /proc/PID/status's SigPnd/ShdPnd masks
+
+
+def stat_flags(text: str) -> int | None:
+    """The `flags` field (the 9th) of /proc/PID/stat: the kernel's PF_* bits."""
+    end = text.rfind(")")
+    rest = text[end + 1 :].split() if end >= 0 and _STAT_HEAD.match(text) else []
+    return int(rest[6]) if len(rest) > 6 and rest[6].isdigit() else None
+
+
+def exiting(pid: int) -> bool:
+    """Whether `pid` is on its way out in the kernel: in do_exit() (PF_EXITING: tearing down
+    its address space, e.g. unpinning host memory, before its device files close), or with
+    a SIGKILL pending that it has not yet acted on (a zombie leader with a live thread is
+    exiting too: PF_EXITING is its)."""
+    text = read_text(path(pid, "stat"))
+    flags = stat_flags(text) if text else None
+    if flags is not None and flags & PF_EXITING:
+        return True
+    status = read_text(path(pid, "status"))
+    fields = parse_status(status) if status else {}
+    try:
+        return any(int(fields.get(k, "0"), 16) & SIGKILL_BIT for k in ("SigPnd", "ShdPnd"))
+    except ValueError:
+        return False
+
+
 _NAME_ESCAPE = re.compile(r"\\([n\\])")
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 
 from pveclean.core import records
-from pveclean.core.bounds import cap_devices
+from pveclean.core.bounds import bound_holder, cap_devices, cut_device
 from pveclean.core.cgpaths import ct_path, in_tree, rel_path
 from pveclean.core.discovery import protect_reason, unwalked
 from pveclean.core.records import GpuDevices, Holder, HostView, Scope
@@ -22,7 +22,7 @@ def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder
     now = cgroupfs.pid_cgroup(st.pid)  # fresher than the walk: a new process moves, then execs
     if in_tree(now, scope.vmid) and now is not None:
         cgroup = now
-    return Holder(
+    return bound_holder(Holder(  # its strings cut where read: 2,000 holders stay small
         host_pid=st.pid,
         starttime=st.starttime,
         ct_pid=st.nspid[1] if len(st.nspid) >= 2 else None,
@@ -36,19 +36,19 @@ def make_holder(st: records.ProcStatus, rel_cgroup: str, scope: Scope) -> Holder
         cgroup=cgroup,
         protected=protect_reason(st, scope, exe, argv),
         unit=unit_of(cgroup),
-    )
+    ))
 
 
 def judge_each(pids: Iterable[int], devices: GpuDevices, skip: frozenset[int],
                announce: Callable[[int], devnodes.Progress],
-               admit: Callable[[int], bool] | None = None
+               admit: Callable[[int], bool] | None = None, tenant: bool = True
                ) -> Iterator[tuple[int, devnodes.Judged]]:
     """The one per-process loop of both scans, a container's tree (scan_host) and the host's
     processes (hostscan.w_host_share): each PID not in `skip` (its reads hung in an earlier
     try) is announced to the worker before its /proc files are read, so a read that hangs is
     pinned to it (`announce` returns the progress call for long tables), let through
     `admit`, and its GPU nodes judged. Yields (PID, what it holds and could not judge)."""
-    cache = devnodes.ScanCache()
+    cache = devnodes.ScanCache(tenant)  # tenant False: the host's own (ScanCache.tenant)
     for pid in pids:
         if pid in skip:
             continue
@@ -117,6 +117,7 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
         if got.held:
             h = make_holder(st, tree[pid], scope)
             h.devices, h.devices_more = cap_devices(got.held)  # each device kept; bounded
+            h.devices = [cut_device(d) for d in h.devices]  # each label cut where read
             h.add_source("host")
             holders[pid] = h
             rdevs[pid] = frozenset(got.rdevs)

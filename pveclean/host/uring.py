@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from pveclean.core.records import DeviceHow, DeviceUse, GpuDevices
 from pveclean.host import fstext, statx
@@ -16,20 +18,52 @@ MAX_RING_FILES = 4096  # distinct registered paths judged per process
 URING = fstext.URING
 
 
-def ring_files(base: str, fd: str) -> fstext.UringFiles | str:
-    """The registered files of ring fd `fd` of the task at `base`, or why they cannot be
+@dataclass
+class RingText:
+    """What a ring's fdinfo says: its registered files (or why they cannot be known), its
+    inode (the one its mappings in maps name) and its requests in flight that hold a file
+    the kernel does not name (the pending polls of "PollList:")."""
+
+    files: fstext.UringFiles | str
+    ino: int | None = None
+    polls: int = 0
+    polls_unread: bool = False  # the text ended (the cap) before the poll list did
+
+
+def _read_ring(base: str, fd: str) -> tuple[RingText, bool]:
+    cut = [False]
+    it = iter(fstext.lines(statx.read_capped(f"{base}/fdinfo/{fd}", MAX_RING_INFO, cut)))
+    head: list[bytes] = []
+
+    def watched() -> Iterator[bytes]:
+        for line in it:
+            if len(head) < 4:
+                head.append(line)
+            yield line
+
+    files = fstext.uring_files(watched())
+    info = fstext.parse_fdinfo(b"\n".join(head))
+    ring = RingText("", None if info is None else info.ino)
+    ring.polls = fstext.uring_polls(it)  # what follows the file list
+    ring.polls_unread = cut[0]
+    if files is not None and (files.complete or not cut[0]):
+        ring.files = files
+        return ring, False
+    ring.files = (f"its fdinfo is longer than {MAX_RING_INFO >> 20} MiB before the end of "
+                  "its registered files") if cut[0] else ""
+    return ring, not cut[0]
+
+
+def ring_files(base: str, fd: str) -> RingText:
+    """What the fdinfo of ring fd `fd` of the task at `base` says, or why its files cannot be
     known. The kernel lists them only when it gets the ring's lock at once (a trylock: a
     thread inside io_uring_enter or io_uring_register holds it); asked twice."""
-    for _ in range(2):
-        cut = [False]
-        files = fstext.uring_files(fstext.lines(statx.read_capped(f"{base}/fdinfo/{fd}",
-                                                            MAX_RING_INFO, cut)))
-        if files is not None and (files.complete or not cut[0]):
-            return files
-        if cut[0]:
-            return (f"its fdinfo is longer than {MAX_RING_INFO >> 20} MiB before the end of "
-                    "its registered files")
-    return "the kernel did not list its registered files (the ring's lock was taken)"
+    ring, again = _read_ring(base, fd)
+    if again:
+        ring, again = _read_ring(base, fd)
+    if again:
+        ring.files = "the kernel did not list its registered files (the ring's lock was taken)"
+    return ring
 
 
 # why a registered file could not be told a GPU node or not (text, as ring_files' why: a
@@ -39,38 +73,122 @@ NotJudged = str
 
 def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[DeviceUse],
                unjudged: list[str], done: dict[bytes, DeviceUse | NotJudged | None],
-               rdevs: set[int] | None = None) -> None:
+               rdevs: set[int] | None = None
+               ) -> tuple[int | None, list[DeviceUse], str | None]:
     """Add to `held` the GPU nodes registered with ring fd `fd` (and their device numbers to
-    `rdevs`), to `unjudged` why some registered file could not be judged. `done`: path ->
-    finding, for the whole process."""
-    files = ring_files(base, fd)
+    `rdevs`), to `unjudged` why some registered file, or a request in flight, could not be
+    judged. `done`: path -> finding, for the whole process. Returns the ring's inode, the
+    GPU nodes it holds (for a process that has the ring only mapped, see devnodes.judge),
+    and why its requests in flight cannot be judged (None: it has none), for the caller to
+    count or not (devnodes.ScanCache.tenant)."""
+    ring = ring_files(base, fd)
+    in_flight = None
+    if ring.polls:
+        in_flight = (f"io_uring fd {fd}: {ring.polls} request(s) in flight (pending polls) "
+                     "on files the kernel does not name: not judged")
+    elif ring.polls_unread:
+        in_flight = (f"io_uring fd {fd}: its fdinfo is cut before its requests in flight: "
+                     "not judged")
+    files = ring.files
     if isinstance(files, str):
         unjudged.append(f"io_uring fd {fd}: {files}")
-        return
-    todo = [p for _slot, p in files.paths if p not in done]
-    if not todo:
-        return
-    try:
-        root = os.open(f"{base}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        unjudged.append(f"io_uring fd {fd}: its root cannot be opened to look its files up")
-        return
+        return ring.ino, [], in_flight
+    paths = [p for _slot, p in files.paths]
+    todo = [p for p in paths if p not in done]
+    for finding in _judge_paths(base, fd, todo, devices, done) if todo else ():
+        if isinstance(finding, str):
+            unjudged.append(f"io_uring fd {fd}: {finding}")
+        elif finding is not None:
+            if rdevs is not None and finding.major is not None and finding.minor is not None:
+                rdevs.add(os.makedev(finding.major, finding.minor))
+            if finding not in held:
+                held.append(finding)
+    mine = [f for p in paths if isinstance(f := done.get(p), DeviceUse)]
+    return ring.ino, mine, in_flight
+
+
+def _judge_paths(base: str, fd: str, todo: list[bytes], devices: GpuDevices,
+                 done: dict[bytes, DeviceUse | NotJudged | None]
+                 ) -> list[DeviceUse | NotJudged | None]:
+    """What each of `todo` is (kept in `done` too), or the one reason none can be judged."""
+    roots = _roots(base)
+    if isinstance(roots, str):
+        return [roots]
+    out: list[DeviceUse | NotJudged | None] = []
     try:
         for path in todo:
             if len(done) >= MAX_RING_FILES:
-                unjudged.append(f"io_uring fd {fd}: more than {MAX_RING_FILES} registered "
-                                "files; the rest not judged")
-                return
-            done[path] = finding = _judge(root, path, devices)
-            if isinstance(finding, str):
-                unjudged.append(f"io_uring fd {fd}: {finding}")
-            elif finding is not None:
-                if rdevs is not None and finding.major is not None and finding.minor is not None:
-                    rdevs.add(os.makedev(finding.major, finding.minor))
-                if finding not in held:
-                    held.append(finding)
+                out.append(f"more than {MAX_RING_FILES} registered files; the rest not judged")
+                break
+            done[path] = finding = _judge_in(roots, path, devices)
+            out.append(finding)
     finally:
+        for r in set(roots):
+            os.close(r)
+    return out
+
+
+def _roots(base: str) -> list[int] | str:
+    """Where a registered path is looked up: the top of the task's mount namespace first
+    (the kernel names a registered file from there, not from the task's chroot: a tenant
+    that chroots into a tree with a plain file at the same path hides nothing), then the
+    task's own root when it is another directory. O_PATH fds, or why there are none."""
+    try:
+        root = os.open(f"{base}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return "its root cannot be opened to look its files up"
+    top = _ns_top(root)
+    if top is None:
         os.close(root)
+        return "the top of its mount namespace cannot be reached to look its files up"
+    if _same_dir(top, root):
+        os.close(root)
+        return [top]
+    return [top, root]
+
+
+UP = "/".join([".."] * 1000)  # one openat climbs 1,000 levels
+MAX_CLIMBS = 64
+
+
+def _ns_top(root: int) -> int | None:
+    """The topmost directory above `root` in its mount namespace: ".." from there leads back
+    to it (the kernel's follow_dotdot stops at a namespace's root mount)."""
+    cur = os.dup(root)
+    for _ in range(MAX_CLIMBS):
+        try:
+            up = os.open(UP, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+        except OSError:
+            os.close(cur)
+            return None
+        if _same_dir(up, cur):
+            os.close(up)
+            return cur
+        os.close(cur)
+        cur = up
+    os.close(cur)
+    return None
+
+
+def _same_dir(a: int, b: int) -> bool:
+    sa = statx.statx(b"", a, statx.AT_EMPTY_PATH)
+    sb = statx.statx(b"", b, statx.AT_EMPTY_PATH)
+    if isinstance(sa, int) or isinstance(sb, int):
+        return False
+    return (sa.dev, sa.ino) == (sb.dev, sb.ino)
+
+
+def _judge_in(roots: list[int], path: bytes, devices: GpuDevices
+              ) -> DeviceUse | NotJudged | None:
+    """The first root where `path` is a GPU node decides; else the namespace top's answer."""
+    first: DeviceUse | NotJudged | None = None
+    for i, root in enumerate(roots):
+        got = _judge(root, path, devices)
+        if isinstance(got, DeviceUse):
+            return got
+        if i == 0:
+            first = got
+    return first
 
 
 def _judge(root: int, path: bytes, devices: GpuDevices) -> DeviceUse | NotJudged | None:

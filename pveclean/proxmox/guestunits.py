@@ -25,14 +25,17 @@ if TYPE_CHECKING:
 STOP_MAX_SECONDS = 20.0  # one `systemctl stop` never takes longer (and never half the run)
 
 
-def processes_in(cgroup_root: Path, cgroup: str | None) -> int | None:
-    """How many processes the unit's cgroup tree holds now (None: not known)."""
+def processes_in(cgroup_root: Path, cgroup: str | None, until: float | None = None
+                 ) -> int | None:
+    """How many processes the unit's cgroup tree holds now (None: not known: a tree not
+    walked whole, within the cgroup cap and by `until`, monotonic)."""
     if not cgroup:
         return None
     try:
-        return len(cgroupfs.tree_pids(cgroup_root / cgroup.lstrip("/")))
+        tree = cgroupfs.tree_pids(cgroup_root / cgroup.lstrip("/"), until=until)
     except (OSError, RecursionError):  # a tree the container nested too deep to walk
         return None
+    return None if tree.truncated else len(tree)
 
 
 RESTART_POLL = 0.02  # s between looks at the cgroups of services that may come back
@@ -46,7 +49,7 @@ def await_restarts(holders: list[Holder], cgroup_root: Path, until: float) -> No
     cgroups = {cg for h in holders if h.outcome in STOPPED and h.unit
                and h.unit.endswith(".service") and (cg := unit_cgroup(h.cgroup, h.unit))}
     while cgroups and time.monotonic() < until:
-        if any(processes_in(cgroup_root, cg) for cg in cgroups):
+        if any(processes_in(cgroup_root, cg, until) for cg in cgroups):
             return
         time.sleep(min(RESTART_POLL, max(until - time.monotonic(), 0.0)))
 
@@ -83,13 +86,15 @@ def stop_units(vmid: int, holders: list[Holder], init_pid: int | None, cgroup_ro
     command = shell_command(vmid, wanted) if wanted else None
     if not wanted or dry_run:
         return UnitStops(units, command)
+    until = time.monotonic() + timeout  # systemctl, then the units' walks: within `timeout`
     try:
         res = run_pct(pct_command, stop_command(vmid, wanted), timeout)
         rc, err = res.returncode, (res.stderr.strip().splitlines() or [""])[-1]
     except PctMissing as exc:
         rc, err = -1, str(exc)
-    units = [u if u.action else _judged(u, processes_in(cgroup_root, infos[u.unit].cgroup),
-                                         rc, err, vmid, timeout) for u in units]
+    units = [u if u.action else _judged(u, processes_in(cgroup_root, infos[u.unit].cgroup,
+                                                        until), rc, err, vmid, timeout)
+             for u in units]
     note = None
     if rc not in (0, None) and all(u.action == "failed" for u in units if u.unit in wanted):
         note = (f"systemctl stop failed in CT {vmid} (exit {rc}: {safe(err, 160)}); "
@@ -117,7 +122,7 @@ def _judged(u: UnitStop, left: int | None, rc: int | None, err: str, vmid: int,
 
 
 def hints(vmid: int, holders: list[Holder], cgroup_root: Path, dry_run: bool,
-          stopped: set[str], manual: bool = False) -> list[str]:
+          stopped: set[str], manual: bool = False, until: float | None = None) -> list[str]:
     """For units whose holders respawned, or that still run
     after the cleanup: the exact command that stops them (units already stopped by
     --stop-units are left out). After a
@@ -131,7 +136,7 @@ def hints(vmid: int, holders: list[Holder], cgroup_root: Path, dry_run: bool,
         members = [h for h in holders if h.unit == unit]
         respawned = any(h.respawned_by or h.round or h.outcome == Outcome.SURVIVED
                         for h in members)
-        left = processes_in(cgroup_root, info.cgroup)
+        left = processes_in(cgroup_root, info.cgroup, until)
         if respawned:
             why = "restarted its GPU holders"
         elif dry_run:
@@ -165,9 +170,11 @@ def before_stop(vmid: int, cfg: Config, scope: Scope, disc: Discovery, deadline:
                       cfg.pct_command, timeout, dry_run)
 
 
-def annotate(rep: Report, scope: Scope, unit_stops: UnitStops | None) -> Report:
-    """The report with what --stop-units did, and hints naming the units still at work."""
+def annotate(rep: Report, scope: Scope, unit_stops: UnitStops | None,
+             until: float | None = None) -> Report:
+    """The report with what --stop-units did, and hints naming the units still at work (the
+    units' trees walked by `until`, monotonic: the run's deadline)."""
     stopped = unit_stops.stopped() if unit_stops is not None else set()
     found = hints(rep.vmid, rep.holders, scope.cgroup_dir.parent.parent, rep.dry_run, stopped,
-                  manual=rep.phase == "manual")
+                  manual=rep.phase == "manual", until=until)
     return rep.with_units(unit_stops, found)

@@ -53,10 +53,11 @@ from .measure import VmidPool, machine_info, new_lab, shielded
 from .metrics import bench_metrics
 from .reportbloat import bench_report_bloat
 from .settings import BenchConfig, quick
+from .settle import bench_settle
 from .table import Results, Row, Table, render_text, write_results
 
 SECTIONS = ("discovery", "growth", "cleanup", "hooks", "imports", "gpus", "metrics", "bloat",
-            "report-bloat")
+            "report-bloat", "settle")
 RESULTS_DIR = REPO / "bench" / "results"
 Section = tuple[list[Row], list[Table], dict[str, Any]]
 
@@ -164,6 +165,8 @@ def run_sections(cfg: BenchConfig, sections: list[str], res: Results, log: Logge
         record("bloat", lambda: bench_bloat(pool, cfg, log))
     if "report-bloat" in sections:
         record("report-bloat", lambda: bench_report_bloat(pool, cfg, log))
+    if "settle" in sections:  # issue 39: the settling look, frozen
+        record("settle", lambda: bench_settle(pool, cfg, log))
     return ok
 
 

@@ -381,6 +381,10 @@ def main() -> int:
     ap.add_argument("--handoff-view", action="store_true",
                     help="instead: read-only, each NVIDIA GPU's IOMMU group, drivers and "
                          "persistence mode as the VM hook reads them (changes nothing)")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import release_check  # tests/gpu/release_check.py, beside this script (issue 38)
+
+    release_check.add_options(ap)
     args = ap.parse_args()
     if args.handoff_view:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -392,9 +396,17 @@ def main() -> int:
     global FAKE_NVML
     if args.fake_nvml:
         FAKE_NVML = str(Path(args.fake_nvml).resolve())
+        args.fake_nvml = FAKE_NVML
         os.environ["GPU_CHECK_NODE"] = sorted(
             str(p) for p in Path(args.devices).parent.glob(Path(args.devices).name))[0]
-    return run(args)
+    if args.release_only or args.release:
+        why = preflight()
+        if why:
+            return fail(why)
+    code = 0 if args.release_only else run(args)
+    if args.release or args.release_only:
+        code = max(code, release_check.main_release(args))
+    return code
 
 
 if __name__ == "__main__":

@@ -111,6 +111,10 @@ class FakeNvml:
     # how much of the state file is this object's own (its last render, or lines it has
     # already absorbed): only what the library or a stand-in appended after that is news
     absorbed: int = field(default=0, repr=False)
+    # GPU index -> (seconds or "inf", steps): a dead holder's memory given back that late
+    releases: dict[int, tuple[str, int]] = field(default_factory=dict)
+    # PID -> when the library first saw it dead (its appended "died" lines, kept on rewrite)
+    died: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.directory = Path(self.directory).resolve()
@@ -314,6 +318,8 @@ class FakeNvml:
             words = line.split()
             if len(words) == 3 and words[0] == "persistence" and words[1].isdigit():
                 self.persistence[int(words[1])] = words[2] == "on"
+            if len(words) == 3 and words[0] == "died" and words[1].isdigit():
+                self.died.setdefault(int(words[1]), float(words[2]))
             if len(words) == 2 and words[0] == "reset" and words[1].isdigit():
                 self.leaks.pop(int(words[1]), None)  # a reset (the nvidia-smi stand-in's)
 
@@ -360,6 +366,21 @@ class FakeNvml:
         self.missing = missing
         self.write()
 
+    def release(self, gpu: int, seconds: float | None, steps: int = 1) -> None:
+        """A dead holder's memory on ``gpu`` stays allocated, under no process, ``seconds``
+        after the library first sees it dead (``math.inf``: never given back; None: freed
+        with the process, as by default), falling in ``steps`` equal steps, as a real
+        driver gives memory back after the process is gone."""
+        _non_negative(gpu, "gpu")
+        if seconds is None:
+            self.releases.pop(gpu, None)
+        elif not seconds >= 0 or _non_negative(steps, "steps") == 0:
+            raise ValueError(f"release needs seconds >= 0 and steps >= 1: {seconds!r}, {steps}")
+        else:
+            self.releases[gpu] = ("inf" if seconds == float("inf") else repr(float(seconds)),
+                                  steps)
+        self.write()
+
     def render(self) -> str:
         lines = ["# fake NVML state, written by tests/harness/fakenvml.py"]
         if self.init_error_code is not None:
@@ -395,6 +416,9 @@ class FakeNvml:
             lines.append(f"proc {p.gpu} {p.pid} {used} {p.kind}{mig}")
         for gpu, mib in sorted(self.leaks.items()):
             lines.append(f"leak {gpu} {mib}")
+        for gpu, (secs, steps) in sorted(self.releases.items()):
+            lines.append(f"release {gpu} {secs} {steps}")
+        lines += [f"died {pid} {at:.6f}" for pid, at in sorted(self.died.items())]
         for gpu, devices in sorted(self.mig.items()):
             lines.append(f"mig {gpu} {devices}")
         return "\n".join(lines) + "\n"

@@ -67,7 +67,8 @@ def test_a_hung_fuse_fd_cannot_hang_pre_stop(lab: Lab, vmid: int, hangfs: HangFs
     # it then hangs in exit, closing the file the server no longer answers for. Whatever
     # hangs after that (its /proc, NVML, the verification) is cut at the deadline and said.
     wedged_h = [h for h in pre["holders"] if h["host_pid"] == wpid]
-    assert (wedged_h and wedged_h[0]["outcome"] == "survived") or pre["errors"], pre
+    # (issue 38: a process hung in its exit is `exiting`, not a survivor; still residual)
+    assert (wedged_h and wedged_h[0]["outcome"] == "exiting") or pre["errors"], pre
     assert not any(lab.alive(p) for p in ok.host_pids(lab))  # the others were cleaned
     assert f"pveclean: WARNING: CT {vmid} pre-stop" in res.stdout
     # the killed reader kept no lock: the next run is not `busy`

@@ -587,6 +587,45 @@ def test_state_changes_are_seen_by_a_running_process(fake: Any) -> None:
     assert p.wait(timeout=30) == 0
 
 
+def test_release_keeps_a_dead_holders_memory_under_no_process_then_gives_it_back(
+        fake: Any) -> None:
+    fake.add_gpu(0, total_mib=20000, reserved_mib=0)
+    fake.add_gpu(1, total_mib=20000, reserved_mib=0)
+    holder = subprocess.Popen(["sleep", "600"])
+    fake.set_process(0, holder.pid, 8000)
+    fake.set_process(1, holder.pid, 4000)
+    fake.release(0, 1.0, steps=2)  # GPU 1 has none: its memory goes with the process
+    assert dump(fake)["gpus"][0]["mem"]["v2"][4] == 8000 * MIB
+    holder.kill()
+    holder.wait()
+    t0 = time.monotonic()
+    g0, g1 = dump(fake)["gpus"]
+    assert g0["compute"] == [] and g0["mem"]["v2"][4] == 8000 * MIB  # listed under no one
+    assert g1["mem"]["v2"][4] == 0
+    assert f"died {holder.pid} " in fake.state_path.read_text()  # the library's first sight
+    fake.write()  # a rewrite keeps the library's "died" line: the clock is not restarted
+    assert f"died {holder.pid} " in fake.state_path.read_text()
+    time.sleep(max(0.0, 0.6 - (time.monotonic() - t0)))
+    assert dump(fake)["gpus"][0]["mem"]["v2"][4] == 4000 * MIB  # one step of two given back
+    time.sleep(0.6)
+    assert dump(fake)["gpus"][0]["mem"]["v2"][4] == 0
+
+
+def test_release_inf_never_gives_it_back_and_none_frees_with_the_process(fake: Any) -> None:
+    fake.add_gpu(0, total_mib=20000, reserved_mib=0)
+    holder = subprocess.Popen(["sleep", "600"])
+    fake.set_process(0, holder.pid, 3000)
+    fake.release(0, float("inf"))
+    assert "release 0 inf 1" in fake.state_path.read_text()
+    holder.kill()
+    holder.wait()
+    assert dump(fake)["gpus"][0]["mem"]["v2"][4] == 3000 * MIB
+    fake.release(0, None)
+    assert dump(fake)["gpus"][0]["mem"]["v2"][4] == 0
+    with pytest.raises(ValueError):
+        fake.release(0, -1.0)
+
+
 def test_driver_version_directive(fake: Any) -> None:
     fake.add_gpu(0)
     assert dump(fake)["driver"] == "550.127.05"

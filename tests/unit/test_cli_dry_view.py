@@ -99,3 +99,15 @@ def test_one_number_format(mib: int) -> None:
     text = render_gpus(data)
     assert f"{mib:,}" not in text and f"memory: {mib} of {mib * 2} MiB used" in text
     assert f"CT 129 {mib} MiB" in text
+
+
+def test_hint_and_warning_lines_are_escaped_once() -> None:
+    """A unit name holding a backslash (systemd's \\x2d) pasted from a hint into a shell is
+    the unit's name: each line is escaped once (issue 39: twice, `\\\\\\\\x2d`)."""
+    unit = "app\\x2dgpu.service"
+    hint = f"{unit} in CT 129 is still active; stop it with: pct exec 129 -- systemctl stop {unit}"
+    rep = dataclasses.replace(seeds_report(), hints=[hint], warnings=[f"look at {unit}"])
+    text = render_dry_run(rep, columns=200)
+    assert "systemctl stop app\\\\x2dgpu.service" in text  # the shell reads app\x2dgpu.service
+    assert "app\\\\\\\\x2dgpu" not in text
+    assert "warning: look at app\\\\x2dgpu.service" in text

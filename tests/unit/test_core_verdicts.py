@@ -21,7 +21,7 @@ def test_the_words_are_the_reports() -> None:
     assert [str(v) for v in VERDICTS] == ["clean", "nothing-to-do", "dry-run", "deferred",
                                           "residual", "leaked", "error", "busy"]
     assert {str(o) for o in Outcome} == {"terminated", "killed", "survived", "protected",
-                                         "exited", "skipped", "would-stop"}
+                                         "exited", "skipped", "would-stop", "exiting"}
     assert f"{Outcome.WOULD_STOP}" == "would-stop" and Verdict("nothing-to-do").name == \
         "NOTHING_TO_DO"
 

@@ -4,6 +4,7 @@ cgroup and the freezer."""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -248,10 +249,32 @@ def test_walk_past_its_cap_says_why(deep_tmp: Path) -> None:
     assert 4242 not in tree and bool(tree)  # not empty-looking: part of it was not seen
 
 
-def test_path_too_long_is_a_reason_not_an_error(deep_tmp: Path) -> None:
+def test_a_chain_past_path_max_is_walked_whole(deep_tmp: Path) -> None:
+    """Each cgroup is opened from its parent's fd (issue 39): a chain of 8 KB is no limit
+    (it made every run `residual` and hid every cgroup after it)."""
     _nest(deep_tmp, 40, "x" * 200)  # 8 KB: past PATH_MAX
     tree = cgroupfs.tree_pids(deep_tmp)
-    assert tree.truncated and "too long" in tree.truncated and len(tree.truncated) < 400
+    assert tree.truncated is None and tree[4242] == "/".join(["x" * 200] * 40)
+
+
+def test_a_branch_that_cannot_be_read_is_skipped_and_named_the_rest_walked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, the walk gave up at the first error: every cgroup after it went unseen."""
+    ct = cgroups(tmp_path / "ct", {"": "1\n", "a": "2\n", "b": "4\n", "b/deep": "5\n",
+                                   "c": "3\n"})
+    real = os.open
+
+    def refusing(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None
+                 ) -> int:
+        if path == "b" and dir_fd is not None:
+            raise OSError(errno.EACCES, "Permission denied")
+        return real(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", refusing)
+    tree = cgroupfs.tree_pids(ct)
+    monkeypatch.undo()
+    assert dict(tree) == {1: ".", 2: "a", 3: "c"}
+    assert tree.truncated == f"cannot read cgroup {ct}/b: Permission denied"
 
 
 def test_remove_empty_cgroups_is_iterative(deep_tmp: Path) -> None:

@@ -4,6 +4,7 @@ each thread counted as its process (Tgid of /proc/TID/status)."""
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -37,14 +38,14 @@ def test_a_threaded_cgroup_is_read_through_its_threads(proc: Path, tmp_path: Pat
     (root / "empty/cgroup.threads").write_text("")
     status(proc, 11, 10)
     status(proc, 12, 10)  # 13 exited meanwhile
-    real = cgroupfs._ids
+    real = cgroupfs._ids_at
 
-    def ids(file: str) -> list[int]:
-        if file.endswith("cgroup.procs") and file != str(root / "cgroup.procs"):
+    def ids(fd: int, name: str) -> list[int]:  # the walk reads each cgroup by its fd
+        if name == "cgroup.procs" and os.readlink(f"/proc/self/fd/{fd}") != str(root):
             raise OSError(errno.EOPNOTSUPP, "Operation not supported")
-        return real(file)
+        return real(fd, name)
 
-    monkeypatch.setattr(cgroupfs, "_ids", ids)
+    monkeypatch.setattr(cgroupfs, "_ids_at", ids)
     tree = cgroupfs.tree_pids(root)
     assert dict(tree) == {5: ".", 10: "pool/inner"}
     assert tree.truncated is None
@@ -54,9 +55,9 @@ def test_another_read_error_still_says_what_was_not_seen(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cg/sub").mkdir(parents=True)
 
-    def ids(file: str) -> list[int]:
+    def ids(fd: int, name: str) -> list[int]:
         raise OSError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(cgroupfs, "_ids", ids)
+    monkeypatch.setattr(cgroupfs, "_ids_at", ids)
     tree = cgroupfs.tree_pids(tmp_path / "cg")
     assert tree.truncated is not None and "Permission denied" in tree.truncated

@@ -207,3 +207,35 @@ def test_as_another_user_nothing_is_checked(tmp_path: Path,
     configfile.check_trusted(Config(pct_command=str(f)), f)
     assert configfile.load(f).grace_seconds == 2.0
     assert stat.S_IMODE(f.stat().st_mode) == 0o666
+
+
+@needs_root
+def test_a_missing_nvml_library_is_checked_where_it_would_appear(tmp_path: Path) -> None:
+    """Issue 39: a library named but not there yet passed every check; a file put there
+    later, in a directory others can write, would be loaded by root."""
+    open_dir = tmp_path / "drop"
+    open_dir.mkdir(mode=0o777)
+    open_dir.chmod(0o1777)  # sticky, like /tmp: still anyone's to create the file in
+    with pytest.raises(ConfigError, match=r"nvml_library.*writable by group or others"):
+        configfile.check_trusted(Config(nvml_library=str(open_dir / "libnvidia-ml.so.1")))
+    with pytest.raises(ConfigError, match="nvml_library"):  # a missing directory: its parent
+        configfile.check_trusted(Config(nvml_library=str(open_dir / "x" / "libnvidia-ml.so")))
+    closed = tmp_path / "root-only"
+    closed.mkdir(mode=0o755)
+    configfile.check_trusted(Config(nvml_library=str(closed / "libnvidia-ml.so.1")))
+    import tempfile
+
+    right_below_tmp = tempfile.mkdtemp(dir="/tmp")  # 0700, root's, in the sticky /tmp
+    try:
+        configfile.check_trusted(Config(nvml_library=f"{right_below_tmp}/libnvidia-ml.so.1"))
+    finally:
+        os.rmdir(right_below_tmp)
+
+
+def test_an_nvml_library_relative_to_the_working_directory_is_refused() -> None:
+    from pveclean.core.config import parse
+
+    with pytest.raises(ConfigError, match="nvml_library"):
+        parse("nvml_library: lib/libnvidia-ml.so.1\n")
+    assert parse("nvml_library: libnvidia-ml.so.1\n").nvml_library == "libnvidia-ml.so.1"
+    assert parse("nvml_library: /usr/lib/x/libnvidia-ml.so.1\n").nvml_library

@@ -279,7 +279,85 @@ def test_still_holds_stops_at_the_first_node_and_keeps_what_it_cannot_rule_out(
     task(proc / "71", {"0": (str(tmp_path / "data.bin"), 26)}, mountinfo=SAFE_MOUNTINFO)
     assert not devnodes.still_holds(71, DEVICES)
     assert not devnodes.still_holds(72, DEVICES)  # gone
-    monkeypatch.setattr(devnodes, "MAX_FDS", 1)  # the node past the cap: not ruled out
+    monkeypatch.setattr(devnodes, "MAX_FDS", 1)
     task(proc / "73", {str(n): (str(tmp_path / "data.bin"), 26) for n in range(3)},
          mountinfo=SAFE_MOUNTINFO)
+    # as much as discovery could read (issue 39): a table it read whole, holding nothing,
+    # is read whole again, so the probe's word alone does not make it "may hold"
+    assert not devnodes.still_holds(73, DEVICES)
+    monkeypatch.setattr(devnodes, "EXTRA_FDS", 0)  # past every cap: not ruled out
     assert devnodes.still_holds(73, DEVICES)
+
+
+# ---- issue 39: rings outside fd tables, requests in flight, chroot-shadowed paths ----------
+RING_POLLS = RING.replace("PollList:\n", "PollList:\n  op=6, task_works=0\n  op=6, task_works=0\n"
+                          "CqOverflowList:\n")
+RING_MAP = ("7f0000000000-7f0000001000 rw-s 10000000 00:10 8576                       "
+            "anon_inode:[io_uring]\n")
+
+
+def test_a_ring_with_requests_in_flight_is_not_judged(proc: Path) -> None:
+    """A pending poll holds its file, which the ring's fdinfo does not name (op=6)."""
+    ring_task(proc, 70, RING_POLLS)
+    got = devnodes.judge_fds(70, DEVICES)
+    assert got is not None and labels(got.held) == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
+    assert got.unjudged == ["io_uring fd 4: 2 request(s) in flight (pending polls) on files "
+                            "the kernel does not name: not judged"]
+
+
+def ring_head(ino: int) -> str:
+    return RING.replace("ino:\t1073", f"ino:\t{ino}")
+
+
+def test_a_ring_kept_only_by_its_mapping_is_not_judged(proc: Path, tmp_path: Path) -> None:
+    """Its fd closed (or registered with IORING_REGISTER_RING_FDS), the ring lives on in its
+    SQ/CQ mapping: never "no device"."""
+    base = task(proc / "71", {})
+    (base / "maps").write_text(RING_MAP)
+    (base / "map_files").mkdir()
+    got = devnodes.judge(71, DEVICES, devnodes.ScanCache())
+    assert got is not None and got.held == []
+    assert got.unjudged == ["io_uring ring (inode 8576) kept by its mapping "
+                            "7f0000000000-7f0000001000 in no fd table read: its registered "
+                            "files and requests cannot be read; not judged"]
+
+
+def test_a_mapped_ring_read_through_its_fd_is_judged_there(proc: Path) -> None:
+    """The ring's own fd (here, or in a process read earlier in the scan) tells its files:
+    the process that has it only mapped holds them too."""
+    cache = devnodes.ScanCache()
+    base = ring_task(proc, 70, ring_head(8576))
+    (base / "maps").write_text(RING_MAP)
+    got = devnodes.judge(70, DEVICES, cache)
+    assert got is not None and got.unjudged == [] and len(got.held) == 1
+    other = task(proc / "72", {})
+    (other / "maps").write_text(RING_MAP)
+    lent = devnodes.judge(72, DEVICES, cache)
+    assert lent is not None and lent.unjudged == [] and lent.held == got.held
+    assert lent.rdevs == {NULL}
+
+
+def test_a_registered_path_is_looked_up_above_the_holders_chroot(proc: Path,
+                                                                 tmp_path: Path) -> None:
+    """The kernel names a registered file from the top of the mount namespace, not from the
+    holder's chroot: a plain file at the same path inside the chroot hides nothing."""
+    jail = tmp_path / "jail"
+    (jail / "dev").mkdir(parents=True)
+    (jail / "dev" / "null").write_text("a plain file where the node was")
+    base = ring_task(proc, 70, RING)
+    os.unlink(base / "root")
+    os.symlink(jail, base / "root")
+    got = devnodes.judge_fds(70, DEVICES)
+    assert got is not None and labels(got.held) == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
+
+
+def test_the_hosts_own_rings_in_flight_and_mapped_are_not_findings(proc: Path) -> None:
+    """The host's processes are the admin's, not the tenant's: QEMU's iothreads keep polls in
+    flight on every PVE host (fdmon-io_uring). Their registered files are still judged."""
+    base = ring_task(proc, 70, RING_POLLS)
+    (base / "maps").write_text(RING_MAP)
+    got = devnodes.judge(70, DEVICES, devnodes.ScanCache(tenant=False))
+    assert got is not None and got.unjudged == []
+    assert labels(got.held) == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
+    tenant = devnodes.judge(70, DEVICES, devnodes.ScanCache())
+    assert tenant is not None and len(tenant.unjudged) == 2  # in flight; mapped, no fd read

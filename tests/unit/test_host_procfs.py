@@ -165,3 +165,24 @@ def test_proc_parsers_never_crash(text: str) -> None:
     procfs.parse_stat(text)
     with contextlib.suppress(ValueError):  # refused, with the reason
         procfs.parse_status(text)
+
+
+def test_exiting_reads_pf_exiting_or_a_pending_sigkill(tmp_path, monkeypatch):
+    """issue 38: a process in the kernel's exit is not a survivor."""
+    from pveclean.host import procfs as pf
+
+    def proc(pid: int, flags: int, sigpnd: str = "0000000000000000") -> None:
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "stat").write_text(f"{pid} (py) thr) D 1 {pid} {pid} 0 -1 {flags} 0 0 0 0 0 0 0 0 "
+                                "20 0 1 0 100 0 0\n")
+        (d / "status").write_text(f"Name:\tpy\nState:\tD\nSigPnd:\t{sigpnd}\n"
+                                  "ShdPnd:\t0000000000000000\n")
+
+    proc(10, 0x400100 | pf.PF_EXITING)
+    proc(11, 0x400100)
+    proc(12, 0x400100, sigpnd="0000000000000100")  # SIGKILL pending
+    monkeypatch.setattr(pf, "path", lambda *parts: str(tmp_path.joinpath(*map(str, parts))))
+    assert pf.stat_flags((tmp_path / "10" / "stat").read_text()) == 0x400104
+    assert [pf.exiting(p) for p in (10, 11, 12, 13)] == [True, False, True, False]
+    assert pf.stat_flags("garbage") is None

@@ -35,6 +35,17 @@
  * nvmlDeviceGetMigMode, nvmlDeviceGetMaxMigDeviceCount (7) and
  * nvmlDeviceGetMigDeviceHandleByIndex (NOT_FOUND past them) answer for it.
  *
+ *   release <gpu_index> <seconds|inf> [<steps>]
+ *   died <pid> <epoch seconds>
+ *
+ * release: a real driver gives a dead process's memory back some time after the process is
+ * gone (seconds when it pinned host memory), and NVML shows it under no process meanwhile.
+ * With it, a proc line's memory on that GPU stays allocated, listed under no process, for
+ * <seconds> after the library first sees its PID dead ("inf": it never comes back), falling
+ * in <steps> equal steps (default 1: all at the end). The first call that sees the PID dead
+ * appends "died <pid> <time>" to the state file (CLOCK_REALTIME), so every later call, in
+ * any process, counts from then; a test may write the line itself.
+ *
  * A proc line with <gi> <ci> is one row of a MIG instance: one PID may have several
  * rows on one GPU (one per GPU/compute instance), each listed and counted on its own.
  * gpu_error makes one getter of one GPU fail ("handle": nvmlDeviceGetHandleBy*; "info":
@@ -197,6 +208,15 @@ enum { F_HANDLE, F_MEMORY, F_INFO, F_MINOR, F_PROCS, F_PCI, F_PERSIST, NFAULTS }
 static const char *const FAULT_NAMES[NFAULTS] = {"handle", "memory", "info",  "minor",
                                                  "procs",  "pci",    "persistence"};
 
+/* release and died lines: how long a dead process's memory stays allocated, per GPU */
+struct release_state {
+    double seconds[MAX_GPUS]; /* < 0: no release line (memory goes with the process) */
+    unsigned int steps[MAX_GPUS];
+    int any, ndied;
+    unsigned int died_pid[MAX_PROCS];
+    double died_at[MAX_PROCS];
+};
+
 struct state {
     int ngpus, nprocs;
     int init_error, proc_error;
@@ -210,6 +230,7 @@ struct state {
     unsigned char persistence[MAX_GPUS]; /* 1: persistence mode enabled */
     char driver_version[64];             /* "": the default */
     int mig[MAX_GPUS];                   /* MIG devices + 1 (0: MIG off) */
+    struct release_state rel; /* release and died lines */
 };
 
 /* One static byte per possible GPU: handles are real pointers into it. */
@@ -271,6 +292,8 @@ static nvmlReturn_t fault(const struct state *st, unsigned int index, int which)
     return index < MAX_GPUS ? st->fault[index][which] : NVML_SUCCESS;
 }
 
+static int release_line(struct state *st, char **tok, int n);
+
 static void parse_line(struct state *st, char *line)
 {
     char *tok[8], *save = NULL, *p;
@@ -283,7 +306,7 @@ static void parse_line(struct state *st, char *line)
             return; /* too many fields: malformed */
         tok[n++] = p;
     }
-    if (n == 0)
+    if (n == 0 || release_line(st, tok, n))
         return;
 
     if (strcmp(tok[0], "gpu") == 0 && (n == 6 || n == 7)) {
@@ -565,6 +588,91 @@ static nvmlReturn_t copy_str(char *buf, unsigned int len, const char *s)
     return NVML_SUCCESS;
 }
 
+/* ---- release: a dead process's memory given back late ------------------ */
+
+static int release_line(struct state *st, char **tok, int n)
+{
+    struct release_state *r = &st->rel;
+    unsigned int gi, steps = 1, pid;
+    char *end;
+    double v;
+
+    if (!r->any) { /* first line of a load: no GPU has a release yet */
+        for (gi = 0; gi < MAX_GPUS; gi++)
+            r->seconds[gi] = -1;
+        r->any = 1;
+    }
+    if (strcmp(tok[0], "release") == 0 && (n == 3 || n == 4)) {
+        v = strcmp(tok[2], "inf") == 0 ? 1e300 : strtod(tok[2], &end);
+        if (parse_uint(tok[1], &gi) && gi < MAX_GPUS && (strcmp(tok[2], "inf") == 0 || *end == '\0') &&
+            v >= 0 && (n == 3 || (parse_uint(tok[3], &steps) && steps > 0))) {
+            r->seconds[gi] = v;
+            r->steps[gi] = steps;
+        }
+        return 1;
+    }
+    if (strcmp(tok[0], "died") == 0 && n == 3) {
+        v = strtod(tok[2], &end);
+        if (parse_uint(tok[1], &pid) && *end == '\0' && r->ndied < MAX_PROCS) {
+            r->died_pid[r->ndied] = pid;
+            r->died_at[r->ndied++] = v;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+static double now_real(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* When `pid` was first seen dead; a first sight is appended to the state file. */
+static double died_at(const struct state *st, unsigned int pid)
+{
+    char path[4096];
+    double now;
+    FILE *f;
+    int i;
+
+    for (i = 0; i < st->rel.ndied; i++)
+        if (st->rel.died_pid[i] == pid)
+            return st->rel.died_at[i];
+    now = now_real();
+    state_path(path, sizeof(path));
+    f = fopen(path, "ae");
+    if (f) {
+        fprintf(f, "died %u %.6f\n", pid, now);
+        fclose(f);
+    }
+    return now;
+}
+
+/* MiB of this GPU's dead processes the driver has not given back yet. */
+static unsigned long long releasing_mib(const struct state *st, const struct gpu *g)
+{
+    double secs = g->index < MAX_GPUS && st->rel.any ? st->rel.seconds[g->index] : -1;
+    unsigned long long sum = 0;
+    unsigned int steps;
+    double gone;
+    int i;
+
+    if (secs < 0)
+        return 0;
+    steps = st->rel.steps[g->index];
+    for (i = 0; i < st->nprocs; i++) {
+        const struct proc *p = &st->procs[i];
+        if (p->gpu != g->index || pid_alive(p->pid))
+            continue;
+        gone = now_real() - died_at(st, p->pid);
+        if (gone < secs) /* steps done so far, each 1/steps of it given back */
+            sum += p->mib * (steps - (unsigned int)(gone / secs * steps)) / steps;
+    }
+    return sum;
+}
+
 static unsigned long long allocated_mib(const struct state *st, const struct gpu *g)
 {
     unsigned long long sum = g->leak_mib;
@@ -572,7 +680,7 @@ static unsigned long long allocated_mib(const struct state *st, const struct gpu
     for (i = 0; i < st->nprocs; i++)
         if (st->procs[i].gpu == g->index && pid_alive(st->procs[i].pid))
             sum += st->procs[i].mib;
-    return sum;
+    return sum + releasing_mib(st, g);
 }
 
 /* ---- init / system ---------------------------------------------------- */

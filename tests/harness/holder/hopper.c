@@ -5,7 +5,9 @@
  * container's own cgroup namespace root), appends "<pid> hopper\n" to FILE, then forever:
  * mkdir a new cgroup, move itself there, rmdir the one it left. A walk that lists the tree's
  * cgroups and then reads each one's processes finds it in none: it is always in a cgroup
- * made after the walk listed its parent. */
+ * made after the walk listed its parent.
+ * --late FILE (issue 39): hop without PATH open until FILE exists, then open it and hop on:
+ * idle when discovery reads it, a holder during the grace. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -21,12 +23,21 @@
 
 #define BASE "/tmp/hopper-cg"
 
+static const char *late; /* --late FILE: open PATH only once FILE exists */
+
+static int late_opt(int argc, char **argv, int *i)
+{
+    if (strcmp(argv[*i], "--late") || *i + 1 >= argc) return 0;
+    late = argv[++*i];
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
-    struct attack_args a = attack_parse(argc, argv, 900, NULL);
+    struct attack_args a = attack_parse(argc, argv, 900, late_opt);
     long exit_after = a.exit_after;
     if (!a.hold || !a.ready) die("--hold and --ready are required", EINVAL);
-    if (open(a.hold, O_RDWR) < 0) die(a.hold, errno);
+    if (!late && open(a.hold, O_RDWR) < 0) die(a.hold, errno);
     mkdir(BASE, 0755);
     if (mount("none", BASE, "cgroup2", 0, NULL) < 0 && errno != EBUSY) die("mount cgroup2", errno);
     char cur[64] = "", next[64], procs[96];
@@ -44,6 +55,10 @@ int main(int argc, char **argv)
         }
         if (cur[0]) rmdir(cur);
         memcpy(cur, next, sizeof cur);
+        if (late && access(late, F_OK) == 0) {
+            if (open(a.hold, O_RDWR) < 0) die(a.hold, errno);
+            late = NULL;
+        }
         clock_gettime(CLOCK_MONOTONIC, &now);
         if (now.tv_sec - t0.tv_sec > exit_after) _exit(0);
     }

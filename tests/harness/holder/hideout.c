@@ -1,0 +1,119 @@
+/* hideout PATH --mode MODE --ready FILE [--exit-after S]: keep PATH open where no fd table
+ * of the process's leader shows it (issue 39, trust round three). Raw system calls, no
+ * liburing. SIGTERM ends it (default action).
+ *   own-table  a thread unshares its fd table (unshare(CLONE_FILES)) and opens PATH there;
+ *              the leader's /proc/PID/fd never shows it.
+ *   ring-map   PATH is registered with an io_uring ring as a fixed file, the ring fd is
+ *              registered with IORING_REGISTER_RING_FDS and closed: the ring lives on in its
+ *              SQ ring mapping only.
+ *   chroot     a plain file is put at PATH inside /tmp/hideout-jail, PATH is registered with a
+ *              ring as a fixed file and closed, and the process chroots into the jail: PATH
+ *              looked up in its root is the plain file (the ready line is written just
+ *              before the chroot). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "attack.h"
+
+#define SYS_io_uring_setup_ 425
+#define SYS_io_uring_register_ 427
+#define IORING_REGISTER_FILES_ 2
+#define IORING_REGISTER_RING_FDS_ 20
+#define JAIL "/tmp/hideout-jail"
+
+static const char *mode = "own-table";
+static const char *path;
+static volatile int opened;
+
+static int mode_opt(int argc, char **argv, int *i)
+{
+    if (strcmp(argv[*i], "--mode") || *i + 1 >= argc) return 0;
+    mode = argv[++*i];
+    return 1;
+}
+
+static int open_node(void)
+{
+    int fd = open(path, O_RDWR);
+    if (fd < 0) fd = open(path, O_RDONLY);
+    if (fd < 0) die(path, errno);
+    return fd;
+}
+
+static void *own_table(void *arg)
+{
+    (void)arg;
+    if (unshare(CLONE_FILES) < 0) die("unshare(CLONE_FILES)", errno);
+    open_node();
+    opened = 1;
+    for (;;) pause();
+    return NULL;
+}
+
+/* A ring (its SQ ring mapped), PATH registered with it as fixed file 0, PATH's fd closed. */
+static int ring_holding(void)
+{
+    unsigned params[30]; /* struct io_uring_params: 120 bytes, the kernel fills it */
+    memset(params, 0, sizeof params);
+    int ring = (int)syscall(SYS_io_uring_setup_, 4, params);
+    if (ring < 0) die("io_uring_setup", errno);
+    /* sq_off.array is params[10] (after 2 entries, flags, cpu, idle, features, wq_fd, resv[3],
+     * then sq_off: head tail ring_mask ring_entries flags dropped array) */
+    unsigned sq_entries = params[0], array = params[10 + 6];
+    size_t len = array + sq_entries * sizeof(unsigned);
+    if (mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ring, 0) == MAP_FAILED)
+        die("mmap of the SQ ring", errno);
+    int fd = open_node();
+    if (syscall(SYS_io_uring_register_, ring, IORING_REGISTER_FILES_, &fd, 1) < 0)
+        die("IORING_REGISTER_FILES", errno);
+    close(fd);
+    return ring;
+}
+
+int main(int argc, char **argv)
+{
+    struct attack_args a = attack_parse(argc, argv, 3600, mode_opt);
+    path = a.hold;
+    if (!path) die("a PATH is required", EINVAL);
+    if (!strcmp(mode, "own-table")) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, own_table, NULL)) die("pthread_create", EAGAIN);
+        while (!opened) usleep(1000);
+    } else if (!strcmp(mode, "ring-map")) {
+        int ring = ring_holding();
+        struct { unsigned offset, resv; unsigned long long data; } up = {~0U, 0, (unsigned)ring};
+        if (syscall(SYS_io_uring_register_, ring, IORING_REGISTER_RING_FDS_, &up, 1) < 0)
+            die("IORING_REGISTER_RING_FDS", errno);
+        close(ring); /* from now on the ring is in no fd table: its mapping keeps it */
+    } else if (!strcmp(mode, "chroot")) {
+        char plain[4096];
+        snprintf(plain, sizeof plain, JAIL "%s", path);
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", plain);
+        for (char *s = dir + 1; *s; s++)
+            if (*s == '/') { *s = 0; mkdir(dir, 0755); *s = '/'; }
+        int p = open(plain, O_CREAT | O_WRONLY, 0644);
+        if (p < 0) die(plain, errno);
+        close(p);
+        ring_holding(); /* the ring fd stays: its fdinfo lists PATH */
+        write_ready(a.ready); /* by its path, before the chroot hides it */
+        if (chroot(JAIL) < 0 || chdir("/") < 0) die("chroot", errno);
+        alarm((unsigned)a.exit_after);
+        for (;;) pause();
+    } else {
+        die(mode, EINVAL);
+    }
+    write_ready(a.ready);
+    alarm((unsigned)a.exit_after);
+    for (;;) pause();
+}
