@@ -147,11 +147,11 @@ def test_quick_bench_run_has_every_section(tmp_path: Path) -> None:
     assert {"date", "uname", "nproc", "cpu"} <= set(data["machine"])
     sections = {t["section"] for t in data["targets"]}
     assert sections == {"Discovery", "Growth", "Cleanup", "Hook", "Start-up", "Gpus",
-                        "Metrics", "Bloat", "Report bloat"}
+                        "Metrics", "Bloat", "Report bloat", "Settle"}
     assert all(t["verdict"] in ("met", "NOT met", "-") for t in data["targets"])
     assert not [t for t in data["targets"] if t["measure"] == "section failed"]
     assert set(data["raw"]) >= {"discovery", "growth", "cleanup", "hooks", "imports", "gpus",
-                                "metrics", "report-bloat"}
+                                "metrics", "report-bloat", "settle"}
     # every tool sees the same holders; counts of the cleanup are exact, not timings
     for level in data["raw"]["discovery"]["levels"]:
         assert set(level["found"].values()) == {quick().ct_holders}
