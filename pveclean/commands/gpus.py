@@ -26,7 +26,7 @@ from typing import TextIO
 from pveclean.core import notjudged
 from pveclean.core.config import Config
 from pveclean.core.discovery import stall_for
-from pveclean.core.gpufaults import with_faults
+from pveclean.core.gpufaults import with_faults, with_known
 from pveclean.core.gpumap import (
     GpuMap,
     GpuProc,
@@ -140,6 +140,7 @@ def _ask_nvml(nvml: Nvml, warnings: list[str]
             from pveclean.core.release import unlisted
             used = unlisted(gpus, str(fault))
     gpus = with_faults(gpus, used.faults)
+    gpus, buses = with_known(gpus, buses, worker.state().setdefault("gpu_known", {}))
     for g in gpus:
         if not g.ok:
             warnings.append(f"GPU {g.index} is {g.status} ({g.reason}): NVML cannot tell who "

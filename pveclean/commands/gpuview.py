@@ -35,13 +35,18 @@ def _vms(vms: Iterable[VmName]) -> str:
     return ", ".join(f"VM {m.vmid}" + (f" ({safe(m.name, 30)})" if m.name else "") for m in vms)
 
 
+def _holders_unknown(g: GpuUse) -> bool:
+    """NVML could not list this GPU's processes (issue 38: never drawn as holding none)."""
+    return not g.ok and (g.status == "lost" or "processes" in g.gpu.unread)
+
+
 def _gpu_lines(g: GpuUse, hostnames: Mapping[int, str]) -> list[str]:
     res = f", {_n(g.gpu.reserved_mib)} reserved" if g.gpu.reserved_mib is not None else ""
     lines = ["", f"GPU {g.index}  {safe(g.gpu.name, 40)}  {g.pci_bus_id or '?'}  "
                  f"{safe(g.gpu.uuid, 48)}"]
-    if not g.ok:  # NVML could not read it: say so, no figures
+    if not g.ok:  # NVML could not read it all: say so, and only the figures it read
         lines.append(f"  {safe(g.status, 20).upper()}: {safe(g.gpu.reason, LONG)}")
-    else:
+    if g.used_mib is not None:
         lines.append(f"  memory: {_n(g.used_mib)} of {_n(g.total_mib)} MiB used{res}")
     rows: list[tuple[str, ...]] = [("OWNER", "MiB", "HOST PID", "CT PID", "NAME", "UNIT")]
     for r in g.processes:
@@ -52,6 +57,8 @@ def _gpu_lines(g: GpuUse, hostnames: Mapping[int, str]) -> list[str]:
         rows.append(("LEAK: no process", _n(g.leak_mib), "-", "-", "-", "-"))
     if len(rows) > 1:
         lines += _table(rows, "  ", right={1})
+    elif _holders_unknown(g):  # lost, or its process list unread: not judged, not "none"
+        lines.append(f"  who holds it cannot be told: the GPU is {safe(g.status, 20)}")
     else:
         lines.append("  no process holds this GPU")
     share = [f"{safe(o.label, 30)} " + (f"{_n(v)} MiB" if v else "nodes only")

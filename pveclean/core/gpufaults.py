@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from pveclean.core.lazyre import lazy
+from pveclean.core.pci import PciAddress
 from pveclean.core.records import GpuFault, GpuMemory, GpuStatus, NvmlProcesses
 
 Fault = GpuFault  # (status, reason)
@@ -46,7 +47,8 @@ def with_faults(gpus: list[GpuMemory], faults: Mapping[int, Fault]) -> list[GpuM
         f = faults.get(g.index)
         if f is not None:
             status, reason = worst((g.status, g.reason or ""), f) if not g.ok else f
-            g = dataclasses.replace(g, status=status, reason=reason.strip("; "))
+            g = dataclasses.replace(g, status=status, reason=reason.strip("; "),
+                                    unread=(*g.unread, "processes"))
         out.append(g)
     return out
 
@@ -107,3 +109,25 @@ def unchecked(gpus: list[GpuMemory], procs: NvmlProcesses, minors: set[int]) -> 
     return out + [f"GPU {i}: NVML reports a process's memory on it as not available: its "
                   "memory is not checked for leaks (not judged)" for i in na
                   if not minors or minor_of.get(i) is None or minor_of[i] in minors]
+
+
+# ---- issue 38: a lost GPU keeps what was last known of it ----------------------------------
+Known = dict[int, tuple[str, str, "PciAddress | None"]]  # GPU index -> (UUID, name, bus id)
+
+
+def with_known(gpus: list[GpuMemory], buses: Mapping[int, PciAddress], known: Known
+               ) -> tuple[list[GpuMemory], dict[int, PciAddress]]:
+    """The GPUs and bus ids, each GPU NVML no longer names (lost, a getter that failed)
+    given the UUID, name and bus id last known for its index in `known` (this session's
+    earlier answers), which learns those of every GPU NVML named this time."""
+    out, bus_ids = [], dict(buses)
+    for g in gpus:
+        prev = known.get(g.index)
+        if g.uuid and (prev is None or prev[0] != g.uuid or g.index in bus_ids):
+            known[g.index] = (g.uuid, g.name, bus_ids.get(g.index))
+        elif prev is not None and g.uuid in ("", prev[0]):
+            g = dataclasses.replace(g, uuid=prev[0], name=g.name or prev[1])
+            if prev[2] is not None:
+                bus_ids.setdefault(g.index, prev[2])
+        out.append(g)
+    return out, bus_ids

@@ -134,11 +134,11 @@ class GpuUse:
 
     @property
     def total_mib(self) -> int | None:
-        return self.gpu.total_mib if self.gpu.ok else None
+        return self.gpu.total_mib if self.gpu.figures_read else None
 
     @property
     def used_mib(self) -> int | None:
-        return self.gpu.used_mib if self.gpu.ok else None
+        return self.gpu.used_mib if self.gpu.figures_read else None
 
     def as_dict(self) -> Json:
         g = self.gpu
@@ -152,6 +152,8 @@ class GpuUse:
             "status": g.status}
         if not g.ok:
             entry["reason"] = g.reason
+        if g.unread:  # the getters NVML failed (N/A); what the others read is kept above
+            entry["unread"] = list(g.unread)
         return entry
 
 

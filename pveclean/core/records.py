@@ -338,10 +338,18 @@ class GpuMemory:
     # the figures of a GPU that is not ok are not NVML's, and `reason` says why
     status: GpuStatus = GpuStatus.OK
     reason: str | None = None
+    unread: tuple[str, ...] = ()  # the getters that failed (handle, memory, name, uuid, minor)
 
     @property
     def ok(self) -> bool:
         return self.status == GpuStatus.OK
+
+    @property
+    def figures_read(self) -> bool:
+        """Whether total and used MiB are NVML's: a GPU that is ok, or one whose failed
+        getters (nvitop's NA) were others than its handle and memory. Never a verdict: a GPU
+        that is not ok stays not judged; its figures are only shown."""
+        return self.ok or (bool(self.unread) and not {"handle", "memory"} & set(self.unread))
 
 
 GpuFault = tuple[GpuStatus, str]  # why NVML could not answer for one GPU: (status, reason)

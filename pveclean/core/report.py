@@ -337,7 +337,8 @@ def memory_table(before: list[GpuMemory] | None, after: list[GpuMemory] | None
     after_by = {g.index: g for g in after or []}
     for g in before or []:
         a = after_by.get(g.index)
-        a_ok = a is not None and a.ok
+        g_ok = g.figures_read  # a getter that failed hides only its own field (nvitop's NA)
+        a_ok = a is not None and a.figures_read
         bad = [(when, x) for when, x in (("before", g), ("after", a)) if x and not x.ok]
         status = None if not bad else GpuStatus.LOST if any(
             x.status == GpuStatus.LOST for _, x in bad) else GpuStatus.UNAVAILABLE
@@ -346,11 +347,11 @@ def memory_table(before: list[GpuMemory] | None, after: list[GpuMemory] | None
             minor=g.minor if g.minor is not None else (a.minor if a else None),
             uuid=g.uuid or (a.uuid if a else ""),
             name=g.name or (a.name if a else ""),
-            total_mib=g.total_mib if g.ok else (a.total_mib if a and a_ok else None),
+            total_mib=g.total_mib if g_ok else (a.total_mib if a and a_ok else None),
             reserved_mib=g.reserved_mib,
-            used_before_mib=g.used_mib if g.ok else None,
+            used_before_mib=g.used_mib if g_ok else None,
             used_after_mib=a.used_mib if a is not None and a_ok else None,
-            freed_mib=(g.used_mib - a.used_mib) if a is not None and a_ok and g.ok else None,
+            freed_mib=(g.used_mib - a.used_mib) if a is not None and a_ok and g_ok else None,
             status=status,
             reason="; ".join(f"{when}: {x.reason}" for when, x in bad) if bad else None))
     return out

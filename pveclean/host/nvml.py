@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
 # index, uuid, name, total MiB, reserved MiB (None: NVML cannot tell), used MiB, minor,
 # status ("ok"; "lost": the GPU fell off the bus; "unavailable": another NVML error), and
-# why when not ok. Figures of a GPU that is not ok are not to be trusted (0 where unread).
-MemoryRow = tuple[int, str, str, int, "int | None", int, "int | None", str, "str | None"]
+# why when not ok, and the getters that failed (nvitop's NA: the rest was read and is kept).
+MemoryRow = tuple[int, str, str, int, "int | None", int, "int | None", str, "str | None",
+                  tuple[str, ...]]
 Fault = tuple[str, str]  # (status, reason) of one GPU that NVML could not answer for
 
 MIB = 1024 * 1024
@@ -253,8 +254,9 @@ class Nvml:
         h, fault = self._handle(nv, index)
         if h is None:
             assert fault is not None
-            return (index, "", "", 0, None, 0, None, *fault)
+            return (index, "", "", 0, None, 0, None, *fault, ("handle",))
         faults: list[Fault] = []
+        unread: list[str] = []
         total = used = 0
         reserved: int | None = None
         try:
@@ -266,6 +268,7 @@ class Nvml:
             total, used = int(info.total) // MIB, int(info.used) // MIB
         except Exception as exc:
             faults.append(fault_of(exc, "memory"))
+            unread.append("memory")
             reserved = None
         text = {}
         for what, getter in (("name", nv.nvmlDeviceGetName), ("uuid", nv.nvmlDeviceGetUUID)):
@@ -274,6 +277,7 @@ class Nvml:
                 text[what] = v.decode() if isinstance(v, bytes) else str(v)
             except Exception as exc:
                 faults.append(fault_of(exc, what))
+                unread.append(what)
                 text[what] = ""
         minor: int | None = None
         try:
@@ -281,8 +285,10 @@ class Nvml:
         except Exception as exc:
             if getattr(exc, "value", None) != NOT_SUPPORTED:
                 faults.append(fault_of(exc, "minor"))
+                unread.append("minor")
         status, reason = merged(faults) if faults else ("ok", None)
-        return (index, text["uuid"], text["name"], total, reserved, used, minor, status, reason)
+        return (index, text["uuid"], text["name"], total, reserved, used, minor, status, reason,
+                tuple(unread))
 
     def pci_bus_ids(self, timeout: float | None = None) -> dict[int, PciAddress]:
         """GPU index -> PCI address (`0000:01:00.0`, `10000:01:00.0` as sysfs names them);
@@ -401,7 +407,8 @@ def gpu_memory(rows: list[MemoryRow]) -> list[GpuMemory]:
     """The worker's rows as the model (in the parent: the worker imports no records)."""
     from pveclean.core.records import GpuMemory, GpuStatus
 
-    return [GpuMemory(*row[:7], status=GpuStatus(row[7]), reason=row[8]) for row in rows]
+    return [GpuMemory(*row[:7], status=GpuStatus(row[7]), reason=row[8], unread=row[9])
+            for row in rows]
 
 
 def gpu_processes(rows: ProcessRows) -> NvmlProcesses:

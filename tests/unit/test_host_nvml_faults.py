@@ -368,3 +368,69 @@ def test_the_leak_check_says_which_gpus_of_the_container_it_passed_over() -> Non
         "GPU 2 is unavailable (process list: Timeout (Timeout)): its memory is not checked "
         "for leaks"]  # GPU 3 is nvidia3, not the container's
     assert len(unchecked(gpus, procs, set())) == 3
+
+
+# ---- issue 38: a failed getter is N/A, what the others read is kept ------------------------
+@pytest.mark.parametrize("getter", ["info", "minor"])
+def test_a_failed_name_uuid_or_minor_keeps_the_memory_figures(
+        lib: Path, fake: FakeNvml, alive: list[int], getter: str) -> None:
+    """nvitop's nvmlQuery/NaType: GPU 1's name/UUID (or minor) getter fails, its memory
+    totals and its process list were read and stay (the GPU itself is still not judged)."""
+    from pveclean.core.gpumap import gpu_use
+
+    fake.gpu_error(1, getter, "UNKNOWN")
+    fake.set_process(1, alive[0], 4 * GIB)
+    nv = session(lib)
+    gpus = by_index(nv.memory_rows())
+    g = gpus[1]
+    assert g.status == "unavailable" and g.figures_read
+    assert g.unread == (("name", "uuid") if getter == "info" else ("minor",))
+    assert g.used_mib == 4 * GIB and g.total_mib > 0
+    assert nv.processes().by_pid == {alive[0]: {1: 4 * GIB}}
+    use = gpu_use(g, None, [])
+    assert (use.used_mib, use.total_mib) == (4 * GIB, g.total_mib)
+    assert use.leak_mib == 0 and use.unaccounted_mib is None  # never judged: no leak
+    assert use.as_dict()["unread"] == list(g.unread)
+    row = {r.index: r for r in memory_table([g], [g])}[1]
+    assert row.used_before_mib == 4 * GIB and row.status == "unavailable"
+    assert not gpus[0].unread and gpus[0].figures_read
+
+
+def test_a_failed_memory_getter_still_hides_the_figures(lib: Path, fake: FakeNvml) -> None:
+    fake.gpu_error(1, "memory", "UNKNOWN")
+    fake.gpu_error(2, "handle", "UNKNOWN")
+    gpus = by_index(session(lib).memory_rows())
+    assert gpus[1].unread == ("memory",) and not gpus[1].figures_read
+    assert gpus[2].unread == ("handle",) and not gpus[2].figures_read
+
+
+# ---- issue 38: a lost GPU keeps its last known UUID and bus id, drawn as lost --------------
+def test_a_lost_gpu_keeps_its_last_uuid_and_bus_id_and_is_drawn_lost(
+        lib: Path, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gpus` (and --watch's rounds) after GPU 1 fell off the bus: its UUID and bus id are
+    those of the earlier answer, its lines say LOST and never "no process holds this GPU"."""
+    from pveclean.commands.gpus import _ask_nvml
+    from pveclean.commands.gpuview import _gpu_lines
+    from pveclean.core.gpumap import gpu_use
+    from pveclean.host import worker
+
+    monkeypatch.setitem(worker.state(), "gpu_known", {})
+    nv = session(lib)
+    gpus, _, buses, _ = _ask_nvml(nv, [])
+    uuid, bus = gpus[1].uuid, buses[1]
+    assert uuid.startswith("GPU-")
+    fake.lose(1)
+    gpus, _, buses, _ = _ask_nvml(nv, [])
+    g = {x.index: x for x in gpus}[1]
+    assert g.status == "lost" and g.uuid == uuid and buses[1] == bus
+    use = gpu_use(g, buses.get(1), [])
+    text = "\n".join(_gpu_lines(use, {}))
+    assert uuid in text and str(bus) in text and "LOST" in text
+    assert "no process holds this GPU" not in text and "cannot be told" in text
+    doc = use.as_dict()
+    assert (doc["uuid"], doc["pci_bus_id"], doc["status"]) == (uuid, str(bus), "lost")
+    # a session that never saw it: no UUID to give, still drawn as lost, not as "none"
+    monkeypatch.setitem(worker.state(), "gpu_known", {})
+    g = {x.index: x for x in _ask_nvml(session(lib), [])[0]}[1]
+    text = "\n".join(_gpu_lines(gpu_use(g, None, []), {}))
+    assert g.uuid == "" and "no process holds this GPU" not in text and "LOST" in text
