@@ -170,8 +170,22 @@ def w_collect(cfg: Config, pci_root: Path, end: float | None = None) -> GpuMap:
     answering, /proc/PID/maps of a process wedged in the GPU driver, NVML) hangs the worker,
     which the command gives up on at its deadline, not the command. The NVML session lives
     in the worker's state across --watch refreshes."""
-    return collect(cfg, Nvml.in_worker(worker.state()), pci_root,
+    return collect(cfg, nvml_session(worker.state()), pci_root,
                    exclude={os.getpid(), os.getppid()}, end=end)
+
+
+def nvml_session(state: worker.State) -> Nvml:
+    """The worker's NVML session; after a round in which NVML stalled or failed (the
+    session's `error`), a new one that asks NVML again (issue 38: a --watch or the exporter
+    does not keep the error for the rest of its run), once no call of the old one is still
+    stuck in the driver (asking then would only leave another thread stuck)."""
+    import threading  # here: only the worker asks NVML
+
+    nv = state.get("nvml")
+    stuck = any(t.name.startswith("nvml-") and t.is_alive() for t in threading.enumerate())
+    if nv is not None and nv.error and not stuck:
+        del state["nvml"]
+    return Nvml.in_worker(state)
 
 
 @dataclass

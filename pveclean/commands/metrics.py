@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pveclean.commands import xids
 from pveclean.commands.doctor import write_metrics as write_doctor
-from pveclean.commands.gpus import READERS_SHARE, Seen, collect
+from pveclean.commands.gpus import READERS_SHARE, Seen, collect, nvml_session
 from pveclean.core import metrics, metrics_gpus, metrics_xid
 from pveclean.core.config import Config
 from pveclean.core.gpumap import GpuMap
@@ -85,7 +85,7 @@ def w_look(cfg: Config, pci_root: Path, end: float, settled: frozenset[int] = fr
     """In the worker: the map, whether each container runs, and every VM's hostpci lines
     (pmxcfs: can hang, so here and not in the command); `settled`: host PIDs not read now."""
     seen = Seen()
-    gmap = collect(cfg, Nvml.in_worker(worker.state()), pci_root,
+    gmap = collect(cfg, nvml_session(worker.state()), pci_root,
                    exclude={os.getpid(), os.getppid()}, end=end, settled=settled, seen=seen)
     root = cfg.cgroup_root or str(cgroupfs.cgroup2_root())
     running = {v: cgroupfs.monitor_running(root, v) for v in sorted(gmap.hostnames)}

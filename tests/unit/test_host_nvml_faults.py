@@ -434,3 +434,34 @@ def test_a_lost_gpu_keeps_its_last_uuid_and_bus_id_and_is_drawn_lost(
     g = {x.index: x for x in _ask_nvml(session(lib), [])[0]}[1]
     text = "\n".join(_gpu_lines(gpu_use(g, None, []), {}))
     assert g.uuid == "" and "no process holds this GPU" not in text and "LOST" in text
+
+
+# ---- issue 38: a --watch asks NVML again after a stall -------------------------------------
+def _nvml_threads_done(limit: float = 10.0) -> None:
+    import threading
+
+    end = time.monotonic() + limit
+    while any(t.name.startswith("nvml-") and t.is_alive() for t in threading.enumerate()):
+        assert time.monotonic() < end, "an NVML call is still stuck"
+        time.sleep(0.05)
+
+
+def test_a_watch_asks_nvml_again_after_a_stall(lib: Path, fake: FakeNvml) -> None:
+    """Round 1: NVML's init hangs past the session's timeout. While that call is still stuck
+    the next round does not ask again (another thread would only stick); once it returned,
+    the next round is a new session that reads the GPUs, not the stall's error again."""
+    from pveclean.commands.gpus import nvml_session
+
+    _nvml_threads_done()
+    state: Any = {"nvml_library": str(lib), "nvml_timeout": 0.3}
+    fake.hang(1.5)
+    first = nvml_session(state)
+    with pytest.raises(NvmlUnavailable, match="did not answer"):
+        first.memory_rows()
+    fake.hang(None)
+    assert nvml_session(state) is first  # its init is still stuck in the driver
+    _nvml_threads_done()
+    again = nvml_session(state)
+    assert again is not first
+    assert [g.ok for g in gpu_memory(again.memory_rows())] == [True, True, True]
+    assert nvml_session(state) is again  # a session that answers is kept
