@@ -45,7 +45,7 @@ from pveclean.core.vmguard import conflicts
 from pveclean.errors import ExitCode, PvecleanError
 from pveclean.host import cgroupfs, devnodes, worker
 from pveclean.host.hostscan import HostScan, attribute_pid
-from pveclean.host.nvml import Nvml, NvmlUnavailable
+from pveclean.host.nvml import ABANDONED, Nvml, NvmlUnavailable
 from pveclean.host.procscan import w_scan
 from pveclean.host.reads import Reader, Unread
 from pveclean.host.worker import RemoteError, Worker, WorkerError
@@ -179,10 +179,8 @@ def nvml_session(state: worker.State) -> Nvml:
     session's `error`), a new one that asks NVML again (issue 38: a --watch or the exporter
     does not keep the error for the rest of its run), once no call of the old one is still
     stuck in the driver (asking then would only leave another thread stuck)."""
-    import threading  # here: only the worker asks NVML
-
     nv = state.get("nvml")
-    stuck = any(t.name.startswith("nvml-") and t.is_alive() for t in threading.enumerate())
+    stuck = any(t.is_alive() for t in ABANDONED)
     if nv is not None and nv.error and not stuck:
         del state["nvml"]
     return Nvml.in_worker(state)

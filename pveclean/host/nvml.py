@@ -17,6 +17,7 @@ from pveclean.host import worker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from threading import Thread
     from types import ModuleType
     from typing import Any, TypedDict, TypeVar
 
@@ -40,6 +41,7 @@ MemoryRow = tuple[int, str, str, int, "int | None", int, "int | None", str, "str
 Fault = tuple[str, str]  # (status, reason) of one GPU that NVML could not answer for
 
 MIB = 1024 * 1024
+ABANDONED: list[Thread] = []  # the calls given up on: still in the driver while alive
 NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED: a getter this GPU does not have
 FUNCTION_NOT_FOUND = 13  # NVML_ERROR_FUNCTION_NOT_FOUND: the driver lacks the symbol
 GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST: fallen off the bus (Xid 79)
@@ -109,8 +111,7 @@ def _call_with_timeout(fn: Callable[[], T], timeout: float, what: str) -> T:
     thread.start()
     thread.join(max(timeout, 0.0))
     if thread.is_alive():  # abandoned, maybe stuck in the driver for good
-        from pveclean.host import worker
-
+        ABANDONED.append(thread)
         worker.park_self()
         raise NvmlUnavailable(f"NVML {what} did not answer within {timeout:.1f} s")
     if error:

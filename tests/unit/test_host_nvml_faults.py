@@ -438,10 +438,8 @@ def test_a_lost_gpu_keeps_its_last_uuid_and_bus_id_and_is_drawn_lost(
 
 # ---- issue 38: a --watch asks NVML again after a stall -------------------------------------
 def _nvml_threads_done(limit: float = 10.0) -> None:
-    import threading
-
     end = time.monotonic() + limit
-    while any(t.name.startswith("nvml-") and t.is_alive() for t in threading.enumerate()):
+    while any(t.is_alive() for t in nvml_mod.ABANDONED):
         assert time.monotonic() < end, "an NVML call is still stuck"
         time.sleep(0.05)
 
