@@ -76,12 +76,33 @@ class Spawned:
     output: str
 
 
+# Forks argv from a small process and writes its wall time, wait status and ru_maxrss: a
+# child spawned straight from this one (posix_spawn's vfork) starts its ru_maxrss at this
+# process's high-water mark, which in a long pytest run is larger than pveclean's peak.
+_METER = """import os, sys, time
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execve(sys.argv[2], sys.argv[2:], os.environ)
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+seconds = time.perf_counter() - t0
+with open(sys.argv[1], "w") as f:
+    f.write(f"{seconds} {status} {usage.ru_maxrss}")
+"""
+
+
 def spawn_like_proxmox(argv: Sequence[str], workdir: Path, env: dict[str, str] | None = None
                        ) -> Spawned:
     """Run argv as Proxmox runs a hookscript (cleared env, stdin a pipe closed at once) and
-    return wall time and peak RSS from wait4(): ru_maxrss covers the process across exec
-    (sh -> pveclean) and the largest descendant it reaped (pct exec for the probe)."""
+    return its wall time and peak RSS: the largest of the process (across exec, sh ->
+    pveclean) and the descendants it reaped (pct exec for the probe), read by a small
+    metering parent (_METER) so that this process's own size does not count."""
     out_path = workdir / f".spawn-{os.getpid()}.out"
+    meter_path = workdir / f".spawn-{os.getpid()}.meter"
+    spawned = [sys.executable, "-I", "-S", "-c", _METER, str(meter_path), *argv]
     r, w = os.pipe()
     os.close(w)
     try:
@@ -92,16 +113,18 @@ def spawn_like_proxmox(argv: Sequence[str], workdir: Path, env: dict[str, str] |
             (os.POSIX_SPAWN_DUP2, 1, 2),
             (os.POSIX_SPAWN_CLOSE, r),
         ]
-        t0 = time.perf_counter()
-        pid = os.posix_spawn(argv[0], list(argv), env if env is not None else HOOK_ENV,
+        pid = os.posix_spawn(spawned[0], spawned, env if env is not None else HOOK_ENV,
                              file_actions=actions)
-        _pid, status, usage = os.wait4(pid, 0)
-        seconds = time.perf_counter() - t0
+        _pid, meter_status, _usage = os.wait4(pid, 0)
     finally:
         os.close(r)
     output = out_path.read_text(errors="replace")
     out_path.unlink(missing_ok=True)
-    return Spawned(seconds, os.waitstatus_to_exitcode(status), int(usage.ru_maxrss), output)
+    if os.waitstatus_to_exitcode(meter_status) != 0 or not meter_path.exists():
+        raise RuntimeError(f"the spawn meter failed: {output[-500:]}")
+    seconds, status, rss = meter_path.read_text().split()
+    meter_path.unlink()
+    return Spawned(float(seconds), os.waitstatus_to_exitcode(int(status)), int(rss), output)
 
 
 def new_lab(tries: int = 10, wait: float = 3.0) -> Lab:
