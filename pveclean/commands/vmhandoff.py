@@ -36,17 +36,14 @@ def write(cfg: Config, vmid: int, groups: list[GroupHandoff]) -> None:
     """The record replaced whole, atomically; removed when no group is left."""
     import yaml
 
-    from pveclean.host.reportfiles import exclusive_temp
+    from pveclean.host.reportfiles import replace_whole
 
     path = record_file(cfg, vmid)
     if not groups:
         path.unlink(missing_ok=True)
         return
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = exclusive_temp(path.parent, f".vfio-{vmid}-", ".tmp", 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(yaml.dump([g.as_dict() for g in groups], Dumper=yaml.CSafeDumper))
-    os.replace(tmp, path)
+    text = yaml.dump([g.as_dict() for g in groups], Dumper=yaml.CSafeDumper)
+    replace_whole(path, text, f".vfio-{vmid}-")
 
 
 def add(cfg: Config, vmid: int, done: list[pcibind.Handoff]) -> None:

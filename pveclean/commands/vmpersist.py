@@ -11,7 +11,6 @@ each that is back on the nvidia driver, keeping the rest written down for the ne
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from pveclean.core.config import Config
@@ -40,17 +39,14 @@ def write_record(cfg: Config, vmid: int, addrs: list[PciAddress]) -> None:
     """The record, replaced whole (removed when empty)."""
     import yaml
 
-    from pveclean.host.reportfiles import exclusive_temp
+    from pveclean.host.reportfiles import replace_whole
 
     path = record_file(cfg, vmid)
     if not addrs:
         path.unlink(missing_ok=True)
         return
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = exclusive_temp(path.parent, f".persistence-{vmid}-", ".tmp", 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(yaml.dump(sorted({str(a) for a in addrs}), Dumper=yaml.CSafeDumper))
-    os.replace(tmp, path)
+    text = yaml.dump(sorted({str(a) for a in addrs}), Dumper=yaml.CSafeDumper)
+    replace_whole(path, text, f".persistence-{vmid}-")
 
 
 def turn_off(cfg: Config, vmid: int, gmap: GpuMap, indices: frozenset[int],

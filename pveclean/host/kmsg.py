@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import time
@@ -156,15 +155,10 @@ def locked(state_dir: str) -> Iterator[None]:
         yield
         return
     try:
-        end = time.monotonic() + LOCK_WAIT
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= end:
-                    raise Busy(f"the Xid log in {state_dir} is busy") from None
-                time.sleep(0.02)
+        from pveclean.host.lock import flock_within  # only where the log is read
+
+        if not flock_within(fd, LOCK_WAIT):
+            raise Busy(f"the Xid log in {state_dir} is busy")
         yield
     finally:
         os.close(fd)

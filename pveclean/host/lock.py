@@ -25,6 +25,20 @@ class Busy(Exception):
     """Another run holds the lock; the message names it."""
 
 
+def flock_within(fd: int, wait: float) -> bool:
+    """An exclusive flock on `fd`, polled until `wait` seconds have passed: False when it
+    stayed busy (a blocking flock has no timeout)."""
+    end = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+
+
 def lock_path(state_dir: str, vmid: int) -> Path:
     return Path(state_dir) / "locks" / f"{vmid}.lock"
 
@@ -35,20 +49,13 @@ def container_lock(state_dir: str, vmid: int, wait: float, what: str) -> Iterato
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        end = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= end:
-                    holder = os.pread(fd, 512, 0).decode(errors="replace").strip()
-                    raise Busy(
-                        f"another pveclean run holds CT {vmid}'s lock"
-                        + (f": {holder}" if holder else "")
-                        + f" (waited {wait:.1f} s)"
-                    ) from None
-                time.sleep(0.02)
+        if not flock_within(fd, wait):
+            holder = os.pread(fd, 512, 0).decode(errors="replace").strip()
+            raise Busy(
+                f"another pveclean run holds CT {vmid}'s lock"
+                + (f": {holder}" if holder else "")
+                + f" (waited {wait:.1f} s)"
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"PID {os.getpid()} ({what}) since {time.strftime('%H:%M:%S')}\n"
                   .encode(), 0)

@@ -109,6 +109,21 @@ def exclusive_temp(d: os.PathLike[str] | str, prefix: str, suffix: str,
     raise FileExistsError(f"no free temporary name in {d}")
 
 
+def replace_whole(path: Path, text: str, prefix: str) -> None:
+    """`path` replaced whole by `text`, atomically (0600, a fresh temp file beside it renamed
+    over it; the temp file removed when that fails)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = exclusive_temp(path.parent, prefix, ".tmp", 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def write_report(rep: Report, report_dir: str) -> Path:
     """A run's report, named by its container, phase and start (report_name)."""
     return write(rep.as_dict(), report_dir, report_name(rep.vmid, rep.phase, rep.started))
