@@ -21,7 +21,7 @@ def minor_to_pci() -> dict[int, str]:
     for name in procfs.listdir(procfs.path("driver", "nvidia", "gpus")) or []:
         text = procfs.read_text(procfs.path("driver", "nvidia", "gpus", name, "information"),
                                 1 << 14) or ""
-        for line in text.splitlines():
+        for line in text.split("\n"):  # the kernel's line ends only (not splitlines' \r, \f)
             if line.startswith(MINOR_LINE) and line[len(MINOR_LINE):].strip().isdigit():
                 out[int(line[len(MINOR_LINE):].strip())] = name.lower().rsplit(".", 1)[0]
     return out

@@ -107,7 +107,7 @@ def parse_mappings(text: str, node: str) -> dict[str, list[tuple[PciAddress, ...
     no `node=`, `id=` or a valid `path=` is invalid: PVE::Mapping::PCI skips it)."""
     out: dict[str, list[tuple[PciAddress, ...]]] = {}
     name = None
-    for line in text.splitlines():
+    for line in text.split("\n"):  # as PVE::SectionConfig splits
         if line and not line[0].isspace():
             name = line.strip()
             continue

@@ -20,7 +20,7 @@ DIR_TYPES = ("dir", "nfs", "cifs", "glusterfs", "cephfs")
 def storage_section(text: str, storage: str) -> tuple[str, dict[str, str]] | None:
     """(type, options) of one storage of storage.cfg's text; None if it has no section."""
     found: tuple[str, dict[str, str]] | None = None
-    for line in text.splitlines():
+    for line in text.split("\n"):  # as PVE::SectionConfig splits
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         m = _SECTION.match(line)
