@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pveclean.core.gpumap import VfioGpu, VmName
 from pveclean.core.pci import HostPci, PciAddress
-from pveclean.core.vmdevices import node_name
+from pveclean.core.vmdevices import node_name, parse_mappings
 from pveclean.proxmox import pveconf
 
 PCI_DEVICES = Path("/sys/bus/pci/devices")
@@ -29,29 +29,19 @@ def this_node() -> str:
     return node_name(os.uname().nodename)
 
 
-def read_pci_mappings(path: Path, node: str) -> dict[str, list[str]]:
-    """Resource mappings (/etc/pve/mapping/pci.cfg): name -> this node's PCI paths (a `map`
-    without `node=` is invalid: PVE::Mapping::PCI skips it)."""
+def read_pci_mappings(path: Path, node: str) -> dict[str, list[tuple[PciAddress, ...]]]:
+    """Resource mappings (/etc/pve/mapping/pci.cfg) on `node`, read as the VM hand-off reads
+    them (vmdevices.parse_mappings: a `map` PVE::Mapping::PCI skips passes nothing here
+    either); a file that cannot be read: none."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return {}
-    out: dict[str, list[str]] = {}
-    name = None
-    for line in text.splitlines():
-        if line and not line[0].isspace():
-            name = line.strip()
-            continue
-        words = line.split(None, 1)
-        if name and len(words) == 2 and words[0] == "map":
-            props = dict(kv.split("=", 1) for kv in words[1].split(",") if "=" in kv)
-            if props.get("node") == node and props.get("path"):
-                out.setdefault(name, []).append(props["path"])
-    return out
+    return parse_mappings(text, node)
 
 
-def hostpci_ids(lines: list[tuple[str, str]], mappings: dict[str, list[str]]
-                ) -> list[PciAddress]:
+def hostpci_ids(lines: list[tuple[str, str]],
+                mappings: dict[str, list[tuple[PciAddress, ...]]]) -> list[PciAddress]:
     """Each id a VM config's hostpciN lines name, by address or through a resource mapping
     (a whole device: its `function` None)."""
     out: list[PciAddress] = []
@@ -61,15 +51,14 @@ def hostpci_ids(lines: list[tuple[str, str]], mappings: dict[str, list[str]]
         opts = v.split(",")
         host = next((o for o in opts if "=" not in o), None)
         kv = dict(o.split("=", 1) for o in opts if "=" in o)
-        hosts = [host or kv.get("host", "")]
-        if "mapping" in kv:
-            hosts += mappings.get(kv["mapping"], [])
-        for h in hosts:
-            out += _pci_ids(h)
+        out += _pci_ids(host or kv.get("host", ""))
+        for alternative in mappings.get(kv.get("mapping", ""), []):
+            out += alternative
     return out
 
 
-def vm_passthrough(qemu_dir: Path, mappings: dict[str, list[str]]) -> list[HostPci]:
+def vm_passthrough(qemu_dir: Path, mappings: dict[str, list[tuple[PciAddress, ...]]]
+                   ) -> list[HostPci]:
     """Each id of every hostpci line of every VM."""
     out: list[HostPci] = []
     for conf in _configs(qemu_dir, pveconf.parse_vm_config):

@@ -3,11 +3,11 @@ sysfs."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from pveclean.core.pci import PciAddress
 from pveclean.proxmox import passthrough
 from tests.helpers import fake_host_pci
 
@@ -47,8 +47,12 @@ big
 \tmap id=10de:2330,node=pve2,path=0000:81:00.0
 \tdescription two nodes
 split
-\tmap node=pve1,path=0000:42:00.0;0000:43:00.0
-\tmap node=pve1,path=0000:44:00.0
+\tmap id=10de:2330,node=pve1,path=0000:42:00.0;0000:43:00.0
+\tmap id=10de:2330,node=pve1,path=0000:44:00.0
+noid
+\tmap node=pve1,path=0000:46:00.0
+badpath
+\tmap id=10de:2330,node=pve1,path=41:00.0
 nopath
 \tmap id=10de:2330,node=pve1
 anynode
@@ -60,11 +64,16 @@ anynode
 def test_read_pci_mappings_keeps_this_nodes_paths(tmp_path: Path) -> None:
     f = tmp_path / "pci.cfg"
     f.write_text(MAPPINGS)
-    assert passthrough.read_pci_mappings(f, "pve1") == {
-        "big": ["0000:41:00.0"],
-        "split": ["0000:42:00.0;0000:43:00.0", "0000:44:00.0"],
-    }  # a map without node= is invalid (PVE::Mapping::PCI), not "every node"
-    assert passthrough.read_pci_mappings(f, "pve2") == {"big": ["0000:81:00.0"]}
+    def read(node: str) -> dict[str, list[list[str]]]:
+        got = passthrough.read_pci_mappings(f, node)
+        return {name: [[str(a) for a in alt] for alt in alts] for name, alts in got.items()}
+    # a map without node=, id= or a full path= is invalid (PVE::Mapping::PCI), not "every
+    # node": the same reading as the VM hand-off's (vmdevices.parse_mappings)
+    assert read("pve1") == {
+        "big": [["0000:41:00.0"]],
+        "split": [["0000:42:00.0", "0000:43:00.0"], ["0000:44:00.0"]],
+    }
+    assert read("pve2") == {"big": [["0000:81:00.0"]]}
 
 
 def test_read_pci_mappings_of_a_missing_file(tmp_path: Path) -> None:
@@ -88,7 +97,9 @@ def test_vm_passthrough_reads_every_hostpci_form(tmp_path: Path) -> None:
         "template.conf": "hostpci0: 60:00.0\n",  # not a VMID
         "203.conf.tmp": "hostpci0: 61:00.0\n",
     })
-    got = passthrough.vm_passthrough(d, {"big": ["0000:81:00.0"]})
+    big = PciAddress.parse("0000:81:00.0")
+    assert big is not None
+    got = passthrough.vm_passthrough(d, {"big": [(big,)]})
     assert [(r.vmid, r.name, str(r.address)) for r in got] == [
         (200, "trainer", "0000:41:00"),
         (200, "trainer", "0000:42:00.0"),
@@ -129,7 +140,7 @@ def test_vfio_gpus_lists_nvidia_display_devices_not_on_nvidia(tmp_path: Path) ->
                             "201.conf": "name: other\nhostpci0: 41:00.1\n",
                             "202.conf": "name: m\nhostpci0: mapping=g\n"})
     mapping = tmp_path / "pci.cfg"
-    mapping.write_text(f"g\n\tmap node={os.uname().nodename},path=0000:46:00.0\n")
+    mapping.write_text(f"g\n\tmap id=10de:2330,node={passthrough.this_node()},path=0000:46:00.0\n")
     assert [v.as_dict() for v in passthrough.vfio_gpus(devices, qemu, mapping)] == [
         {"pci_bus_id": "0000:41:00.0", "device": "10de:2330", "driver": "vfio-pci",
          "vms": [{"vmid": 200, "name": "trainer"}]},

@@ -110,7 +110,6 @@ TEXT_PARSERS: dict[str, str] = {
     "proxmox.hookscript:trusted": "a hookscript's #! line",
     "proxmox.hookscript:is_pveclean": "a hookscript volume id from a guest config",
     "proxmox.passthrough:_pci_ids": "a PCI mapping's id list (mapping/pci.cfg)",
-    "proxmox.passthrough:read_pci_mappings": "mapping/pci.cfg",
     "proxmox.passthrough:hostpci_ids": "a VM config's hostpciN value",
     "proxmox.passthrough:vfio_gpus": "sysfs PCI class text",
     "proxmox.vmtake:reservations": "qemu-server's pci-id-reservations file",
