@@ -25,7 +25,7 @@ from pveclean.core.text import safe
 from pveclean.core.xid import KmsgRecord, parse_record
 from pveclean.core.xidlog import Seen, XidLog, fold, from_dict, same_name, xids_in
 from pveclean.host import cgroupfs, procfs
-from pveclean.host.reportfiles import exclusive_temp
+from pveclean.host.reportfiles import replace_whole
 
 STATE_FILE = "xid.json"
 LOCK_FILE = "xid.lock"
@@ -48,18 +48,8 @@ def load(state_dir: str) -> XidLog:
 
 def save(state_dir: str, log: XidLog) -> None:
     """Atomically, 0600; a log not saved is read again next run (counted twice at worst)."""
-    d = Path(state_dir)
     with contextlib.suppress(OSError):
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = exclusive_temp(d, ".xid-", ".tmp", 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(log.as_dict(), fh)
-            os.replace(tmp, d / STATE_FILE)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace_whole(Path(state_dir) / STATE_FILE, json.dumps(log.as_dict()), ".xid-")
 
 
 def boot_id(path: str = BOOT_ID) -> str:

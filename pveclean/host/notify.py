@@ -5,7 +5,6 @@ logged or written is returned, for the report."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import os
@@ -17,7 +16,7 @@ from pathlib import Path
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 from pveclean.host import journal
-from pveclean.host.reportfiles import exclusive_temp
+from pveclean.host.reportfiles import replace_whole
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -156,16 +155,7 @@ def update_textfile(metrics_path: str, make: Callable[[str], str],
     fd = _lock(f"{path}.lock", lock_wait)
     try:
         text = make(_read_old(path))
-        tmpfd, tmp = exclusive_temp(path.parent, ".pveclean-", ".tmp")
-        try:
-            with os.fdopen(tmpfd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)  # rename replaces a symlink itself, never its target
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace_whole(path, text, ".pveclean-", 0o644)
     finally:
         os.close(fd)
 

@@ -109,11 +109,13 @@ def exclusive_temp(d: os.PathLike[str] | str, prefix: str, suffix: str,
     raise FileExistsError(f"no free temporary name in {d}")
 
 
-def replace_whole(path: Path, text: str, prefix: str) -> None:
-    """`path` replaced whole by `text`, atomically (0600, a fresh temp file beside it renamed
-    over it; the temp file removed when that fails)."""
+def replace_whole(path: Path, text: str, prefix: str, mode: int = 0o600) -> None:
+    """`path` replaced whole by `text`, atomically: a fresh temp file beside it (`prefix`...
+    `.tmp`, never a name that follows a symlink) renamed over it, which replaces a symlink
+    there, never its target; the temp file removed when that fails. A missing directory is
+    made 0700."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = exclusive_temp(path.parent, prefix, ".tmp", 0o600)
+    fd, tmp = exclusive_temp(path.parent, prefix, ".tmp", mode)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from pveclean.core.config import Config
+from pveclean.host.reportfiles import replace_whole
 from pveclean.proxmox.snippets import path_in_storage_cfg
 
 
@@ -34,12 +35,7 @@ def read_record(cfg: Config, vmid: int) -> tuple[str, str] | None:
 
 
 def write_record(cfg: Config, vmid: int, volid: str, path: str) -> None:
-    p = record_path(cfg, vmid)
-    p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(f"{volid}\n{path}\n", encoding="utf-8")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, p)
+    replace_whole(record_path(cfg, vmid), f"{volid}\n{path}\n", f".{vmid}.")
 
 
 def remove_record(cfg: Config, vmid: int) -> None:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from pveclean.core.config import Config
+from pveclean.host.reportfiles import replace_whole
 from pveclean.proxmox import pveconf
 
 MAX_RECORD = 1 << 20  # bytes read back: the state directory is root's, but stay bounded
@@ -28,13 +29,10 @@ BY_HOOK = "# by the hookscript's pre-start"
 def write(cfg: Config, vmid: int, gpu_lines: list[str], by_hook: bool) -> None:
     """Best effort: a start never fails for it (post-stop then reads the config). `by_hook`:
     the hookscript's pre-start wrote it (the drop-in's start-pre then need not look again)."""
-    p = record_path(cfg, vmid)
+    head = f"{BY_HOOK}\n" if by_hook else ""
     with contextlib.suppress(OSError):
-        p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = p.with_name(f".{vmid}.{os.getpid()}.tmp")
-        head = f"{BY_HOOK}\n" if by_hook else ""
-        tmp.write_text(head + "".join(f"{line}\n" for line in gpu_lines), encoding="utf-8")
-        os.replace(tmp, p)
+        replace_whole(record_path(cfg, vmid), head + "".join(f"{line}\n" for line in gpu_lines),
+                      f".{vmid}.")
 
 
 def hook_checked(cfg: Config, vmid: int, within: float) -> bool:
