@@ -33,8 +33,9 @@ def show_one(cfg: Config, args: list[str], as_json: bool, echo: Callable[[str, b
     try:
         # --json: the file's own values, as they are (a VM's report too); else typed
         doc = reportfiles.load(path)
-        vm = doc.get("kind") == "vm"  # a VM hook's report: its own values, as --json shows
-        text = (json.dumps(doc, indent=2, default=str) if as_json or vm
+        # a VM hook's or a reset's report: its own values, as --json shows
+        own = doc.get("kind") in ("vm", "reset")
+        text = (json.dumps(doc, indent=2, default=str) if as_json or own
                 else render_report(reportfiles.load_report(path)))
     except (OSError, reportfiles.ReportError) as exc:
         raise PvecleanError(f"cannot read report {path}: {exc}", ExitCode.USAGE) from None

@@ -250,8 +250,10 @@ def _reset(cfg: Config, doc: dict[str, object], p: plan_of.Plan, started: float,
 
 def _finish(cfg: Config, doc: dict[str, object], outcome: str, code: int, started: float,
             target: plan_of.Target | None, as_json: bool) -> int:
-    doc.update({"outcome": outcome, "start": started,
-                "seconds": round(time.time() - started, 3)})
+    from pveclean.core.report import iso
+
+    doc.update({"outcome": outcome, "start": iso(started),
+                "duration_s": round(time.time() - started, 3)})
     path = _write(cfg, doc, None if target is None else target.index)
     if as_json:
         say(json.dumps({**doc, "report": path}, indent=2, default=str))

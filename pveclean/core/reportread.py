@@ -281,8 +281,14 @@ class ReportRow:
 
 
 def row_of(name: str, d: Doc) -> ReportRow:
+    """A container's run, a VM's hook phase (its `time`) or a GPU reset (its `outcome`, no
+    VMID: shown as -)."""
     s = _doc(d.get("summary"))
-    return ReportRow(name, d.get("start"), d.get("vmid"), d.get("phase"), d.get("verdict"),
+    start = d.get("start", d.get("time"))
+    if d.get("kind") == "reset":
+        return ReportRow(name, start, "-", "reset", d.get("outcome"), 0, 0, 0,
+                         float(_num(d.get("duration_s"))))
+    return ReportRow(name, start, d.get("vmid"), d.get("phase"), d.get("verdict"),
                      s.get("stopped", 0), s.get("holders", 0), s.get("freed_mib", 0),
                      float(_num(d.get("duration_s"))))
 

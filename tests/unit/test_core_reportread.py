@@ -51,8 +51,16 @@ def test_what_is_no_containers_report_is_said_so(doc: dict[str, object], why: st
 
 
 def test_any_report_lists_as_a_row() -> None:
-    vm = {"kind": "vm", "vmid": 102, "phase": "pre-start", "verdict": "handed-off"}
-    lines = reports_table([row_of("129-post-stop-x.yaml", OLD), row_of("102-vm.yaml", vm)])
+    vm = {"kind": "vm", "vmid": 102, "phase": "pre-start", "verdict": "handed-off",
+          "time": "2026-12-06T22:01:02.003+00:00"}
+    reset = {"pveclean_report": 1, "kind": "reset", "asked": "0", "outcome": "refused",
+             "start": "2026-12-06T22:03:04.005+00:00", "duration_s": 0.25}
+    lines = reports_table([row_of("129-post-stop-x.yaml", OLD), row_of("102-vm.yaml", vm),
+                           row_of("reset-gpu0-x.yaml", reset), row_of("odd.yaml", {})])
     assert lines[1].split()[:6] == ["2026-05-28", "20:00:00", "129", "post-stop", "leaked",
                                     "1/1"]
-    assert lines[2].split()[:5] == ["?", "102", "pre-start", "handed-off", "0/0"]
+    assert lines[2].split()[:6] == ["2026-12-06", "22:01:02", "102", "pre-start", "handed-off",
+                                    "0/0"]
+    assert lines[3].split()[:7] == ["2026-12-06", "22:03:04", "-", "reset", "refused", "0/0",
+                                    "0"]
+    assert lines[4].split()[:4] == ["?", "?", "?", "?"]
