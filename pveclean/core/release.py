@@ -85,8 +85,9 @@ class GpuRelease:
         what = f"GPU {self.index}: {self.set_out_mib} MiB"
         if self.state is Release.RELEASED:
             return f"{what} released in {self.after_s} s"
-        if self.state is Release.NOT_JUDGED:
-            return f"{what} not judged: {self.reason}"
+        if self.state is Release.NOT_JUDGED:  # a holder's N/A figure: no MiB to say
+            return (f"{what} not judged: {self.reason}" if self.set_out_mib else
+                    f"GPU {self.index}: not judged: {self.reason}")
         return f"{what}: {self.left_mib} MiB {self.state} after {self.after_s} s"
 
 
@@ -207,6 +208,11 @@ def unsettled(rows: Sequence[GpuRelease]) -> list[GpuRelease]:
 
 def leaked(rows: Sequence[GpuRelease] | None) -> list[GpuRelease]:
     return [r for r in rows or [] if r.state is Release.LEAKED]
+
+
+def not_judged(rows: Sequence[GpuRelease] | None) -> list[GpuRelease]:
+    """Rows NVML did not answer for: the run's verdict is `not-judged` (never `clean`)."""
+    return [r for r in rows or [] if r.state is Release.NOT_JUDGED]
 
 
 def unlisted(gpus: Sequence[GpuMemory], why: str) -> NvmlProcesses:

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 
 from pveclean.core import release
-from pveclean.core.records import GpuMemory, NvmlProcesses
+from pveclean.core.records import GpuMemory, NvmlProcesses, SourceState
 from pveclean.core.release import GpuRelease
-from pveclean.core.verdicts import STOPPED
+from pveclean.core.verdicts import STOPPED, Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,6 +69,19 @@ def after_stop(run: Run, disc: Discovery, stopped: Stopped | None, asked: bool
     rows, last = watch(reads, rows, stopped.last_exit, min(end, allowance_end), allowance_end,
                        run.say)
     return (last if last is not None else reads.memory(end)), rows
+
+
+def unjudged(reads: Reads, disc: Discovery, so_far: Verdict) -> list[str]:
+    """What NVML did not answer for: each GPU that may be the container's whose process list
+    or memory it could not give, and, when holders were stopped (`so_far` clean), NVML itself
+    when it was not used (failed, hung, absent): the memory they had is not judged."""
+    out = list(dict.fromkeys(reads.unjudged))
+    nvml = disc.sources.get("nvml")
+    if so_far is Verdict.CLEAN and nvml is not None and not nvml.ok and nvml.state not in (
+            SourceState.NOT_RUN, SourceState.DISABLED):
+        out.append(f"NVML did not answer ({nvml}): the GPU memory of the stopped holders is "
+                   "not judged")
+    return out
 
 
 Judge = Callable[[list[GpuMemory], NvmlProcesses], list["Leak"]]

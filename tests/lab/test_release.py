@@ -236,3 +236,64 @@ def test_a_vm_start_is_refused_for_memory_that_stays_put(vm_host: Lab, vmid: int
     assert res.returncode != 0
     assert f"has {MIB} MiB that no process accounts for" in res.stdout, res.stdout
     assert "still being released" not in res.stdout
+
+
+# ---- memory NVML did not answer for is not judged: never clean, never leaked -----------------
+def test_a_failed_process_list_on_the_holders_gpu_is_not_judged(lab: Lab, vmid: int) -> None:
+    """The holder is stopped, but NVML's process list fails on the GPU it used: what it left
+    there cannot be told, so the run is `not-judged` (exit 6), not `clean` (nor `residual`:
+    nothing was seen to remain)."""
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=10)
+    pid = _holder(lab, vmid)
+    lab.nvml.gpu_error(0, "procs", "UNKNOWN")
+    code, rep = run_json(lab, vmid)
+    assert rep["verdict"] == "not-judged" and code == 6, rep
+    assert not lab.alive(pid) and rep["summary"]["outcomes"] == {"terminated": 1}
+    assert any("GPU 0 is unavailable" in e and "not verified free" in e
+               for e in rep["errors"]), rep["errors"]
+
+
+def test_memory_nvml_reports_as_not_available_is_not_judged(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=10)
+    pid = _holder(lab, vmid)
+    lab.nvml.set_process(0, pid, None, counted_mib=6144)  # usedGpuMemory N/A (MIG)
+    code, rep = run_json(lab, vmid)
+    assert rep["verdict"] == "not-judged" and code == 6, rep
+    (row,) = rep["release"]
+    assert row["state"] == "not-judged" and "not available" in row["reason"]
+
+
+def test_nvml_down_with_holders_stopped_is_not_judged(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=10)
+    pid = _holder(lab, vmid)
+    lab.nvml.init_error("DRIVER_NOT_LOADED")
+    code, rep = run_json(lab, vmid)
+    assert rep["verdict"] == "not-judged" and code == 6, rep
+    assert not lab.alive(pid)
+    assert any(e.startswith("NVML did not answer") for e in rep["errors"]), rep["errors"]
+
+
+def test_hook_phases_say_not_judged_and_never_fail_a_start(lab: Lab, vmid: int) -> None:
+    """pre-stop says it in the task log; a pre-start that stopped leftovers whose memory NVML
+    did not answer for starts (only a refusal with holders left fails a start)."""
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=10, pre_start_policy="refuse")
+    _holder(lab, vmid)
+    lab.install_hook(vmid)
+    lab.nvml.gpu_error(0, "procs", "UNKNOWN")
+    res = hook(lab, vmid, "pre-stop")
+    assert res.returncode == 0
+    (pre,) = reports(lab, vmid, "pre-stop")
+    assert pre["verdict"] == "not-judged", pre
+    assert "NVML did not answer for their memory (not judged): GPU 0 is unavailable" in \
+        res.stdout, res.stdout
+    lab.pct("stop", str(vmid))
+    w = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia0"])], pidns=True,
+                        cgroup=lab.cgroup(vmid) / "ns")  # a leftover of the earlier run
+    res = hook(lab, vmid, "pre-start")
+    assert res.returncode == 0, res.stdout
+    assert "not judged" in res.stdout and "starting anyway" in res.stdout, res.stdout
+    assert not any(lab.alive(p) for p in w.host_pids(lab))
