@@ -160,10 +160,8 @@ def _signal_round(run: Run, targets: list[Holder], term: bool) -> float | None:
             h.signals.append(why.note)
         if proven:
             exited = pidfds.stop(
-                proven, run.grace, end, run.opts.progress,
-                lambda pids: reads.call(pidfds.describe, pids,
-                                        end=run.deadline.end, what="survivors' state"),
-                run.freezer.set, term)
+                proven, run.grace if term else None, end, run.opts.progress,
+                releasewatch.describer(run), run.freezer.set, run.cfg.release_seconds)
             if exited is not None:
                 last_exit = max(last_exit or exited, exited)
     return last_exit

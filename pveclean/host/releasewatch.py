@@ -23,7 +23,27 @@ if TYPE_CHECKING:
     from pveclean.core.records import Discovery
     from pveclean.core.run import Run
     from pveclean.core.stopping import Stopped
+    from pveclean.host.pidfds import Described
     from pveclean.host.runreads import Reads
+
+
+def describer(run: Run) -> Callable[[list[int]], dict[int, Described] | None]:
+    """pidfds.stop's look at holders still there after their signals: their state and the
+    marks of an exit's progress from /proc (in the scan's worker), with the MiB NVML still
+    lists for each (None where NVML gives no answer)."""
+    from pveclean.host import pidfds
+
+    def look(pids: list[int]) -> dict[int, Described] | None:
+        got = run.reads.call(pidfds.describe, pids, end=run.deadline.end,
+                             what="survivors' state")
+        procs = run.reads.processes(run.deadline.work_end) if got else None
+        if not got or procs is None:
+            return got
+        mib = {pid: sum(m for m in per.values() if m is not None)
+               for pid, per in procs.by_pid.items()}
+        return {pid: (*d[:4], (*d[4][:3], mib.get(pid, 0))) for pid, d in got.items()}
+
+    return look
 
 
 def watch(reads: Reads, rows: list[GpuRelease], exited_at: float, end: float,

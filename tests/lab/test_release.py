@@ -141,11 +141,26 @@ def _fds(pid: int) -> list[str]:
         return []
 
 
-def test_a_process_seconds_in_exit_is_waited_for_and_clean(lab: Lab, vmid: int,
-                                                          hangfs: HangFs) -> None:
-    lab.write_config(grace_seconds=0.5, deadline_seconds=20)
+def _falling(lab: Lab, pid: int, mib: int, every: float, stop: threading.Event) -> None:
+    """NVML lists less for `pid` every `every` s (a real driver freeing a dying process's
+    memory in steps): the progress the run waits for."""
+    assert lab.nvml is not None
+    while not stop.wait(every) and mib > 400:
+        mib -= 400
+        lab.nvml.set_process(1, pid, mib)
+
+
+def test_a_process_ten_seconds_in_exit_is_waited_for_while_it_progresses_and_clean(
+        lab: Lab, vmid: int, hangfs: HangFs) -> None:
+    """Held in the kernel's exit for 10 s, twice the settle time, its NVML memory falling
+    every 2 s: waited for (not given up after 5 s of exit), gone, `clean`; the report says
+    how long it took after its SIGKILL."""
+    lab.write_config(grace_seconds=0.5, deadline_seconds=25)
     pid = _held_in_exit(lab, vmid, hangfs)
-    timer = threading.Timer(8.0, hangfs.close)  # the kernel lets it go after 8 s
+    stop = threading.Event()
+    steps = threading.Thread(target=_falling, args=(lab, pid, 4000, 2.0, stop), daemon=True)
+    timer = threading.Timer(10.0, hangfs.close)  # the kernel lets it go after 10 s
+    steps.start()
     timer.start()
     try:
         t0 = time.monotonic()
@@ -153,12 +168,39 @@ def test_a_process_seconds_in_exit_is_waited_for_and_clean(lab: Lab, vmid: int,
         elapsed = time.monotonic() - t0
     finally:
         timer.cancel()
+        stop.set()
         hangfs.close()
     assert code == 0 and rep["verdict"] == "clean", rep
-    assert 7.5 <= elapsed < 20, elapsed
+    assert 9.5 <= elapsed < 20, elapsed
     (h,) = [h for h in rep["holders"] if h["host_pid"] == pid]
-    assert h["outcome"] in ("terminated", "killed")
+    assert h["outcome"] == "killed", h
+    (took,) = [s for s in h["signals"] if s.startswith("gone ")]
+    assert "after its SIGKILL: in the kernel's exit, waited for while it made progress" in \
+        took and 8.5 <= float(took.split()[1]) < 12, took
     assert not lab.alive(pid)
+
+
+def test_a_process_in_exit_that_makes_no_progress_is_not_waited_for_to_the_deadline(
+        lab: Lab, vmid: int, hangfs: HangFs) -> None:
+    """Held in exit with nothing moving (no memory, task or CPU change, NVML's figure put):
+    given up after the settle time (5 s), long before the 25 s deadline, `exiting`, with how
+    long it was in exit; `residual` until it is gone. (Before: waited for to the deadline.)"""
+    lab.write_config(grace_seconds=0.5, deadline_seconds=25)
+    pid = _held_in_exit(lab, vmid, hangfs)
+    try:
+        t0 = time.monotonic()
+        code, rep = run_json(lab, vmid)
+        elapsed = time.monotonic() - t0
+        assert lab.alive(pid)
+    finally:
+        hangfs.close()
+    assert code == 1 and rep["verdict"] == "residual", rep
+    assert 5.0 <= elapsed < 9, elapsed
+    (h,) = [h for h in rep["holders"] if h["host_pid"] == pid]
+    assert h["outcome"] == "exiting", h
+    assert any("in the kernel's exit" in s and "no progress" in s and "not waited for longer"
+               in s for s in h["signals"]), h["signals"]
+    assert wait_for(lambda: not lab.alive(pid))
 
 
 def test_a_process_still_in_exit_at_the_deadline_is_exiting_not_survived(

@@ -94,6 +94,7 @@ TEXT_PARSERS: dict[str, str] = {
     "host.procfs:parse_stat": "/proc/PID/stat",
     "host.procfs:stat_flags": "/proc/PID/stat (its flags field)",
     "host.procfs:parse_status": "/proc/PID/status",
+    "host.pidfds:exit_marks": "/proc/PID/stat (utime, stime) and status (VmRSS, Threads)",
     "host.procfs:status_identity": "/proc/PID/status fields (Uid, NSpid)",
     "host.procfs:parse_cmdline": "/proc/PID/cmdline",
     "host.reportfiles:list_reports": "report file names on disk: the module that names them",
