@@ -54,6 +54,7 @@ TEXT_PARSERS: dict[str, str] = {
     "core.config:_api_ok": "config file values: a path must be absolute",
     "commands.reset:parse_gpu": "argv: the GPU as the user names it",
     "commands.xidhook:minor_to_pci": "the driver's /proc/driver/nvidia/gpus/*/information",
+    "host.nvmlfacts:driver_gpus": "the driver's /proc/driver/nvidia/gpus/*/information",
     "core.xid:parse_line": "the NVIDIA driver's Xid line in the kernel log",
     "core.xid:parse_record": "a /dev/kmsg record (the kernel's format)",
     "host.kmsg:_split": "/dev/kmsg records and their continuation lines",
