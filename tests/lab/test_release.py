@@ -203,6 +203,33 @@ def test_a_process_in_exit_that_makes_no_progress_is_not_waited_for_to_the_deadl
     assert wait_for(lambda: not lab.alive(pid))
 
 
+def test_pre_stop_keeps_its_deadline_while_a_holder_in_exit_progresses(
+        lab: Lab, vmid: int, hangfs: HangFs) -> None:
+    """A holder in exit that keeps making progress (NVML's figure falling every 0.5 s) is
+    waited for only within the hook's deadline: pre-stop's bound is unchanged; the holder is
+    `exiting`, post-stop's to judge."""
+    lab.write_config(grace_seconds=0.5, deadline_seconds=3)
+    pid = _held_in_exit(lab, vmid, hangfs)
+    lab.install_hook(vmid)
+    stop = threading.Event()
+    steps = threading.Thread(target=_falling, args=(lab, pid, 4000, 0.5, stop), daemon=True)
+    steps.start()
+    try:
+        t0 = time.monotonic()
+        res = hook(lab, vmid, "pre-stop")
+        elapsed = time.monotonic() - t0
+        assert lab.alive(pid)
+    finally:
+        stop.set()
+        hangfs.close()
+    assert res.returncode == 0
+    assert elapsed < 3 + 1.5, elapsed
+    (pre,) = reports(lab, vmid, "pre-stop")
+    (h,) = [h for h in pre["holders"] if h["host_pid"] == pid]
+    assert h["outcome"] == "exiting", h
+    assert wait_for(lambda: not lab.alive(pid))
+
+
 def test_a_process_still_in_exit_at_the_deadline_is_exiting_not_survived(
         lab: Lab, vmid: int, hangfs: HangFs) -> None:
     lab.write_config(grace_seconds=0.5, deadline_seconds=3)
