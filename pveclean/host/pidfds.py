@@ -176,8 +176,8 @@ def await_exits(rest: list[Target], deadline_at: float, allowance_end: float,
         if not stuck or now >= deadline_at:
             return watch
         info = describe_fn(stuck) or {}
-        watch |= {pid: release.exit_step(watch.get(pid), d[3], d[4], now)
-                  for pid, d in info.items()}
+        watch |= {pid: release.exit_step(watch.get(pid), d[3] and not d[2], d[4], now)
+                  for pid, d in info.items()}  # a frozen one is not on its way out
         if release.exits_waited({p: watch[p] for p in stuck if p in watch}, now,
                                 allowance_end):
             return watch
