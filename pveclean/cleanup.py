@@ -160,10 +160,8 @@ def _signal_round(run: Run, targets: list[Holder], term: bool) -> float | None:
             h.signals.append(why.note)
         if proven:
             exited = pidfds.stop(
-                proven, run.grace, end, run.opts.progress,
-                lambda pids: reads.call(pidfds.describe, pids,
-                                        end=run.deadline.end, what="survivors' state"),
-                run.freezer.set, term)
+                proven, run.grace if term else None, end, run.opts.progress,
+                releasewatch.describer(run), run.freezer.set, run.cfg.release_seconds)
             if exited is not None:
                 last_exit = max(last_exit or exited, exited)
     return last_exit
@@ -382,11 +380,11 @@ def _conclude(run: Run, disc: Discovery, unit_stops: UnitStops | None,
     asked = not (run.opts.dry_run or idle) and (disc.scanned or bool(holders))
     after, released = releasewatch.after_stop(run, disc, stopped, asked)
     problems = list(dict.fromkeys(reads.problems))
-    errors = list(problems)
-    verdict = verdicts.with_problems(so_far, problems)
+    unjudged = releasewatch.unjudged(reads, disc, so_far)  # never `clean` (issue 38)
+    errors, verdict = [*problems, *unjudged], verdicts.with_problems(so_far, problems)
     if reads.nvml_error and not idle and disc.sources["nvml"].ok:
         errors.append(reads.nvml_error)
-    found = Findings(verdict, holders, disc, before, after,
+    found = Findings(verdicts.with_unjudged(verdict, unjudged), holders, disc, before, after,
                      0 if stopped is None else stopped.rounds, errors,
                      None if stopped is None else stopped.verify_s, len(reads.killed))
     rep = build_report(stamp(run.started, run.deadline.elapsed()), run.vmid, run.opts.phase,

@@ -20,6 +20,10 @@ class ExitCode(IntEnum):
     ACCESS = 3  # container does not exist, pct or cgroup access failed
     REPORT = 4  # the cleanup ran but its report could not be written
     BUSY = 5  # another run holds this container's lock
+    # the holders were stopped, but NVML did not answer for the GPU memory they had (a GPU's
+    # process list failed, hung or is not supported, their memory "not available", NVML
+    # down): neither clean nor leaked (verdict `not-judged`, issue 38)
+    NOT_JUDGED = 6
     # `pveclean hook CT pre-start` only: a deliberate refusal to start (pre_start_policy:
     # refuse with holders left, or a chained hookscript that failed). The shim fails the start
     # on this code alone; any other status (a crash, a missing interpreter) is a warning and
@@ -39,6 +43,7 @@ EXIT_MEANING: dict[ExitCode, str] = {
     ExitCode.ACCESS: "container missing, or pct/cgroup/API access failed",
     ExitCode.REPORT: "the report could not be written",
     ExitCode.BUSY: "another run holds the container's lock",
+    ExitCode.NOT_JUDGED: "NVML did not answer for the GPU memory (not-judged)",
     ExitCode.INTERNAL: "internal error (a bug in pveclean: please report it)",
     ExitCode.REFUSE: "a hook's pre-start refused the start (pre_start_policy: refuse)",
     ExitCode.NOT_ROOT: "not run as root",

@@ -26,7 +26,7 @@ from typing import TextIO
 from pveclean.core import notjudged
 from pveclean.core.config import Config
 from pveclean.core.discovery import stall_for
-from pveclean.core.gpufaults import with_faults, with_known
+from pveclean.core.gpufaults import from_driver, with_faults, with_known
 from pveclean.core.gpumap import (
     GpuMap,
     GpuProc,
@@ -141,6 +141,9 @@ def _ask_nvml(nvml: Nvml, warnings: list[str]
             used = unlisted(gpus, str(fault))
     gpus = with_faults(gpus, used.faults)
     gpus, buses = with_known(gpus, buses, worker.state().setdefault("gpu_known", {}))
+    if any(not g.uuid for g in gpus):  # issue 38: a fresh process knows none: the driver's
+        from pveclean.host.nvmlfacts import driver_gpus  # (only then: not on every look)
+        gpus, buses = from_driver(gpus, buses, driver_gpus())
     for g in gpus:
         if not g.ok:
             warnings.append(f"GPU {g.index} is {g.status} ({g.reason}): NVML cannot tell who "

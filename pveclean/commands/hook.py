@@ -105,6 +105,10 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     elif rep.verdict == Verdict.CLEAN:
         say(f"pveclean: CT {vmid} pre-stop: stopped {s.stopped} GPU holders "
             f"({s.freed_mib} MiB freed) in {dur:.1f} s; {_where(res)}")
+    elif rep.verdict == Verdict.NOT_JUDGED:  # issue 38: not clean, nothing remains
+        say(f"pveclean: WARNING: CT {vmid} pre-stop: stopped {s.stopped} GPU holders, but "
+            f"NVML did not answer for their memory (not judged): {_not_judged(rep)}; "
+            f"{_where(res)}")
     elif rep.verdict == Verdict.LEAKED and not rep.remaining():  # issue 38: not "REMAIN"
         stuck = "; ".join(r.line() for r in leaked(rep.release))
         say(f"pveclean: WARNING: CT {vmid} pre-stop: stopped {s.stopped} GPU holders, but "
@@ -215,8 +219,8 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
                    Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout) as reads:
             memory = reads.memory(end)
             procs = reads.processes(end) if memory is not None else None
-        if memory is None or procs is None:
-            rep = rep.with_warning(f"post-stop memory check skipped: {reads.nvml_error}")
+        if memory is None or procs is None:  # not judged: never clean (issue 38)
+            rep = rep.with_unjudged([f"post-stop memory check skipped: {reads.nvml_error}"])
         else:
             ran_with = (startrecord.started_with(cfg, vmid) or _pre_stop_config(pre, vmid)
                         or res.ctconf)
@@ -226,8 +230,8 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
                 used = gpus_used(pre) if pre else set()  # memory still falling: waited for
                 leaks, memory, procs = releasewatch.settled_leaks(  # (reads' NVML session)
                     reads, (memory, procs), end, lambda m, p: find_leaks(m, p, minors, used))
-                for why in unchecked(memory, procs, minors):
-                    rep = rep.with_warning(why)  # a GPU NVML could not answer for: not judged
+                # a GPU NVML could not answer for: not judged, never clean
+                rep = rep.with_unjudged(unchecked(memory, procs, minors))
     rep = rep.with_leaks(leaks, _brief(pre))
     res = finish(rep, cfg, deadline=deadline)
     _unsaved(res)
@@ -236,7 +240,20 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
         say(f"pveclean: CT {vmid} post-stop: leaked {desc}; see {res.path}")
     elif rep.verdict == Verdict.RESIDUAL:
         say(f"pveclean: CT {vmid} post-stop: GPU holders remain; see {res.path}")
+    elif rep.verdict == Verdict.NOT_JUDGED:
+        say(f"pveclean: WARNING: CT {vmid} post-stop: GPU memory not judged (NVML did not "
+            f"answer for it): {_not_judged(rep)}; see {res.path}")
     return 0
+
+
+def _not_judged(rep: Report) -> str:
+    """Why a run's memory was not judged, in one line: its first reason and how many more."""
+    from pveclean.core.release import not_judged
+    reasons = [r.line() for r in not_judged(rep.release)] or rep.errors or [
+        w for w in rep.warnings if "not judged" in w or "not checked" in w
+        or "check skipped" in w] or ["unknown"]
+    more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    return f"{safe(reasons[0], 300)}{more}"
 
 
 def _busy(vmid: int, phase: str, res: RunResult) -> int:
@@ -276,6 +293,11 @@ def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
     left = rep.remaining()
     names = ", ".join(f"PID {h.host_pid} {safe(h.name, 16)} (state {safe(h.shown_state, 4)})"
                       for h in left[:5])
+    if rep.verdict == Verdict.NOT_JUDGED and not left:  # not knowing: no reason to refuse
+        say(f"pveclean: WARNING: CT {vmid} pre-start: stopped {rep.summary.stopped} leftover "
+            f"GPU holder(s); NVML did not answer for their memory (not judged): "
+            f"{_not_judged(rep)}; starting anyway; {_where(res)}")
+        return 0
     if not left:  # nothing seen that stays: not knowing is no reason to refuse
         say(f"pveclean: WARNING: CT {vmid} pre-start: could not check every leftover process: "
             f"{_first_error(rep)}; starting anyway; {_where(res)}")

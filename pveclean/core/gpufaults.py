@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 
 from pveclean.core.lazyre import lazy
-from pveclean.core.pci import PciAddress
+from pveclean.core.pci import PciAddress, sysfs_order
 from pveclean.core.records import GpuFault, GpuMemory, GpuStatus, NvmlProcesses
 
 Fault = GpuFault  # (status, reason)
@@ -129,5 +129,42 @@ def with_known(gpus: list[GpuMemory], buses: Mapping[int, PciAddress], known: Kn
             g = dataclasses.replace(g, uuid=prev[0], name=g.name or prev[1])
             if prev[2] is not None:
                 bus_ids.setdefault(g.index, prev[2])
+        out.append(g)
+    return out, bus_ids
+
+
+# a GPU as the driver's own /proc/driver/nvidia/gpus/<bus>/information gives it: (UUID, model,
+# bus id, minor); read by host/nvmlfacts.py, for GPUs NVML no longer names (a fresh process)
+DriverGpu = tuple[str, str, PciAddress, "int | None"]
+
+
+def from_driver(gpus: list[GpuMemory], buses: Mapping[int, PciAddress],
+                driver: list[DriverGpu]) -> tuple[list[GpuMemory], dict[int, PciAddress]]:
+    """The GPUs and bus ids, each GPU NVML did not name (no UUID: lost, a failed getter)
+    given the UUID, model, bus id and minor of the driver's entry with its minor, else its
+    bus id; the GPUs left and the entries no named GPU has are paired in PCI order when they
+    are as many (NVML numbers GPUs in PCI bus order)."""
+    bus_ids = dict(buses)
+    named = {g.uuid for g in gpus if g.uuid} | {bus_ids[g.index] for g in gpus
+                                                  if g.uuid and g.index in bus_ids}
+    free = [d for d in sorted(driver, key=lambda d: sysfs_order(d[2]))
+            if d[0] not in named and d[2] not in named]
+    by_minor = {d[3]: d for d in free if d[3] is not None}
+    by_bus = {d[2]: d for d in free}
+    unnamed = sorted((g for g in gpus if not g.uuid), key=lambda g: g.index)
+    found: dict[int, DriverGpu | None] = {
+        g.index: (by_minor.get(g.minor) if g.minor is not None else None)
+        or (by_bus.get(bus_ids[g.index]) if g.index in bus_ids else None) for g in unnamed}
+    rest = [g for g in unnamed if found[g.index] is None]
+    left = [d for d in free if d not in found.values()]
+    if rest and len(rest) == len(left):
+        found.update({g.index: d for g, d in zip(rest, left, strict=True)})
+    out = []
+    for g in gpus:
+        d = found.get(g.index)
+        if d is not None:
+            g = dataclasses.replace(g, uuid=d[0], name=g.name or d[1],
+                                    minor=d[3] if g.minor is None else g.minor)
+            bus_ids.setdefault(g.index, d[2])
         out.append(g)
     return out, bus_ids

@@ -85,8 +85,9 @@ class GpuRelease:
         what = f"GPU {self.index}: {self.set_out_mib} MiB"
         if self.state is Release.RELEASED:
             return f"{what} released in {self.after_s} s"
-        if self.state is Release.NOT_JUDGED:
-            return f"{what} not judged: {self.reason}"
+        if self.state is Release.NOT_JUDGED:  # a holder's N/A figure: no MiB to say
+            return (f"{what} not judged: {self.reason}" if self.set_out_mib else
+                    f"GPU {self.index}: not judged: {self.reason}")
         return f"{what}: {self.left_mib} MiB {self.state} after {self.after_s} s"
 
 
@@ -209,8 +210,73 @@ def leaked(rows: Sequence[GpuRelease] | None) -> list[GpuRelease]:
     return [r for r in rows or [] if r.state is Release.LEAKED]
 
 
+def not_judged(rows: Sequence[GpuRelease] | None) -> list[GpuRelease]:
+    """Rows NVML did not answer for: the run's verdict is `not-judged` (never `clean`)."""
+    return [r for r in rows or [] if r.state is Release.NOT_JUDGED]
+
+
 def unlisted(gpus: Sequence[GpuMemory], why: str) -> NvmlProcesses:
     """No process list came back at all (it failed or hung): every GPU's list is a fault, so
     no GPU's used memory is judged a leak (`gpus`, metrics, the VM guard)."""
     return NvmlProcesses({}, {g.index: (GpuStatus.UNAVAILABLE, f"no process list: {why}")
                               for g in gpus})
+
+
+# ---- a holder in the kernel's exit: waited for while it makes progress ---------------------
+# What an exit's progress shows in, per look (None: not read): resident KiB, tasks (threads),
+# CPU time in clock ticks (the kernel's teardown runs as the process: unpinning host memory
+# is CPU time), and the MiB NVML still lists for it. A D-state wait (a FUSE flush, a driver
+# waiting on the GPU) shows in none of them.
+Marks = tuple[int | None, int | None, int | None, int | None]
+
+
+@dataclass(frozen=True)
+class InExit:
+    """One signalled holder still there: whether it is in the kernel's exit, its last marks,
+    when it was first seen still there and when its marks last showed progress (monotonic)."""
+
+    exiting: bool
+    marks: Marks
+    first_s: float
+    moved_s: float
+
+    def stalled(self, now: float) -> float:
+        """Seconds since it last made progress."""
+        return round(now - self.moved_s, 3)
+
+
+def progressed(before: Marks, now: Marks) -> bool:
+    """Its memory (resident, NVML's) or its tasks fell, or it used CPU time."""
+    rss, tasks, cpu, gpu = (((a, b) if a is not None and b is not None else None)
+                            for a, b in zip(before, now, strict=True))
+    return bool((rss and rss[1] < rss[0]) or (tasks and tasks[1] < tasks[0])
+                or (cpu and cpu[1] > cpu[0]) or (gpu and gpu[1] < gpu[0]))
+
+
+def exit_step(prev: InExit | None, exiting: bool, marks: Marks, now: float) -> InExit:
+    """One look at a holder still there after its signals: progress (or its entering the
+    exit) moves `moved_s` to `now`; a first look counts as progress."""
+    if prev is None:
+        return InExit(exiting, marks, now, now)
+    moved = progressed(prev.marks, marks) or (exiting and not prev.exiting)
+    return InExit(exiting, marks, prev.first_s, now if moved else prev.moved_s)
+
+
+def exits_waited(watch: Mapping[int, InExit], now: float, allowance_end: float) -> bool:
+    """Nothing more to wait for: every holder still there is in the kernel's exit and has
+    made no progress for SETTLE_S, or the release allowance is spent. A holder not in exit
+    (frozen, or not yet) is waited for until the deadline, as before."""
+    return bool(watch) and all(
+        w.exiting and (now - w.moved_s >= SETTLE_S or now >= allowance_end)
+        for w in watch.values())
+
+
+def exit_note(w: InExit, killed_at: float, exited_at: float | None, now: float) -> str:
+    """The holder's line in the report: how long after its SIGKILL (`killed_at`) it was gone,
+    or how long it has been in exit and since when it made no progress."""
+    if exited_at is not None:
+        return (f"gone {round(exited_at - killed_at, 3)} s after its SIGKILL: in the kernel's "
+                "exit, waited for while it made progress")
+    return (f"in the kernel's exit {round(now - killed_at, 3)} s after its SIGKILL; no "
+            f"progress (memory, tasks, CPU time) for the last {w.stalled(now)} s: not waited "
+            "for longer")

@@ -20,7 +20,14 @@ from pveclean.core.records import (
 )
 from pveclean.core.redact import MAX_VALUE, Redactor
 from pveclean.core.reportparts import GpuRow, Settings, Sources, more_line, sources_dict
-from pveclean.core.verdicts import REMAINING, STOPPED, Outcome, Verdict, with_leaks
+from pveclean.core.verdicts import (
+    REMAINING,
+    STOPPED,
+    Outcome,
+    Verdict,
+    with_leaks,
+    with_unjudged,
+)
 
 __all__ = ["MAX_VALUE", "Redactor", "Report", "build_report", "busy_report", "find_leaks",
            "memory_table"]
@@ -223,6 +230,12 @@ class Report:
         return dataclasses.replace(self, leaks=leaks, pre_stop_report=pre,
                                    verdict=with_leaks(self.verdict, leaks))
 
+    def with_unjudged(self, reasons: list[str]) -> Report:
+        """Memory NVML did not answer for (a post-stop's leak check): each reason a warning,
+        the verdict `not-judged` unless already worse (core/verdicts.py)."""
+        return dataclasses.replace(self, warnings=[*self.warnings, *reasons],
+                                   verdict=with_unjudged(self.verdict, reasons))
+
     def leaked_mib(self) -> int:
         """MiB leaked: a post-stop's leaks, and what a stop's release left (issue 38)."""
         from pveclean.core.release import leaked
@@ -231,12 +244,14 @@ class Report:
 
     def with_release(self, rows: list[GpuRelease] | None) -> Report:
         """Where the memory the stop set out to free stands (None: not watched): what is not
-        back is a warning; what is leaked makes the verdict `leaked` (unless already worse)."""
+        back is a warning; what is leaked makes the verdict `leaked`, what NVML did not answer
+        for `not-judged` (each unless already worse)."""
         if rows is None:
             return self
-        from pveclean.core.release import leaked, unsettled
+        from pveclean.core.release import leaked, not_judged, unsettled
+        verdict = with_unjudged(self.verdict, [r.line() for r in not_judged(rows)])
         return dataclasses.replace(
-            self, release=list(rows), verdict=with_leaks(self.verdict, leaked(rows)),
+            self, release=list(rows), verdict=with_leaks(verdict, leaked(rows)),
             warnings=[*self.warnings, *(r.line() for r in unsettled(rows))])
 
     def as_dict(self) -> dict[str, object]:

@@ -18,6 +18,10 @@ class Verdict(StrEnum):
     DEFERRED = "deferred"  # pre-stop of a clean shutdown: recorded, left to the guest
     RESIDUAL = "residual"
     LEAKED = "leaked"
+    # the holders were stopped, but NVML did not answer for the memory they had (a process
+    # list that failed, hung or is not supported on their GPU, per-process memory "not
+    # available", NVML down): neither clean nor leaked (issue 38)
+    NOT_JUDGED = "not-judged"
     ERROR = "error"
     BUSY = "busy"
 
@@ -44,6 +48,7 @@ VERDICT_EXIT: dict[str, ExitCode] = {
     Verdict.DEFERRED: ExitCode.OK,
     Verdict.RESIDUAL: ExitCode.RESIDUAL,
     Verdict.LEAKED: ExitCode.RESIDUAL,
+    Verdict.NOT_JUDGED: ExitCode.NOT_JUDGED,
     Verdict.ERROR: ExitCode.ACCESS,
     Verdict.BUSY: ExitCode.BUSY,
 }
@@ -72,6 +77,14 @@ def with_problems(verdict: Verdict, problems: list[str]) -> Verdict:
     return Verdict.RESIDUAL if problems and verdict in UNTROUBLED else verdict
 
 
+def with_unjudged(verdict: Verdict, reasons: Sequence[str]) -> Verdict:
+    """Memory NVML did not answer for (`reasons`, one per GPU or for NVML as a whole): a
+    clean or empty result is `not-judged`, never `clean`; a worse one stays."""
+    return Verdict.NOT_JUDGED if reasons and verdict in UNTROUBLED else verdict
+
+
 def with_leaks(verdict: Verdict, leaks: Sequence[object]) -> Verdict:
-    """A post-stop that finds memory no process holds: leaked, unless already worse."""
-    return Verdict.LEAKED if leaks and verdict in UNTROUBLED else verdict
+    """A post-stop that finds memory no process holds: leaked, unless already worse (what
+    NVML did show on one GPU outweighs what it did not answer for on another)."""
+    return Verdict.LEAKED if leaks and (verdict in UNTROUBLED
+                                        or verdict is Verdict.NOT_JUDGED) else verdict

@@ -211,7 +211,8 @@ def still_held(addresses: list[PciAddress], gmap: GpuMap, allow_host: list[str]
             out.append(f"GPU {g.index} ({addr}): {g.leak_mib} MiB still allocated with no "
                        "process")
         elif not g.ok:
-            out.append(f"GPU {g.index} ({addr}) is {g.status}: not verified")
+            out.append(f"GPU {g.index} ({addr}) is {g.status}: NVML did not answer for it "
+                       "(not judged)")
     if any(g.pci_bus_id in wanted for g in gmap.gpus):
         out += [f"still held: {line}" for line in _untied(gmap, allow_host)]
     return out

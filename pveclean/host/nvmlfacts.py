@@ -1,9 +1,14 @@
 """What `pveclean doctor` asks NVML: the driver version its library reports, and each GPU's
-minor, PCI address and persistence mode (read through host/persistence.py)."""
+minor, PCI address and persistence mode (read through host/persistence.py); and what the
+driver itself says of each GPU (/proc/driver/nvidia/gpus/*/information), for a GPU NVML no
+longer names (issue 38: a lost GPU keeps its UUID and bus id in a fresh process)."""
 
 from __future__ import annotations
 
 from pveclean.core.doctor import HostGpu
+from pveclean.core.gpufaults import DriverGpu
+from pveclean.core.pci import PciAddress
+from pveclean.host import procfs
 from pveclean.host.nvml import Nvml, NvmlUnavailable
 from pveclean.host.persistence import persistence_mode
 
@@ -29,3 +34,25 @@ def nvml_facts(nv: Nvml) -> tuple[str | None, list[HostGpu], str | None]:
             mode = None
         gpus.append(HostGpu(index, minor, buses.get(index), mode))
     return version, gpus, None
+
+
+def driver_gpus() -> list[DriverGpu]:
+    """(UUID, model, bus id, minor) of each GPU in the driver's own
+    /proc/driver/nvidia/gpus/<bus id>/information (`GPU UUID:`, `Model:`, `Bus Location:`,
+    `Device Minor:`; below the settable /proc root); an entry without a UUID is left out."""
+    out: list[DriverGpu] = []
+    for name in procfs.listdir(procfs.path("driver", "nvidia", "gpus")) or []:
+        text = procfs.read_text(procfs.path("driver", "nvidia", "gpus", name, "information"),
+                                1 << 14) or ""
+        fields: dict[str, str] = {}
+        for line in text.split("\n"):  # the kernel's line ends only
+            key, sep, value = line.partition(":")
+            if sep:
+                fields.setdefault(key.strip(), value.strip())
+        bus = PciAddress.parse(fields.get("Bus Location", "")) or PciAddress.parse(name)
+        minor = fields.get("Device Minor", "")
+        uuid = fields.get("GPU UUID", "")
+        if bus is not None and uuid.startswith(("GPU-", "MIG-")) and uuid.isprintable():
+            out.append((uuid[:80], fields.get("Model", "")[:96], bus,
+                        int(minor) if minor.isdigit() else None))
+    return out

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pveclean.core import records
+from pveclean.core import records, release
 from pveclean.core.records import (
     GpuDevices,
     Holder,
@@ -124,8 +124,12 @@ def check_identities(holders: list[Holder], vmid: int, devices: GpuDevices, runn
     return out
 
 
-Described = tuple[str | None, str | None, bool, bool]  # state, wchan, frozen, exiting
-EXITING_NOTE = ("in the kernel's exit at the deadline (PF_EXITING or SIGKILL pending): not a "
+# state, wchan, frozen, exiting, and the marks an exit's progress shows in (core/release.py)
+Described = tuple[str | None, str | None, bool, bool, release.Marks]
+EXIT_LOOK = 0.25  # s between two looks at holders still there after their SIGKILL
+NO_MARKS: release.Marks = (None, None, None, None)
+EXITING_NOTE = ("in the kernel's exit when the run stopped waiting (PF_EXITING or SIGKILL "
+                "pending): not a "
                 "survivor; its GPU memory comes back once the kernel lets it go")
 
 
@@ -137,8 +141,46 @@ def describe(pids: list[int]) -> dict[int, Described]:
         worker.note(("pid", pid), None)
         st = procfs.read_status(pid)
         out[pid] = (st.state if st else None, procfs.wchan(pid), cgroupfs.frozen(pid),
-                    procfs.exiting(pid))
+                    procfs.exiting(pid), exit_marks(pid))
     return out
+
+
+def exit_marks(pid: int) -> release.Marks:
+    """Resident KiB and tasks (/proc/PID/status: VmRSS is gone once the kernel has taken its
+    address space) and CPU ticks (utime + stime, /proc/PID/stat); NVML's MiB: the caller's."""
+    status = procfs.read_text(procfs.path(pid, "status"))
+    fields = procfs.parse_status(status) if status else {}
+    stat = procfs.read_text(procfs.path(pid, "stat")) or ""
+    rest = stat[stat.rfind(")") + 1:].split()
+
+    def num(text: str | None) -> int | None:
+        return int(text) if text is not None and text.isdigit() else None
+
+    rss = num((fields.get("VmRSS") or "0 kB").split()[0]) if status else None
+    cpu = (num(rest[11]) or 0) + (num(rest[12]) or 0) if len(rest) > 12 else None
+    return rss, num(fields.get("Threads")), cpu, None
+
+
+def await_exits(rest: list[Target], deadline_at: float, allowance_end: float,
+                describe_fn: Callable[[list[int]], dict[int, Described] | None]
+                ) -> dict[int, release.InExit]:
+    """Wait for the SIGKILLed `rest` until they are gone or the deadline, looking every
+    EXIT_LOOK at those still there: once every one left is in the kernel's exit and has made
+    no progress for release.SETTLE_S (or the release allowance is spent), it waits no more.
+    What each look saw of each (core/release.py)."""
+    watch: dict[int, release.InExit] = {}
+    while True:
+        wait_exits(rest, min(deadline_at, time.monotonic() + EXIT_LOOK))
+        stuck = [t.holder.host_pid for t in rest if t.exited_at is None]
+        now = time.monotonic()
+        if not stuck or now >= deadline_at:
+            return watch
+        info = describe_fn(stuck) or {}
+        watch |= {pid: release.exit_step(watch.get(pid), d[3] and not d[2], d[4], now)
+                  for pid, d in info.items()}  # a frozen one is not on its way out
+        if release.exits_waited({p: watch[p] for p in stuck if p in watch}, now,
+                                allowance_end):
+            return watch
 
 
 def _check_identity(holder: Holder, vmid: int, devices: GpuDevices, running: bool
@@ -193,22 +235,51 @@ def _send(t: Target, sig: Sig, t0: float) -> bool:
     return True
 
 
+def _outcome(t: Target, info: dict[int, Described], seen: release.InExit | None,
+             after_term: float, killed_at: float) -> None:
+    """What became of one target (its pidfd closed): gone after SIGTERM or SIGKILL, or still
+    there, `exiting` (in the kernel's exit, not frozen) or `survived`; a holder seen in exit
+    gets a line saying how long it took (core/release.py)."""
+    h = t.holder
+    if seen is not None and seen.exiting:
+        h.note(release.exit_note(seen, killed_at, t.exited_at, time.monotonic()))
+    if t.exited_at is None:
+        state, wch, is_frozen, out, _marks = info.get(h.host_pid, (None, None, False, False,
+                                                                   NO_MARKS))
+        h.outcome = Outcome.EXITING if out and not is_frozen else Outcome.SURVIVED
+        if out and not is_frozen:
+            h.note(EXITING_NOTE)
+        h.state = state or h.state
+        h.wchan = wch
+        h.frozen = h.frozen or is_frozen
+    elif t.exited_at <= after_term and not any(s.signal is Sig.KILL for s in h.signals):
+        h.outcome = Outcome.TERMINATED
+    else:
+        h.outcome = Outcome.KILLED
+    os.close(t.pidfd)
+
+
 def stop(
     targets: list[Target],
-    grace: float,
+    grace: float | None,
     deadline_at: float,
     progress: Callable[[str], None] | None = None,
     describe_fn: Callable[[list[int]], dict[int, Described] | None] | None = None,
     hold: Callable[[bool], None] | None = None,
-    term: bool = True,
+    allowance: float | None = None,
 ) -> float | None:
-    """SIGTERM all at once, poll up to `grace`, SIGKILL the rest, poll until the deadline.
+    """SIGTERM all at once, poll up to `grace`, SIGKILL the rest, poll until the deadline
+    (await_exits: a holder in the kernel's exit is waited for while it makes progress, up to
+    `allowance` s, release_seconds, after the first signal; never past `deadline_at`).
     Returns when (monotonic) the last of them exited, None if none did. `hold(on)` freezes
     (True) or thaws (False) the container's tree (host/freezer.py); it is called frozen:
     the grace runs thawed (a process exits cleanly only if it runs), the SIGKILLs are
-    decided and sent frozen, their exits waited for thawed. `term` False: SIGKILL at once,
+    decided and sent frozen, their exits waited for thawed. `grace` None: SIGKILL at once,
     no SIGTERM and no grace (processes that multiply when asked to stop)."""
     hold = hold or (lambda _on: None)
+    term = grace is not None
+    grace = grace or 0.0
+    watch: dict[int, release.InExit] = {}
     t0 = time.monotonic()
     termed = [t for t in targets if _send(t, Sig.TERM, t0)] if term else []
     if progress and termed:
@@ -230,23 +301,14 @@ def stop(
             progress(f"SIGKILL sent to {len(rest)} still running after the grace "
                      f"({', '.join(t.holder.name for t in rest[:5])}); waiting up to "
                      f"{deadline_at - time.monotonic():.1f} s")
-        wait_exits(rest, deadline_at)
+        watch = await_exits(rest, deadline_at, t0 + (allowance if allowance is not None
+                                                     else deadline_at), describe_fn or describe)
     stuck = [t.holder.host_pid for t in targets if t.exited_at is None]
     info = ((describe_fn or describe)(stuck) or {}) if stuck else {}
+    killed_at = time.monotonic() if not rest else min(
+        (t0 + s.at for t in rest for s in t.holder.signals if s.signal is Sig.KILL and
+         s.at is not None), default=after_term)
     for t in targets:
-        h = t.holder
-        if t.exited_at is None:
-            state, wch, is_frozen, out = info.get(h.host_pid, (None, None, False, False))
-            h.outcome = Outcome.EXITING if out and not is_frozen else Outcome.SURVIVED
-            if out and not is_frozen:
-                h.note(EXITING_NOTE)
-            h.state = state or h.state
-            h.wchan = wch
-            h.frozen = h.frozen or is_frozen
-        elif t.exited_at <= after_term and not any(s.signal is Sig.KILL for s in h.signals):
-            h.outcome = Outcome.TERMINATED
-        else:
-            h.outcome = Outcome.KILLED
-        os.close(t.pidfd)
+        _outcome(t, info, watch.get(t.holder.host_pid), after_term, killed_at)
     exits = [t.exited_at for t in targets if t.exited_at is not None]
     return max(exits) if exits else None

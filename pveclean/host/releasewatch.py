@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 
 from pveclean.core import release
-from pveclean.core.records import GpuMemory, NvmlProcesses
+from pveclean.core.records import GpuMemory, NvmlProcesses, SourceState
 from pveclean.core.release import GpuRelease
-from pveclean.core.verdicts import STOPPED
+from pveclean.core.verdicts import STOPPED, Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,7 +23,27 @@ if TYPE_CHECKING:
     from pveclean.core.records import Discovery
     from pveclean.core.run import Run
     from pveclean.core.stopping import Stopped
+    from pveclean.host.pidfds import Described
     from pveclean.host.runreads import Reads
+
+
+def describer(run: Run) -> Callable[[list[int]], dict[int, Described] | None]:
+    """pidfds.stop's look at holders still there after their signals: their state and the
+    marks of an exit's progress from /proc (in the scan's worker), with the MiB NVML still
+    lists for each (None where NVML gives no answer)."""
+    from pveclean.host import pidfds
+
+    def look(pids: list[int]) -> dict[int, Described] | None:
+        got = run.reads.call(pidfds.describe, pids, end=run.deadline.end,
+                             what="survivors' state")
+        procs = run.reads.processes(run.deadline.work_end) if got else None
+        if not got or procs is None:
+            return got
+        mib = {pid: sum(m for m in per.values() if m is not None)
+               for pid, per in procs.by_pid.items()}
+        return {pid: (*d[:4], (*d[4][:3], mib.get(pid, 0))) for pid, d in got.items()}
+
+    return look
 
 
 def watch(reads: Reads, rows: list[GpuRelease], exited_at: float, end: float,
@@ -69,6 +89,19 @@ def after_stop(run: Run, disc: Discovery, stopped: Stopped | None, asked: bool
     rows, last = watch(reads, rows, stopped.last_exit, min(end, allowance_end), allowance_end,
                        run.say)
     return (last if last is not None else reads.memory(end)), rows
+
+
+def unjudged(reads: Reads, disc: Discovery, so_far: Verdict) -> list[str]:
+    """What NVML did not answer for: each GPU that may be the container's whose process list
+    or memory it could not give, and, when holders were stopped (`so_far` clean), NVML itself
+    when it was not used (failed, hung, absent): the memory they had is not judged."""
+    out = list(dict.fromkeys(reads.unjudged))
+    nvml = disc.sources.get("nvml")
+    if so_far is Verdict.CLEAN and nvml is not None and not nvml.ok and nvml.state not in (
+            SourceState.NOT_RUN, SourceState.DISABLED):
+        out.append(f"NVML did not answer ({nvml}): the GPU memory of the stopped holders is "
+                   "not judged")
+    return out
 
 
 Judge = Callable[[list[GpuMemory], NvmlProcesses], list["Leak"]]

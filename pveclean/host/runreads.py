@@ -112,6 +112,9 @@ class Reads:
         self.nvml = NvmlSession(nvml_worker, deadline, stall, nvml_on, nvml_timeout)
         self.before: list[GpuMemory] | None = None  # GPU memory when discovery began
         self.gpus: GpuWatch | None = None  # GPUs NVML could not answer for (see host())
+        # one line per GPU that may be the container's and NVML could not answer for: its
+        # memory is not judged (the verdict `not-judged`, never `clean`; issue 38)
+        self.unjudged: list[str] = []
 
     @property
     def nvml_error(self) -> str | None:
@@ -206,7 +209,7 @@ class Reads:
         held = {m for pid in view.holders for m in gpu_minors(view.rdevs.get(pid, ()),
                                                               scope.devices)}
         self.gpus = GpuWatch(config_minors(scope.probe_patterns), held)
-        self.problems += self.gpus.note(self.before, procs.faults)
+        self.unjudged += self.gpus.note(self.before, procs.faults)
         if self.before is not None and procs.faults:
             self.before = with_faults(self.before, procs.faults)
         return view, merge_nvml(view, procs, self._nvml_reader(scope, end)), status, []
@@ -254,7 +257,7 @@ class Reads:
         when it may be the container's)."""
         gpus = self.nvml.memory() if self.nvml.send(w_memory, end, MEMORY) else None
         if self.gpus is not None:
-            self.problems += self.gpus.note(gpus, {})
+            self.unjudged += self.gpus.note(gpus, {})
         return gpus
 
     def processes(self, end: float) -> NvmlProcesses | None:

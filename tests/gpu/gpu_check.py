@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -27,21 +26,17 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, run from anywhere
+import gpuplumb  # tests/gpu/gpuplumb.py: what the GPU scripts share
+
 HOLDER = r"""
-import ctypes, os, signal, sys, time
+import os, signal, sys, time
 gib, gpu = float(sys.argv[1]), int(sys.argv[4])
 ignore_term, fork_child = sys.argv[2] == "1", sys.argv[3] == "1"
 if ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-cuda = ctypes.CDLL("libcuda.so.1")
-def ok(r, what):
-    if r != 0:
-        print(f"holder: {what} failed: CUDA error {r}", flush=True); sys.exit(3)
-ok(cuda.cuInit(0), "cuInit")
-dev = ctypes.c_int(); ok(cuda.cuDeviceGet(ctypes.byref(dev), gpu), "cuDeviceGet")
-ctx = ctypes.c_void_p(); ok(cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev), "cuCtxCreate")
-ptr = ctypes.c_uint64()
-ok(cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(gib * 2**30))), "cuMemAlloc")
+""" + gpuplumb.CUDA_CTYPES + r"""
+ptr = alloc(gib)
 if fork_child and os.fork() == 0:
     time.sleep(3600); sys.exit(0)   # keeps the inherited /dev/nvidia* fds, no context of its own
 print("ready", flush=True)
@@ -56,7 +51,7 @@ gib, gpu = float(sys.argv[1]), int(sys.argv[4])
 ignore_term, fork_child = sys.argv[2] == "1", sys.argv[3] == "1"
 if ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-fd = os.open(os.environ["GPU_CHECK_NODE"], os.O_RDWR)  # what a CUDA context holds
+""" + gpuplumb.FAKE_NODE + r"""  # what a CUDA context holds
 if fork_child and os.fork() == 0:
     time.sleep(3600); sys.exit(0)
 print("ready", flush=True)
@@ -95,60 +90,22 @@ FAKE_NVML: str | None = None
 
 
 def fake_memory(pid: int, gib: float, gpu: int) -> None:
-    """Fake mode: the memory a CUDA context would have, keyed by host PID as NVML does."""
-    if FAKE_NVML:
-        with open(Path(FAKE_NVML).parent / "fakenvml.state", "a") as fh:
-            fh.write(f"proc {gpu} {pid} {int(gib * 1024)}\n")
+    gpuplumb.fake_memory(FAKE_NVML, pid, gib, gpu)
 
 
 def nvml_state() -> dict[int, int]:
-    import pynvml
-
-    if FAKE_NVML and pynvml.nvmlLib is None:
-        pynvml.nvmlLib = ctypes.CDLL(FAKE_NVML)
-    pynvml.nvmlInit()
-    out = {}
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        out[i] = int(pynvml.nvmlDeviceGetMemoryInfo(h).used) // 2**20
-    return out
+    return gpuplumb.used_mib(FAKE_NVML)
 
 
 def preflight() -> str | None:
-    if sys.platform != "linux":
-        return "needs Linux"
-    if os.geteuid() != 0:
-        return "needs root (cgroups, PID namespaces, signals)"
-    if FAKE_NVML:
-        return None
-    if not Path("/dev/nvidiactl").exists():
-        return "no NVIDIA GPU here (/dev/nvidiactl missing): run it on a machine with a GPU"
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return "no CUDA driver library (libcuda.so.1) here"
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as exc:
-        return f"NVML does not work here: {exc}"
-    for tool in ("unshare", "nsenter"):
-        if shutil.which(tool) is None:
-            return f"{tool} (util-linux) not found"
-    return None
+    return gpuplumb.preflight(FAKE_NVML)
 
 
 def move(pid: int, cgroup: Path) -> None:
     (cgroup / "cgroup.procs").write_text(str(pid))
 
 
-def alive(pid: int) -> bool:
-    try:
-        s = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return s[s.rfind(")") + 2] not in "ZX"
+alive = gpuplumb.alive
 
 
 def run(args: argparse.Namespace) -> int:
@@ -381,13 +338,11 @@ def main() -> int:
     ap.add_argument("--handoff-view", action="store_true",
                     help="instead: read-only, each NVIDIA GPU's IOMMU group, drivers and "
                          "persistence mode as the VM hook reads them (changes nothing)")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import release_check  # tests/gpu/release_check.py, beside this script (issue 38)
 
     release_check.add_options(ap)
     args = ap.parse_args()
     if args.handoff_view:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
         import handoff_view
 
         return int(handoff_view.main(args.fake_nvml))
@@ -397,8 +352,7 @@ def main() -> int:
     if args.fake_nvml:
         FAKE_NVML = str(Path(args.fake_nvml).resolve())
         args.fake_nvml = FAKE_NVML
-        os.environ["GPU_CHECK_NODE"] = sorted(
-            str(p) for p in Path(args.devices).parent.glob(Path(args.devices).name))[0]
+        gpuplumb.fake_node(args.devices)
     if args.release_only or args.release:
         why = preflight()
         if why:

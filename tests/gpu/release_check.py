@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import math
 import os
@@ -29,8 +28,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, run from anywhere
+import gpuplumb  # tests/gpu/gpuplumb.py: what the GPU scripts share
+
 PF_EXITING = 0x4
-MIB = 2**20
+MIB = gpuplumb.MIB
 
 HOLDER = r"""
 import ctypes, os, signal, sys, time
@@ -50,15 +52,8 @@ try:
         torch.cuda.empty_cache()
     how = "torch"
 except ImportError:
-    cuda = ctypes.CDLL("libcuda.so.1")
-    def ok(r, what):
-        if r != 0:
-            print(f"holder: {what} failed: CUDA error {r}", flush=True); sys.exit(3)
-    ok(cuda.cuInit(0), "cuInit")
-    d = ctypes.c_int(); ok(cuda.cuDeviceGet(ctypes.byref(d), gpu), "cuDeviceGet")
-    ctx = ctypes.c_void_p(); ok(cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, d), "cuCtxCreate")
-    ptr = ctypes.c_uint64()
-    ok(cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(gib * 2**30))), "cuMemAlloc")
+""" + gpuplumb.CUDA_CTYPES.replace("\n", "\n    ") + r"""
+    ptr = alloc(gib)
     hptr = ctypes.c_void_p()
     if pinned_gib:
         ok(cuda.cuMemAllocHost_v2(ctypes.byref(hptr), ctypes.c_size_t(int(pinned_gib * 2**30))),
@@ -82,7 +77,7 @@ time.sleep(3600)
 FAKE_HOLDER = r"""
 import os, signal, sys, time
 gib, pinned_gib = float(sys.argv[1]), float(sys.argv[2])
-fd = os.open(os.environ["GPU_CHECK_NODE"], os.O_RDWR)
+""" + gpuplumb.FAKE_NODE + r"""
 host = bytearray(int(pinned_gib * 2**20))  # fake mode: MiB, not GiB
 signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
 print("ready fake", flush=True)
@@ -113,13 +108,8 @@ class Gpu:
     """NVML for one GPU: used MiB and the PIDs of its process lists."""
 
     def __init__(self, index: int, fake: str | None) -> None:
-        import pynvml
-
-        if fake and pynvml.nvmlLib is None:
-            pynvml.nvmlLib = ctypes.CDLL(fake)
-        pynvml.nvmlInit()
-        self.nv = pynvml
-        self.h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.nv = gpuplumb.nvml(fake)
+        self.h = self.nv.nvmlDeviceGetHandleByIndex(index)
 
     def used(self) -> int:
         return int(self.nv.nvmlDeviceGetMemoryInfo(self.h).used) // MIB
@@ -134,20 +124,12 @@ class Gpu:
 
 
 def flags(pid: int) -> int | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = text[text.rfind(")") + 1:].split()
-    return int(rest[6]) if len(rest) > 6 else None
+    rest = gpuplumb.stat_rest(pid)
+    return int(rest[6]) if rest and len(rest) > 6 and rest[6].isdigit() else None
 
 
 def gone(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return text[text.rfind(")") + 2] in "ZX"
+    return not gpuplumb.alive(pid)
 
 
 def available_gib() -> float:
@@ -196,9 +178,7 @@ def one_trial(t: Trial, args: argparse.Namespace, gpu: Gpu, pinned: float) -> Tr
             err = (p.stderr.read() if p.stderr else b"").decode().strip()[-200:]
             raise CannotRun(f"the holder did not start: {err or 'no output'}")
         t.holder, t.alloc_s = line[1], round(time.monotonic() - t0, 3)
-        if args.fake_nvml:
-            with open(Path(args.fake_nvml).parent / "fakenvml.state", "a") as fh:
-                fh.write(f"proc {args.gpu} {p.pid} {int(args.release_gib * 1024)}\n")
+        gpuplumb.fake_memory(args.fake_nvml, p.pid, args.release_gib, args.gpu)
         _watch(t, p, gpu, baseline, args)
     finally:
         with contextlib.suppress(OSError):
@@ -246,9 +226,7 @@ def _watch(t: Trial, p: subprocess.Popen[bytes], gpu: Gpu, baseline: int,
 def calibrate(args: argparse.Namespace) -> tuple[list[Trial], list[str]]:
     notes = environment()
     gpu = Gpu(args.gpu, args.fake_nvml)
-    if args.fake_nvml:
-        with open(Path(args.fake_nvml).parent / "fakenvml.state", "a") as fh:
-            fh.write(f"release {args.gpu} {args.fake_release} 1\n")
+    gpuplumb.fake_state(args.fake_nvml, f"release {args.gpu} {args.fake_release} 1")
     started = time.monotonic()
     trials = []
     for pinned in args.pinned_gib:
@@ -298,6 +276,10 @@ def suggest(back: list[float]) -> int:
 def main_release(args: argparse.Namespace) -> int:
     """Run the calibration; 0 when every trial that ran got its memory back, 1 when one did
     not, 2 when it cannot run here (one line)."""
+    why = gpuplumb.preflight(args.fake_nvml, need_root=False)
+    if why:
+        print(f"release-check: cannot run here: {why}", file=sys.stderr)
+        return 2
     try:
         trials, notes = calibrate(args)
     except CannotRun as exc:
@@ -343,6 +325,5 @@ if __name__ == "__main__":
     a = parser.parse_args()
     if a.fake_nvml:
         a.fake_nvml = str(Path(a.fake_nvml).resolve())
-        os.environ["GPU_CHECK_NODE"] = sorted(
-            str(p) for p in Path(a.devices).parent.glob(Path(a.devices).name))[0]
+        gpuplumb.fake_node(a.devices)
     sys.exit(main_release(a))

@@ -165,11 +165,12 @@ def test_hung_nvml_ends_a_cleanup_within_the_deadline(lab: Lab, vmid: int) -> No
     code, rep, took = ct_json(lab, str(vmid))
     assert took < deadline + MARGIN + START_UP
     assert rep["duration_s"] <= deadline + MARGIN
-    assert rep["verdict"] == "clean" and code == 0  # the host view decides
+    # the host view stops them; the memory NVML never answered for is not judged (issue 38)
+    assert rep["verdict"] == "not-judged" and code == 6
     assert "did not answer" in rep["sources"]["nvml"]
     assert not any(lab.alive(p) for p in w.host_pids(lab))
     files = list(lab.report_dir.glob(f"{vmid}-manual-*.yaml"))
-    assert len(files) == 1 and yaml.safe_load(files[0].read_text())["verdict"] == "clean"
+    assert len(files) == 1 and yaml.safe_load(files[0].read_text())["verdict"] == "not-judged"
 
 
 @pytest.mark.parametrize("limit", ["-Sn 1024", "-n 1024"], ids=["soft", "hard"])  # hard: batches

@@ -141,11 +141,26 @@ def _fds(pid: int) -> list[str]:
         return []
 
 
-def test_a_process_seconds_in_exit_is_waited_for_and_clean(lab: Lab, vmid: int,
-                                                          hangfs: HangFs) -> None:
-    lab.write_config(grace_seconds=0.5, deadline_seconds=20)
+def _falling(lab: Lab, pid: int, mib: int, every: float, stop: threading.Event) -> None:
+    """NVML lists less for `pid` every `every` s (a real driver freeing a dying process's
+    memory in steps): the progress the run waits for."""
+    assert lab.nvml is not None
+    while not stop.wait(every) and mib > 400:
+        mib -= 400
+        lab.nvml.set_process(1, pid, mib)
+
+
+def test_a_process_ten_seconds_in_exit_is_waited_for_while_it_progresses_and_clean(
+        lab: Lab, vmid: int, hangfs: HangFs) -> None:
+    """Held in the kernel's exit for 10 s, twice the settle time, its NVML memory falling
+    every 2 s: waited for (not given up after 5 s of exit), gone, `clean`; the report says
+    how long it took after its SIGKILL."""
+    lab.write_config(grace_seconds=0.5, deadline_seconds=25)
     pid = _held_in_exit(lab, vmid, hangfs)
-    timer = threading.Timer(8.0, hangfs.close)  # the kernel lets it go after 8 s
+    stop = threading.Event()
+    steps = threading.Thread(target=_falling, args=(lab, pid, 4000, 2.0, stop), daemon=True)
+    timer = threading.Timer(10.0, hangfs.close)  # the kernel lets it go after 10 s
+    steps.start()
     timer.start()
     try:
         t0 = time.monotonic()
@@ -153,12 +168,66 @@ def test_a_process_seconds_in_exit_is_waited_for_and_clean(lab: Lab, vmid: int,
         elapsed = time.monotonic() - t0
     finally:
         timer.cancel()
+        stop.set()
         hangfs.close()
     assert code == 0 and rep["verdict"] == "clean", rep
-    assert 7.5 <= elapsed < 20, elapsed
+    assert 9.5 <= elapsed < 20, elapsed
     (h,) = [h for h in rep["holders"] if h["host_pid"] == pid]
-    assert h["outcome"] in ("terminated", "killed")
+    assert h["outcome"] == "killed", h
+    (took,) = [s for s in h["signals"] if s.startswith("gone ")]
+    assert "after its SIGKILL: in the kernel's exit, waited for while it made progress" in \
+        took and 8.5 <= float(took.split()[1]) < 12, took
     assert not lab.alive(pid)
+
+
+def test_a_process_in_exit_that_makes_no_progress_is_not_waited_for_to_the_deadline(
+        lab: Lab, vmid: int, hangfs: HangFs) -> None:
+    """Held in exit with nothing moving (no memory, task or CPU change, NVML's figure put):
+    given up after the settle time (5 s), long before the 25 s deadline, `exiting`, with how
+    long it was in exit; `residual` until it is gone. (Before: waited for to the deadline.)"""
+    lab.write_config(grace_seconds=0.5, deadline_seconds=25)
+    pid = _held_in_exit(lab, vmid, hangfs)
+    try:
+        t0 = time.monotonic()
+        code, rep = run_json(lab, vmid)
+        elapsed = time.monotonic() - t0
+        assert lab.alive(pid)
+    finally:
+        hangfs.close()
+    assert code == 1 and rep["verdict"] == "residual", rep
+    assert 5.0 <= elapsed < 9, elapsed
+    (h,) = [h for h in rep["holders"] if h["host_pid"] == pid]
+    assert h["outcome"] == "exiting", h
+    assert any("in the kernel's exit" in s and "no progress" in s and "not waited for longer"
+               in s for s in h["signals"]), h["signals"]
+    assert wait_for(lambda: not lab.alive(pid))
+
+
+def test_pre_stop_keeps_its_deadline_while_a_holder_in_exit_progresses(
+        lab: Lab, vmid: int, hangfs: HangFs) -> None:
+    """A holder in exit that keeps making progress (NVML's figure falling every 0.5 s) is
+    waited for only within the hook's deadline: pre-stop's bound is unchanged; the holder is
+    `exiting`, post-stop's to judge."""
+    lab.write_config(grace_seconds=0.5, deadline_seconds=3)
+    pid = _held_in_exit(lab, vmid, hangfs)
+    lab.install_hook(vmid)
+    stop = threading.Event()
+    steps = threading.Thread(target=_falling, args=(lab, pid, 4000, 0.5, stop), daemon=True)
+    steps.start()
+    try:
+        t0 = time.monotonic()
+        res = hook(lab, vmid, "pre-stop")
+        elapsed = time.monotonic() - t0
+        assert lab.alive(pid)
+    finally:
+        stop.set()
+        hangfs.close()
+    assert res.returncode == 0
+    assert elapsed < 3 + 1.5, elapsed
+    (pre,) = reports(lab, vmid, "pre-stop")
+    (h,) = [h for h in pre["holders"] if h["host_pid"] == pid]
+    assert h["outcome"] == "exiting", h
+    assert wait_for(lambda: not lab.alive(pid))
 
 
 def test_a_process_still_in_exit_at_the_deadline_is_exiting_not_survived(
@@ -236,3 +305,64 @@ def test_a_vm_start_is_refused_for_memory_that_stays_put(vm_host: Lab, vmid: int
     assert res.returncode != 0
     assert f"has {MIB} MiB that no process accounts for" in res.stdout, res.stdout
     assert "still being released" not in res.stdout
+
+
+# ---- memory NVML did not answer for is not judged: never clean, never leaked -----------------
+def test_a_failed_process_list_on_the_holders_gpu_is_not_judged(lab: Lab, vmid: int) -> None:
+    """The holder is stopped, but NVML's process list fails on the GPU it used: what it left
+    there cannot be told, so the run is `not-judged` (exit 6), not `clean` (nor `residual`:
+    nothing was seen to remain)."""
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=10)
+    pid = _holder(lab, vmid)
+    lab.nvml.gpu_error(0, "procs", "UNKNOWN")
+    code, rep = run_json(lab, vmid)
+    assert rep["verdict"] == "not-judged" and code == 6, rep
+    assert not lab.alive(pid) and rep["summary"]["outcomes"] == {"terminated": 1}
+    assert any("GPU 0 is unavailable" in e and "not verified free" in e
+               for e in rep["errors"]), rep["errors"]
+
+
+def test_memory_nvml_reports_as_not_available_is_not_judged(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=10)
+    pid = _holder(lab, vmid)
+    lab.nvml.set_process(0, pid, None, counted_mib=6144)  # usedGpuMemory N/A (MIG)
+    code, rep = run_json(lab, vmid)
+    assert rep["verdict"] == "not-judged" and code == 6, rep
+    (row,) = rep["release"]
+    assert row["state"] == "not-judged" and "not available" in row["reason"]
+
+
+def test_nvml_down_with_holders_stopped_is_not_judged(lab: Lab, vmid: int) -> None:
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=10)
+    pid = _holder(lab, vmid)
+    lab.nvml.init_error("DRIVER_NOT_LOADED")
+    code, rep = run_json(lab, vmid)
+    assert rep["verdict"] == "not-judged" and code == 6, rep
+    assert not lab.alive(pid)
+    assert any(e.startswith("NVML did not answer") for e in rep["errors"]), rep["errors"]
+
+
+def test_hook_phases_say_not_judged_and_never_fail_a_start(lab: Lab, vmid: int) -> None:
+    """pre-stop says it in the task log; a pre-start that stopped leftovers whose memory NVML
+    did not answer for starts (only a refusal with holders left fails a start)."""
+    assert lab.nvml is not None
+    lab.write_config(grace_seconds=1, deadline_seconds=10, pre_start_policy="refuse")
+    _holder(lab, vmid)
+    lab.install_hook(vmid)
+    lab.nvml.gpu_error(0, "procs", "UNKNOWN")
+    res = hook(lab, vmid, "pre-stop")
+    assert res.returncode == 0
+    (pre,) = reports(lab, vmid, "pre-stop")
+    assert pre["verdict"] == "not-judged", pre
+    assert "NVML did not answer for their memory (not judged): GPU 0 is unavailable" in \
+        res.stdout, res.stdout
+    lab.pct("stop", str(vmid))
+    w = lab.run_on_host("python3", hold=[str(lab.nodes["nvidia0"])], pidns=True,
+                        cgroup=lab.cgroup(vmid) / "ns")  # a leftover of the earlier run
+    res = hook(lab, vmid, "pre-start")
+    assert res.returncode == 0, res.stdout
+    assert "not judged" in res.stdout and "starting anyway" in res.stdout, res.stdout
+    assert not any(lab.alive(p) for p in w.host_pids(lab))

@@ -31,13 +31,13 @@ def mib_of(g: dict[str, Any]) -> dict[int, Any]:
     return {p["host_pid"]: p["memory_mib"] for p in g["processes"]}
 
 
-def test_a_lost_gpu_of_the_container_leaves_the_holder_found_and_the_run_residual(
+def test_a_lost_gpu_of_the_container_leaves_the_holder_found_and_the_run_not_judged(
         lab: Lab, vmid: int) -> None:
     """GPU 1 fell off the bus before the run; the container has GPUs 0 and 1, and a holder
     known only by its 4 GiB on GPU 0 in NVML. It is found and stopped; the report names GPU
-    1 lost with the reason, and the run is residual: what the container held on GPU 1
-    cannot be verified free. (Before: "NVML init failed: GpuIsLost", the holder not found,
-    nothing-to-do.)"""
+    1 lost with the reason, and the run is not-judged (issue 38: neither clean nor residual):
+    what the container held on GPU 1 cannot be verified free. (Before: "NVML init failed:
+    GpuIsLost", the holder not found, nothing-to-do.)"""
     assert lab.nvml is not None
     lab.create_ct(vmid, gpus=(0, 1))
     w = lab.run_in_ct(vmid, "trainer", gpu_mib={0: 4 * GIB})
@@ -51,7 +51,7 @@ def test_a_lost_gpu_of_the_container_leaves_the_holder_found_and_the_run_residua
     gpus = by_index(rep["gpus"])
     assert gpus[1]["status"] == "lost" and "GpuIsLost" in gpus[1]["reason"]
     assert gpus[0]["freed_mib"] == 4 * GIB and "status" not in gpus[0]
-    assert rep["verdict"] == "residual" and code == 1
+    assert rep["verdict"] == "not-judged" and code == 6
     assert any(e.startswith("GPU 1 is lost") for e in rep["errors"])
 
 
@@ -163,3 +163,4 @@ def test_post_stop_says_a_lost_gpu_of_the_container_is_not_checked(lab: Lab,
     assert wait_for(lambda: reports(lab, vmid, "post-stop"))
     (post,) = reports(lab, vmid, "post-stop")
     assert any(w.startswith("GPU 1 is lost") and "not checked" in w for w in post["warnings"])
+    assert post["verdict"] == "not-judged", post  # never clean (issue 38)

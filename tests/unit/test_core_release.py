@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pveclean.core import release
 from pveclean.core.records import GpuMemory, GpuStatus, NvmlProcesses
-from pveclean.core.release import Release
+from pveclean.core.release import (
+    InExit,
+    Release,
+    exit_note,
+    exit_step,
+    exits_waited,
+    progressed,
+)
 
 
 def gpu(used: int, index: int = 0, status: GpuStatus = GpuStatus.OK) -> GpuMemory:
@@ -220,3 +229,56 @@ def test_a_stops_leaked_release_is_leaked_bytes_in_metrics_and_the_verdict():
     ok = report(129, "clean").with_release(released)
     assert ok.verdict == "clean" and ok.warnings == [] and ok.leaked_mib() == 0
     assert report(129, "residual").with_release(rs).verdict == "residual"  # already worse
+
+
+# ---- a holder in the kernel's exit, waited for while it makes progress ----------------------
+
+
+@pytest.mark.parametrize(("before", "now", "moved"), [
+    ((1000, 4, 50, 8000), (1000, 4, 50, 8000), False),  # nothing changed: a D-state wait
+    ((1000, 4, 50, 8000), (900, 4, 50, 8000), True),  # its resident memory fell
+    ((1000, 4, 50, 8000), (1000, 3, 50, 8000), True),  # a task is gone
+    ((1000, 4, 50, 8000), (1000, 4, 51, 8000), True),  # CPU time: the kernel unpins pages
+    ((1000, 4, 50, 8000), (1000, 4, 50, 6000), True),  # NVML lists less for it
+    ((1000, 4, 50, 8000), (1100, 5, 50, 9000), False),  # growing is no way out
+    ((None, None, None, None), (0, 1, 7, 0), False),  # nothing to compare
+])
+def test_progress_is_memory_or_tasks_falling_or_cpu_time_used(
+        before: tuple[int | None, ...], now: tuple[int | None, ...], moved: bool) -> None:
+    assert progressed(before, now) is moved  # type: ignore[arg-type]
+
+
+def test_a_holder_in_exit_is_waited_for_while_it_progresses_and_not_after() -> None:
+    still = (0, 1, 10, 4000)
+    w = exit_step(None, True, still, 100.0)  # first seen: counts as progress
+    assert (w.first_s, w.moved_s) == (100.0, 100.0)
+    t, mib = 100.0, 4000
+    for _ in range(10):  # 10 s in exit, NVML's figure falling every 2 s
+        t += 2.0
+        mib -= 400
+        w = exit_step(w, True, (0, 1, 10, mib), t)
+        assert w.moved_s == t and not exits_waited({7: w}, t, allowance_end=200.0)
+    w = exit_step(w, True, (0, 1, 10, mib), t + 4.9)  # no progress for 4.9 s: still waited
+    assert not exits_waited({7: w}, t + 4.9, 200.0)
+    w = exit_step(w, True, (0, 1, 10, mib), t + 5.0)
+    assert w.moved_s == t and exits_waited({7: w}, t + 5.0, 200.0)  # stalled for SETTLE_S
+    assert exits_waited({7: exit_step(None, True, still, 150.0)}, 150.0, allowance_end=150.0)
+
+
+def test_a_holder_not_in_exit_is_waited_for_until_the_deadline_as_before() -> None:
+    frozen = InExit(False, (100, 1, 5, 0), 0.0, 0.0)
+    assert not exits_waited({1: frozen}, 60.0, allowance_end=30.0)
+    stalled = InExit(True, (0, 1, 5, 0), 0.0, 0.0)
+    assert not exits_waited({1: stalled, 2: frozen}, 60.0, 30.0) and exits_waited(
+        {1: stalled}, 60.0, 30.0) and not exits_waited({}, 60.0, 30.0)
+    assert exit_step(frozen, True, frozen.marks, 9.0).moved_s == 9.0  # entering exit: moved
+
+
+def test_the_report_says_how_long_each_was_in_exit() -> None:
+    w = InExit(True, (0, 1, 5, 0), 10.2, 12.0)
+    assert exit_note(w, 10.0, 20.5, 21.0) == ("gone 10.5 s after its SIGKILL: in the "
+                                              "kernel's exit, waited for while it made "
+                                              "progress")
+    assert exit_note(w, 10.0, None, 17.5).startswith("in the kernel's exit 7.5 s after its "
+                                                     "SIGKILL; no progress (memory, tasks, "
+                                                     "CPU time) for the last 5.5 s")

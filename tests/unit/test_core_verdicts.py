@@ -13,13 +13,15 @@ from pveclean.core.verdicts import (
     exit_code,
     with_leaks,
     with_problems,
+    with_unjudged,
 )
 from pveclean.errors import ExitCode
 
 
 def test_the_words_are_the_reports() -> None:
     assert [str(v) for v in VERDICTS] == ["clean", "nothing-to-do", "dry-run", "deferred",
-                                          "residual", "leaked", "error", "busy"]
+                                          "residual", "leaked", "not-judged", "error",
+                                          "busy"]
     assert {str(o) for o in Outcome} == {"terminated", "killed", "survived", "protected",
                                          "exited", "skipped", "would-stop", "exiting"}
     assert f"{Outcome.WOULD_STOP}" == "would-stop" and Verdict("nothing-to-do").name == \
@@ -29,7 +31,7 @@ def test_the_words_are_the_reports() -> None:
 @pytest.mark.parametrize(("verdict", "code"), [
     ("clean", ExitCode.OK), ("nothing-to-do", ExitCode.OK), ("dry-run", ExitCode.OK),
     ("residual", ExitCode.RESIDUAL), ("leaked", ExitCode.RESIDUAL), ("error", ExitCode.ACCESS),
-    ("busy", ExitCode.BUSY), ("something-new", ExitCode.OK)])
+    ("busy", ExitCode.BUSY), ("not-judged", ExitCode.NOT_JUDGED), ("something-new", ExitCode.OK)])
 def test_each_verdict_has_its_exit_code(verdict: str, code: ExitCode) -> None:
     assert exit_code(verdict) == code
     if verdict in VERDICTS:
@@ -63,5 +65,17 @@ def test_problems_make_an_untroubled_verdict_residual(verdict: Verdict) -> None:
 @pytest.mark.parametrize("verdict", list(Verdict))
 def test_leaks_make_an_untroubled_verdict_leaked(verdict: Verdict) -> None:
     assert with_leaks(verdict, []) is verdict
-    want = Verdict.LEAKED if verdict in (Verdict.CLEAN, Verdict.NOTHING_TO_DO) else verdict
+    want = Verdict.LEAKED if verdict in (Verdict.CLEAN, Verdict.NOTHING_TO_DO,
+                                         Verdict.NOT_JUDGED) else verdict
     assert with_leaks(verdict, [{"index": 0}]) is want
+
+
+@pytest.mark.parametrize("verdict", list(Verdict))
+def test_memory_nvml_did_not_answer_for_is_never_clean(verdict: Verdict) -> None:
+    """Issue 38: not judged is neither clean nor leaked; a worse verdict (holders left,
+    memory NVML did show leaked) stays."""
+    assert with_unjudged(verdict, []) is verdict
+    want = (Verdict.NOT_JUDGED if verdict in (Verdict.CLEAN, Verdict.NOTHING_TO_DO)
+            else verdict)
+    assert with_unjudged(verdict, ["GPU 0 is unavailable (process list: Unknown)"]) is want
+    assert exit_code(Verdict.NOT_JUDGED) == 6 not in (ExitCode.OK, ExitCode.RESIDUAL)

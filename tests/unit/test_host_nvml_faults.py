@@ -308,7 +308,7 @@ def test_the_run_finds_a_holder_on_a_healthy_gpu_whatever_memory_says(
     reads, (view, _others, status, _alone) = run_host(lib, _scope(tmp_path, [pid], [0]))
     assert status.ok and view is not None
     assert view.holders[pid].gpu_memory_mib == {0: 4 * GIB}
-    assert reads.problems == []  # GPU 1 is not the container's (it names /dev/nvidia0)
+    assert reads.problems == [] == reads.unjudged  # GPU 1 is not the container's (nvidia0)
 
 
 def test_a_lost_gpu_of_the_container_is_a_problem_of_the_run(
@@ -319,7 +319,8 @@ def test_a_lost_gpu_of_the_container_is_a_problem_of_the_run(
     fake.lose(1)
     reads, (view, _others, status, _alone) = run_host(lib, _scope(tmp_path, [pid], [0, 1]))
     assert status.ok and view.holders[pid].gpu_memory_mib == {0: 4 * GIB}
-    (problem,) = reads.problems
+    (problem,) = reads.unjudged  # not judged (issue 38): the verdict `not-judged`
+    assert reads.problems == []
     assert problem.startswith("GPU 1 is lost (handle: GpuIsLost") and "not verified" in problem
     assert reads.before is not None and reads.before[1].status == "lost"
 
@@ -463,3 +464,50 @@ def test_a_watch_asks_nvml_again_after_a_stall(lib: Path, fake: FakeNvml) -> Non
     assert again is not first
     assert [g.ok for g in gpu_memory(again.memory_rows())] == [True, True, True]
     assert nvml_session(state) is again  # a session that answers is kept
+
+
+# ---- issue 38: a lost GPU keeps its ids across runs: the driver's own information file -----
+def _driver_tree(root: Path, rows: list[tuple[str, str, int]]) -> None:
+    """/proc/driver/nvidia/gpus/<bus>/information as the driver writes it (tabs, its keys)."""
+    for uuid, bus, minor in rows:
+        d = root / "driver" / "nvidia" / "gpus" / bus
+        d.mkdir(parents=True)
+        (d / "information").write_text(
+            f"Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t 159\nGPU UUID: \t {uuid}\n"
+            f"Video BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
+            f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {bus}\nDevice Minor: \t {minor}\n"
+            "GPU Firmware: \t 550.127.05\nGPU Excluded:\t No\n")
+
+
+@pytest.mark.parametrize("how", ["lost", "uuid getter"])
+def test_a_fresh_process_draws_a_lost_gpu_with_the_driver_s_uuid_and_bus_id(
+        lib: Path, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        how: str) -> None:
+    """A one-shot `gpus`, the VM hook and `reset` start with no earlier NVML answer: GPU 1,
+    fallen off the bus (every getter GPU_IS_LOST: matched in PCI order) or with only its
+    name/UUID getter failing (matched by its minor), gets its UUID, bus id and model from
+    /proc/driver/nvidia/gpus/<bus>/information, and is drawn lost with them."""
+    from pveclean.commands.gpus import _ask_nvml
+    from pveclean.commands.gpuview import _gpu_lines
+    from pveclean.core.gpumap import gpu_use
+    from pveclean.host import procfs, worker
+
+    monkeypatch.setitem(worker.state(), "gpu_known", {})
+    gpus, _, buses, _ = _ask_nvml(session(lib), [])
+    real = {g.index: (g.uuid, str(buses[g.index]), g.minor) for g in gpus}
+    _driver_tree(tmp_path / "proc", [(u, b, m) for u, b, m in real.values()
+                                     if m is not None])
+    monkeypatch.setattr(procfs, "PROC", str(tmp_path / "proc"))
+    monkeypatch.setitem(worker.state(), "gpu_known", {})  # a fresh process: nothing known
+    if how == "lost":
+        fake.lose(1)
+    else:
+        fake.gpu_error(1, "info", "GPU_IS_LOST")
+    gpus, _, buses, _ = _ask_nvml(session(lib), [])
+    g = {x.index: x for x in gpus}[1]
+    assert g.status == "lost" and (g.uuid, str(buses[1]), g.minor) == real[1]
+    assert g.name in ("NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3")
+    assert {x.index: x.uuid for x in gpus}[0] == real[0][0]  # the others: NVML's own
+    text = "\n".join(_gpu_lines(gpu_use(g, buses.get(1), []), {}))
+    assert real[1][0] in text and real[1][1] in text and "LOST" in text
+    assert "no process holds this GPU" not in text

@@ -50,7 +50,7 @@ def test_grace_thawed_kill_frozen() -> None:
 def test_no_term_is_sigkill_at_once_frozen() -> None:
     calls: list[bool] = []
     t, p = target(["sleep", "30"])
-    pidfds.stop([t], 5.0, time.monotonic() + 5, hold=calls.append, term=False,
+    pidfds.stop([t], None, time.monotonic() + 5, hold=calls.append,
                 describe_fn=lambda _pids: {})
     assert calls == [False]  # frozen all along until the SIGKILLs are out
     assert [s.signal for s in t.holder.signals] == [Sig.KILL]
