@@ -1,0 +1,53 @@
+"""Trust, round three (issue 39), io_uring on lab containers: a GPU node held only by a
+request in flight (a pending poll whose fd was closed), and a registered fixed file whose
+path a mount stacked over its directory, or a detached tree, makes lead elsewhere. Each
+ended `clean` with the node still held before its protection; the hold is proven the
+issue's way: the lock the holder took on the node is still in /proc/locks after the run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.harness.lxclab import Lab
+from tests.helpers import run_json, start_in_ct
+
+GPU = "/dev/nvidia0"
+POLLABLE = (1, 8)  # /dev/random: poll_wait()s and never raises POLLPRI|POLLMSG
+
+
+def flock_held(pid: int, node: Path) -> bool:
+    """/proc/locks lists a FLOCK lock of `pid` on `node`'s inode ("maj:min:ino")."""
+    ino = os.stat(node).st_ino
+    for line in Path("/proc/locks").read_text().splitlines():
+        f = line.split()
+        if len(f) > 5 and f[1] == "FLOCK" and f[4] == str(pid) and f[5].endswith(f":{ino}"):
+            return True
+    return False
+
+
+def pollable_gpu(lab: Lab) -> None:
+    """nvidia0 becomes a node whose driver lets a poll wait (the lab's first candidates,
+    /dev/full and the like, have no poll: POLL_ADD fails with EINVAL at once)."""
+    node = lab.nodes["nvidia0"]
+    node.unlink()
+    os.mknod(node, 0o666 | 0o020000, os.makedev(*POLLABLE))
+    os.chmod(node, 0o666)
+
+
+def test_a_pending_poll_on_a_closed_fd_is_not_clean(lab: Lab, vmid: int) -> None:
+    """IORING_OP_POLL_ADD on the node, then its fd closed: the request alone holds the file
+    (and the holder's flock on it). The ring's fdinfo shows the request under "PollList:"
+    as "op=6" without naming its file: not judged, so `residual` naming it, never `clean`."""
+    pollable_gpu(lab)
+    lab.create_ct(vmid, gpus=(0,))
+    w = start_in_ct(lab, vmid, "hideout", [GPU, "--mode", "poll"])
+    (pid,) = w.host_pids(lab)
+    fds = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    assert GPU not in fds and "anon_inode:[io_uring]" in fds, fds
+    assert flock_held(pid, lab.nodes["nvidia0"])
+    _code, rep = run_json(lab, vmid)
+    assert rep["verdict"] == "residual", rep  # before: nothing-to-do, the node held
+    text = str(rep)
+    assert f"PID {pid}" in text and "pending polls" in text, rep
+    assert lab.alive(pid) and flock_held(pid, lab.nodes["nvidia0"])  # held through the run
