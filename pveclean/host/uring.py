@@ -73,14 +73,13 @@ NotJudged = str
 
 def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[DeviceUse],
                unjudged: list[str], done: dict[bytes, DeviceUse | NotJudged | None],
-               rdevs: set[int] | None = None
-               ) -> tuple[int | None, list[DeviceUse], str | None]:
-    """Add to `held` the GPU nodes registered with ring fd `fd` (and their device numbers to
-    `rdevs`), to `unjudged` why some registered file, or a request in flight, could not be
-    judged. `done`: path -> finding, for the whole process. Returns the ring's inode, the
-    GPU nodes it holds (for a process that has the ring only mapped, see devnodes.judge),
-    and why its requests in flight cannot be judged (None: it has none), for the caller to
-    count or not (devnodes.ScanCache.tenant)."""
+               tenant: bool = False) -> tuple[int | None, list[DeviceUse], str | None]:
+    """Add to `held` the GPU nodes registered with ring fd `fd`, to `unjudged` why some
+    registered file, or a request in flight, could not be judged. `done`: path -> finding,
+    for the whole process. Returns the ring's inode, the GPU nodes it holds (for a process
+    that has the ring only mapped, see devnodes.judge), and why its requests in flight cannot
+    be judged (None: it has none), for the caller to count or not (devnodes.ScanCache.tenant).
+    `tenant`: a registered path that leads to no GPU node is not judged (see _judge_paths)."""
     ring = ring_files(base, fd)
     in_flight = None
     if ring.polls:
@@ -95,22 +94,24 @@ def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[DeviceUse],
         return ring.ino, [], in_flight
     paths = [p for _slot, p in files.paths]
     todo = [p for p in paths if p not in done]
-    for finding in _judge_paths(base, fd, todo, devices, done) if todo else ():
+    for finding in _judge_paths(base, todo, devices, done, tenant) if todo else ():
         if isinstance(finding, str):
             unjudged.append(f"io_uring fd {fd}: {finding}")
-        elif finding is not None:
-            if rdevs is not None and finding.major is not None and finding.minor is not None:
-                rdevs.add(os.makedev(finding.major, finding.minor))
-            if finding not in held:
-                held.append(finding)
+        elif finding is not None and finding not in held:
+            held.append(finding)
     mine = [f for p in paths if isinstance(f := done.get(p), DeviceUse)]
     return ring.ino, mine, in_flight
 
 
-def _judge_paths(base: str, fd: str, todo: list[bytes], devices: GpuDevices,
-                 done: dict[bytes, DeviceUse | NotJudged | None]
+def _judge_paths(base: str, todo: list[bytes], devices: GpuDevices,
+                 done: dict[bytes, DeviceUse | NotJudged | None], tenant: bool = False
                  ) -> list[DeviceUse | NotJudged | None]:
-    """What each of `todo` is (kept in `done` too), or the one reason none can be judged."""
+    """What each of `todo` is (kept in `done` too), or the one reason none can be judged.
+    The kernel names a registered file by its path alone, never by its device: for the
+    tenant, whose root mounts and unmounts at will, a path that leads to no GPU node now is
+    not judged (a mount stacked over the path after registering, or a tree detached since
+    with a plain file put at the path the kernel shows from the tree's top, would pass for
+    innocent). Pseudo files (sockets, pipes, anon inodes: no absolute path) stay innocent."""
     roots = _roots(base)
     if isinstance(roots, str):
         return [roots]
@@ -120,7 +121,7 @@ def _judge_paths(base: str, fd: str, todo: list[bytes], devices: GpuDevices,
             if len(done) >= MAX_RING_FILES:
                 out.append(f"more than {MAX_RING_FILES} registered files; the rest not judged")
                 break
-            done[path] = finding = _judge_in(roots, path, devices)
+            done[path] = finding = _judge_in(roots, path, devices, tenant)
             out.append(finding)
     finally:
         for r in set(roots):
@@ -145,6 +146,13 @@ def _roots(base: str) -> list[int] | str:
         os.close(root)
         return [top]
     return [top, root]
+
+
+def _unproven(path: bytes) -> NotJudged:
+    shown = path.decode("utf-8", "replace")[:200]
+    return (f"registered file {shown} leads to no GPU node now; the kernel names it by its "
+            "path only, which a mount stacked over it or a detached tree can lead elsewhere: "
+            "not judged")
 
 
 UP = "/".join([".."] * 1000)  # one openat climbs 1,000 levels
@@ -178,12 +186,12 @@ def _same_dir(a: int, b: int) -> bool:
     return (sa.dev, sa.ino) == (sb.dev, sb.ino)
 
 
-def _judge_in(roots: list[int], path: bytes, devices: GpuDevices
+def _judge_in(roots: list[int], path: bytes, devices: GpuDevices, tenant: bool = False
               ) -> DeviceUse | NotJudged | None:
     """The first root where `path` is a GPU node decides; else the namespace top's answer."""
     first: DeviceUse | NotJudged | None = None
     for i, root in enumerate(roots):
-        got = _judge(root, path, devices)
+        got = _judge(root, path, devices, tenant)
         if isinstance(got, DeviceUse):
             return got
         if i == 0:
@@ -191,11 +199,13 @@ def _judge_in(roots: list[int], path: bytes, devices: GpuDevices
     return first
 
 
-def _judge(root: int, path: bytes, devices: GpuDevices) -> DeviceUse | NotJudged | None:
+def _judge(root: int, path: bytes, devices: GpuDevices, tenant: bool = False
+           ) -> DeviceUse | NotJudged | None:
     """The GPU node registered at `path`, None when `path` is no GPU node, or why it cannot
     be told. A path that is not absolute is a pseudo file (socket:[..], anon_inode:..): never
     a device node. A path that no longer resolves, resolves to a directory (a detached mount
-    shows as "/") or was deleted cannot be told."""
+    shows as "/") or was deleted cannot be told; for the `tenant`, neither can one that
+    leads to anything but a GPU node (see _judge_paths)."""
     shown = path.decode("utf-8", "replace")
     if not path.startswith(b"/"):
         return None
@@ -213,4 +223,4 @@ def _judge(root: int, path: bytes, devices: GpuDevices) -> DeviceUse | NotJudged
                 "not judged")
     if stat.S_ISCHR(st.mode) and devices.matches(st.rdev):
         return DeviceUse(shown, os.major(st.rdev), os.minor(st.rdev), DeviceHow.URING)
-    return None
+    return _unproven(path) if tenant else None

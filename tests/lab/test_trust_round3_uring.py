@@ -51,3 +51,49 @@ def test_a_pending_poll_on_a_closed_fd_is_not_clean(lab: Lab, vmid: int) -> None
     text = str(rep)
     assert f"PID {pid}" in text and "pending polls" in text, rep
     assert lab.alive(pid) and flock_held(pid, lab.nodes["nvidia0"])  # held through the run
+
+
+def _ring_lists(pid: int, wanted: str) -> bool:
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if (os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[io_uring]"
+                    and f": {wanted}\n" in Path(f"/proc/{pid}/fdinfo/{fd}").read_text()):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_a_fixed_file_under_a_stacked_mount_is_never_innocent(lab: Lab, vmid: int) -> None:
+    """The node is bind-mounted at /tmp/hideout-gpu/nvidia0, registered from there (its fd
+    closed), and a tmpfs is mounted over /tmp/hideout-gpu with a plain file at that name:
+    the ring lists /tmp/hideout-gpu/nvidia0, which now leads to the plain file."""
+    lab.create_ct(vmid, gpus=(0,))
+    w = start_in_ct(lab, vmid, "hideout", [GPU, "--mode", "stacked"])
+    (pid,) = w.host_pids(lab)
+    assert _ring_lists(pid, "/tmp/hideout-gpu/nvidia0")
+    assert flock_held(pid, lab.nodes["nvidia0"])
+    _code, rep = run_json(lab, vmid)
+    assert rep["verdict"] == "residual", rep  # before: nothing-to-do, the node held
+    text = str(rep)
+    assert f"PID {pid}" in text and "registered file /tmp/hideout-gpu/nvidia0" in text, rep
+    assert lab.alive(pid) and flock_held(pid, lab.nodes["nvidia0"])
+
+
+def test_a_fixed_file_from_a_detached_tree_is_never_innocent(lab: Lab, vmid: int) -> None:
+    """The container's /dev (Proxmox's `devN:` style: nodes made in its /dev tmpfs, not
+    bind-mounted one by one) is bind-mounted at /tmp/hideout-det, the node registered from
+    there (its fd closed) and the bind detached (umount -l); a plain file /nvidia0 is made:
+    the ring lists /nvidia0 (the path from the detached tree's top), which leads to it.
+    (A node bind-mounted by itself, LXC's way, is listed as "/" once detached: a directory,
+    not judged already.)"""
+    lab.create_ct(vmid, gpus=(0,), style="dev")
+    w = start_in_ct(lab, vmid, "hideout", [GPU, "--mode", "detached"])
+    (pid,) = w.host_pids(lab)
+    assert _ring_lists(pid, "/nvidia0")
+    node = Path(f"/proc/{pid}/root/dev/nvidia0")  # made by pct in the container's /dev
+    assert flock_held(pid, node)
+    _code, rep = run_json(lab, vmid)
+    assert rep["verdict"] == "residual", rep  # before: nothing-to-do, the node held
+    assert f"PID {pid}" in str(rep) and "registered file /nvidia0" in str(rep), rep
+    assert lab.alive(pid) and flock_held(pid, node)

@@ -14,7 +14,15 @@
  *              lives), an IORING_OP_POLL_ADD on it is left in flight (events POLLPRI|POLLMSG,
  *              which no lab node raises; the holder dies if the request completed), and
  *              PATH's fd is closed: the request alone holds the file, the ring fd stays.
- *              The ring's fdinfo lists the request under "PollList:" without naming it. */
+ *              The ring's fdinfo lists the request under "PollList:" without naming it.
+ *   stacked    PATH is bind-mounted at /tmp/hideout-gpu/NAME (NAME: PATH's last component),
+ *              opened there, flock()ed, registered as a fixed file and closed; then a tmpfs
+ *              is mounted over /tmp/hideout-gpu, with a plain file NAME in it: the ring lists
+ *              /tmp/hideout-gpu/NAME, which now leads to the plain file.
+ *   detached   PATH's directory is bind-mounted (recursively) at /tmp/hideout-det, PATH
+ *              opened there, flock()ed, registered and closed; the bind is detached
+ *              (umount -l) and a plain file /NAME made: the ring lists the path from the
+ *              detached tree's top, /NAME, which now leads to the plain file. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -25,7 +33,9 @@
 #include <string.h>
 #include <poll.h>
 #include <sys/file.h>
+#include <libgen.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -50,12 +60,24 @@ static int mode_opt(int argc, char **argv, int *i)
     return 1;
 }
 
+static int open_at_path(const char *at)
+{
+    int fd = open(at, O_RDWR);
+    if (fd < 0) fd = open(at, O_RDONLY);
+    if (fd < 0) die(at, errno);
+    return fd;
+}
+
 static int open_node(void)
 {
-    int fd = open(path, O_RDWR);
-    if (fd < 0) fd = open(path, O_RDONLY);
-    if (fd < 0) die(path, errno);
-    return fd;
+    return open_at_path(path);
+}
+
+static void plain_file(const char *at)
+{
+    int p = open(at, O_CREAT | O_WRONLY, 0644);
+    if (p < 0) die(at, errno);
+    close(p);
 }
 
 static void *own_table(void *arg)
@@ -68,8 +90,9 @@ static void *own_table(void *arg)
     return NULL;
 }
 
-/* A ring (its SQ ring mapped), PATH registered with it as fixed file 0, PATH's fd closed. */
-static int ring_holding(void)
+/* A ring (its SQ ring mapped), AT registered as fixed file 0 (flock()ed first when LOCK),
+ * AT's fd closed. */
+static int ring_holding_at(const char *at, int lock)
 {
     unsigned params[30]; /* struct io_uring_params: 120 bytes, the kernel fills it */
     memset(params, 0, sizeof params);
@@ -81,11 +104,18 @@ static int ring_holding(void)
     size_t len = array + sq_entries * sizeof(unsigned);
     if (mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, ring, 0) == MAP_FAILED)
         die("mmap of the SQ ring", errno);
-    int fd = open_node();
+    int fd = open_at_path(at);
+    if (lock && flock(fd, LOCK_EX | LOCK_NB) < 0) die("flock", errno);
     if (syscall(SYS_io_uring_register_, ring, IORING_REGISTER_FILES_, &fd, 1) < 0)
         die("IORING_REGISTER_FILES", errno);
     close(fd);
     return ring;
+}
+
+/* A ring (its SQ ring mapped), PATH registered with it as fixed file 0, PATH's fd closed. */
+static int ring_holding(void)
+{
+    return ring_holding_at(path, 0);
 }
 
 /* A ring with one IORING_OP_POLL_ADD on PATH in flight, PATH flock()ed and its fd closed. */
@@ -147,6 +177,31 @@ int main(int argc, char **argv)
         close(ring); /* from now on the ring is in no fd table: its mapping keeps it */
     } else if (!strcmp(mode, "poll")) {
         ring_polling();
+    } else if (!strcmp(mode, "stacked")) {
+        char copy[4096], at[4200];
+        snprintf(copy, sizeof copy, "%s", path);
+        const char *name = basename(copy);
+        mkdir("/tmp/hideout-gpu", 0755);
+        snprintf(at, sizeof at, "/tmp/hideout-gpu/%s", name);
+        plain_file(at);
+        if (mount(path, at, NULL, MS_BIND, NULL) < 0) die("mount --bind", errno);
+        ring_holding_at(at, 1);
+        if (mount("tmpfs", "/tmp/hideout-gpu", "tmpfs", 0, NULL) < 0) die("mount tmpfs", errno);
+        plain_file(at);
+    } else if (!strcmp(mode, "detached")) {
+        char copy[4096], dir[4096], at[4200], decoy[4200];
+        snprintf(copy, sizeof copy, "%s", path);
+        snprintf(dir, sizeof dir, "%s", dirname(copy));
+        snprintf(copy, sizeof copy, "%s", path);
+        const char *name = basename(copy);
+        mkdir("/tmp/hideout-det", 0755);
+        if (mount(dir, "/tmp/hideout-det", NULL, MS_BIND | MS_REC, NULL) < 0)
+            die("mount --rbind", errno);
+        snprintf(at, sizeof at, "/tmp/hideout-det/%s", name);
+        ring_holding_at(at, 1);
+        if (umount2("/tmp/hideout-det", MNT_DETACH) < 0) die("umount -l", errno);
+        snprintf(decoy, sizeof decoy, "/%s", name);
+        plain_file(decoy);
     } else if (!strcmp(mode, "chroot")) {
         char plain[4096];
         snprintf(plain, sizeof plain, JAIL "%s", path);

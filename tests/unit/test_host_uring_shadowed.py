@@ -1,0 +1,29 @@
+"""A registered io_uring file is named by the kernel by its path alone (issue 39): for the
+tenant, a path that leads to no GPU node now is not judged (a mount stacked over it after
+registering, or a detached tree with a plain file put at the path the kernel shows, made it
+pass for innocent); the host's own processes keep their rings' plain files innocent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pveclean.host import devnodes
+from tests.helpers import DEVICES
+from tests.unit.test_host_devnodes import HIT, RING, labels, ring_task
+
+PLAIN = "/etc/passwd"  # a plain file in every test root: where the tenant's decoy would be
+
+
+def test_a_tenants_registered_path_to_no_gpu_node_is_not_judged(proc: Path) -> None:
+    ring_task(proc, 70, RING.replace("    3: /dev/null", f"    3: {PLAIN}"))
+    got = devnodes.judge_fds(70, DEVICES, devnodes.ScanCache(tenant=True))
+    assert got is not None and labels(got.held) == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
+    assert got.unjudged == [f"io_uring fd 4: registered file {PLAIN} leads to no GPU node now; "
+                            "the kernel names it by its path only, which a mount stacked over "
+                            "it or a detached tree can lead elsewhere: not judged"]
+
+
+def test_the_hosts_registered_plain_file_stays_innocent(proc: Path) -> None:
+    ring_task(proc, 70, RING.replace("    3: /dev/null", f"    3: {PLAIN}"))
+    got = devnodes.judge_fds(70, DEVICES, devnodes.ScanCache(tenant=False))
+    assert got is not None and got.unjudged == [], got
