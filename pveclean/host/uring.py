@@ -116,12 +116,16 @@ def _judge_paths(base: str, todo: list[bytes], devices: GpuDevices,
     if isinstance(roots, str):
         return [roots]
     out: list[DeviceUse | NotJudged | None] = []
+    covers = _Covers(base)
     try:
         for path in todo:
             if len(done) >= MAX_RING_FILES:
                 out.append(f"more than {MAX_RING_FILES} registered files; the rest not judged")
                 break
-            done[path] = finding = _judge_in(roots, path, devices, tenant)
+            finding = _judge_in(roots, path, devices, tenant)
+            if tenant and isinstance(finding, str):
+                finding = covers.judge(path, devices) or finding
+            done[path] = finding
             out.append(finding)
     finally:
         for r in set(roots):
@@ -146,6 +150,57 @@ def _roots(base: str) -> list[int] | str:
         os.close(root)
         return [top]
     return [top, root]
+
+
+MAX_MOUNTINFO = 4 << 20  # bytes of a mountinfo read (as devnodes.MAX_MOUNTINFO)
+
+
+def _mounts(path: str) -> list[fstext.Mount]:
+    return [m for line in fstext.lines(statx.read_capped(path, MAX_MOUNTINFO, [False]))
+            if (m := fstext.parse_mount(line)) is not None]
+
+
+class _Covers:
+    """Judge by its device number a registered path the task's mountinfo lists as a mount
+    point, when the path leads elsewhere now (a file bind mount of the node that a later
+    mount covers: LXC's own /dev/nvidia0 under a tmpfs the tenant stacked on /dev). The
+    covered mount's file is looked up on the host through a host mount of the same file
+    system (its `root` below that mount's `root`). Mountinfo is read once, when first asked."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.at: dict[bytes, list[fstext.Mount]] | None = None
+        self.host: list[fstext.Mount] = []
+
+    def judge(self, path: bytes, devices: GpuDevices) -> DeviceUse | None:
+        if self.at is None:
+            self.at = {}
+            for m in _mounts(f"{self.base}/mountinfo"):
+                self.at.setdefault(m.mount_point, []).append(m)
+            self.host = _mounts("/proc/self/mountinfo") if self.at else []
+        for m in self.at.get(path, []):
+            for h in self.host:
+                found = _on_host(m, h, devices) if h.dev == m.dev else None
+                if found is not None:
+                    return DeviceUse(path.decode("utf-8", "replace"), found.major,
+                                     found.minor, DeviceHow.URING)
+        return None
+
+
+def _on_host(m: fstext.Mount, h: fstext.Mount, devices: GpuDevices) -> DeviceUse | None:
+    """The GPU node at mount `m`'s root, seen through host mount `h` of its file system."""
+    top = h.root.rstrip(b"/")
+    if m.root != h.root and not m.root.startswith(top + b"/"):
+        return None
+    try:
+        root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        got = _judge(root, h.mount_point.rstrip(b"/") + m.root[len(top):], devices)
+    finally:
+        os.close(root)
+    return got if isinstance(got, DeviceUse) else None
 
 
 def _unproven(path: bytes) -> NotJudged:

@@ -64,20 +64,25 @@ def _ring_lists(pid: int, wanted: str) -> bool:
     return False
 
 
-def test_a_fixed_file_under_a_stacked_mount_is_never_innocent(lab: Lab, vmid: int) -> None:
+def test_a_fixed_file_under_a_stacked_mount_is_judged_by_its_device(lab: Lab,
+                                                                    vmid: int) -> None:
     """The node is bind-mounted at /tmp/hideout-gpu/nvidia0, registered from there (its fd
     closed), and a tmpfs is mounted over /tmp/hideout-gpu with a plain file at that name:
-    the ring lists /tmp/hideout-gpu/nvidia0, which now leads to the plain file."""
+    the ring lists /tmp/hideout-gpu/nvidia0, which now leads to the plain file. The
+    container's mountinfo still lists the covered bind mount at that path: its file is
+    looked up on the host and judged by its device number, a GPU node: the holder is
+    stopped and the node freed (before: nothing-to-do, the node held)."""
     lab.create_ct(vmid, gpus=(0,))
     w = start_in_ct(lab, vmid, "hideout", [GPU, "--mode", "stacked"])
     (pid,) = w.host_pids(lab)
     assert _ring_lists(pid, "/tmp/hideout-gpu/nvidia0")
     assert flock_held(pid, lab.nodes["nvidia0"])
-    _code, rep = run_json(lab, vmid)
-    assert rep["verdict"] == "residual", rep  # before: nothing-to-do, the node held
-    text = str(rep)
-    assert f"PID {pid}" in text and "registered file /tmp/hideout-gpu/nvidia0" in text, rep
-    assert lab.alive(pid) and flock_held(pid, lab.nodes["nvidia0"])
+    code, rep = run_json(lab, vmid)
+    assert code == 0 and rep["verdict"] == "clean", rep
+    (h,) = [h for h in rep["holders"] if h["host_pid"] == pid]
+    assert any("/tmp/hideout-gpu/nvidia0" in d and "io_uring fixed file" in d
+               for d in h["devices"]), h
+    assert not lab.alive(pid) and not flock_held(pid, lab.nodes["nvidia0"])
 
 
 def test_a_fixed_file_from_a_detached_tree_is_never_innocent(lab: Lab, vmid: int) -> None:
