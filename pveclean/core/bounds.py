@@ -225,6 +225,49 @@ def bound_holder(h: Holder, text: int = TEXT, items: int = ITEMS, devices: int =
     return bounded
 
 
+READ_CHARS = 4 << 20  # characters of holders' strings one scan keeps as bound_holder cuts them
+ARGV_SHORT = 512  # characters of a holder's argv in all, past READ_CHARS
+
+
+class ReadBudget:
+    """What one scan keeps of its holders' strings, in the worker where they are read: each
+    as bound_holder cuts it until READ_CHARS characters are kept (the report lists at most
+    HOLDERS of them in full), every later one cut short (SHORT characters a string, its argv
+    to ARGV_SHORT in all): 2,000 holders of any shape stay a few MB, not 140 MB."""
+
+    def __init__(self, chars: int = READ_CHARS) -> None:
+        self.left = chars
+
+    def keep(self, h: Holder) -> Holder:
+        if self.left > 0:
+            self.left -= _chars(h)
+            return h
+        short = bound_holder(h, SHORT, SHORT_ITEMS, SHORT_ITEMS, SHORT)
+        if short is h:
+            short = copy.copy(h)
+        short.argv = _cut_argv(h.argv, ARGV_SHORT)
+        return short
+
+
+def _chars(h: Holder) -> int:
+    return (sum(len(a) for a in h.argv) + sum(len(str(d)) for d in h.devices)
+            + sum(len(v) for v in (h.name, h.exe, h.cgroup, h.user, h.protected, h.unit) if v))
+
+
+def _cut_argv(argv: tuple[str, ...], limit: int) -> tuple[str, ...]:
+    """`argv` while it fits `limit` characters in all, the item that crosses it cut, then how
+    many items were left out."""
+    out: list[str] = []
+    left = limit
+    for i, a in enumerate(argv):
+        if left <= 0:
+            out.append(f"{MORE} {len(argv) - i} more not listed")
+            break
+        out.append(cut(a, left))
+        left -= len(out[-1])
+    return tuple(out)
+
+
 def listed_holder(h: Holder) -> tuple[Holder, int]:
     """The holder bounded, shorter when it is still over HOLDER_BYTES; and its size."""
     b = bound_holder(h)

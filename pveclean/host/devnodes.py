@@ -170,7 +170,9 @@ class _FdTable:
         from pveclean.host import uring  # a ring's registered files: rare, so judged apart
         ino, mine, in_flight = uring.judge_ring(self.base, name, self.devices, self.out.held,
                                                 self.out.unjudged, self.ring_done,
-                                                self.out.rdevs)
+                                                self.cache.tenant)
+        self.out.rdevs.update(os.makedev(d.major, d.minor) for d in mine
+                              if d.major is not None and d.minor is not None)
         if in_flight and self.cache.tenant:  # see ScanCache.tenant
             self.out.unjudged.append(in_flight)
         if ino is not None:

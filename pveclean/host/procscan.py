@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 
 from pveclean.core import records
-from pveclean.core.bounds import bound_holder, cap_devices, cut_device
+from pveclean.core.bounds import ReadBudget, bound_holder, cap_devices, cut_device
 from pveclean.core.cgpaths import ct_path, in_tree, rel_path
 from pveclean.core.discovery import protect_reason, unwalked
 from pveclean.core.records import GpuDevices, Holder, HostView, Scope
@@ -108,6 +108,7 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
     holders: dict[int, Holder] = {}
     rdevs: dict[int, frozenset[int]] = {}
     look = _Tree(scope, quiet, stall)
+    budget = ReadBudget()  # past a few MB of strings, each holder's are cut short
     for pid, got in judge_each(tree, scope.devices, skip, look.announce, look.admit):
         st = look.statuses[pid]
         if got.unjudged:
@@ -118,6 +119,7 @@ def scan_host(scope: Scope, skip: frozenset[int] = frozenset(),
             h = make_holder(st, tree[pid], scope)
             h.devices, h.devices_more = cap_devices(got.held)  # each device kept; bounded
             h.devices = [cut_device(d) for d in h.devices]  # each label cut where read
+            h = budget.keep(h)
             h.add_source("host")
             holders[pid] = h
             rdevs[pid] = frozenset(got.rdevs)

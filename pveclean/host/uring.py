@@ -73,14 +73,13 @@ NotJudged = str
 
 def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[DeviceUse],
                unjudged: list[str], done: dict[bytes, DeviceUse | NotJudged | None],
-               rdevs: set[int] | None = None
-               ) -> tuple[int | None, list[DeviceUse], str | None]:
-    """Add to `held` the GPU nodes registered with ring fd `fd` (and their device numbers to
-    `rdevs`), to `unjudged` why some registered file, or a request in flight, could not be
-    judged. `done`: path -> finding, for the whole process. Returns the ring's inode, the
-    GPU nodes it holds (for a process that has the ring only mapped, see devnodes.judge),
-    and why its requests in flight cannot be judged (None: it has none), for the caller to
-    count or not (devnodes.ScanCache.tenant)."""
+               tenant: bool = False) -> tuple[int | None, list[DeviceUse], str | None]:
+    """Add to `held` the GPU nodes registered with ring fd `fd`, to `unjudged` why some
+    registered file, or a request in flight, could not be judged. `done`: path -> finding,
+    for the whole process. Returns the ring's inode, the GPU nodes it holds (for a process
+    that has the ring only mapped, see devnodes.judge), and why its requests in flight cannot
+    be judged (None: it has none), for the caller to count or not (devnodes.ScanCache.tenant).
+    `tenant`: a registered path that leads to no GPU node is not judged (see _judge_paths)."""
     ring = ring_files(base, fd)
     in_flight = None
     if ring.polls:
@@ -95,32 +94,38 @@ def judge_ring(base: str, fd: str, devices: GpuDevices, held: list[DeviceUse],
         return ring.ino, [], in_flight
     paths = [p for _slot, p in files.paths]
     todo = [p for p in paths if p not in done]
-    for finding in _judge_paths(base, fd, todo, devices, done) if todo else ():
+    for finding in _judge_paths(base, todo, devices, done, tenant) if todo else ():
         if isinstance(finding, str):
             unjudged.append(f"io_uring fd {fd}: {finding}")
-        elif finding is not None:
-            if rdevs is not None and finding.major is not None and finding.minor is not None:
-                rdevs.add(os.makedev(finding.major, finding.minor))
-            if finding not in held:
-                held.append(finding)
+        elif finding is not None and finding not in held:
+            held.append(finding)
     mine = [f for p in paths if isinstance(f := done.get(p), DeviceUse)]
     return ring.ino, mine, in_flight
 
 
-def _judge_paths(base: str, fd: str, todo: list[bytes], devices: GpuDevices,
-                 done: dict[bytes, DeviceUse | NotJudged | None]
+def _judge_paths(base: str, todo: list[bytes], devices: GpuDevices,
+                 done: dict[bytes, DeviceUse | NotJudged | None], tenant: bool = False
                  ) -> list[DeviceUse | NotJudged | None]:
-    """What each of `todo` is (kept in `done` too), or the one reason none can be judged."""
+    """What each of `todo` is (kept in `done` too), or the one reason none can be judged.
+    The kernel names a registered file by its path alone, never by its device: for the
+    tenant, whose root mounts and unmounts at will, a path that leads to no GPU node now is
+    not judged (a mount stacked over the path after registering, or a tree detached since
+    with a plain file put at the path the kernel shows from the tree's top, would pass for
+    innocent). Pseudo files (sockets, pipes, anon inodes: no absolute path) stay innocent."""
     roots = _roots(base)
     if isinstance(roots, str):
         return [roots]
     out: list[DeviceUse | NotJudged | None] = []
+    covers = _Covers(base)
     try:
         for path in todo:
             if len(done) >= MAX_RING_FILES:
                 out.append(f"more than {MAX_RING_FILES} registered files; the rest not judged")
                 break
-            done[path] = finding = _judge_in(roots, path, devices)
+            finding = _judge_in(roots, path, devices, tenant)
+            if tenant and isinstance(finding, str):
+                finding = covers.judge(path, devices) or finding
+            done[path] = finding
             out.append(finding)
     finally:
         for r in set(roots):
@@ -145,6 +150,64 @@ def _roots(base: str) -> list[int] | str:
         os.close(root)
         return [top]
     return [top, root]
+
+
+MAX_MOUNTINFO = 4 << 20  # bytes of a mountinfo read (as devnodes.MAX_MOUNTINFO)
+
+
+def _mounts(path: str) -> list[fstext.Mount]:
+    return [m for line in fstext.lines(statx.read_capped(path, MAX_MOUNTINFO, [False]))
+            if (m := fstext.parse_mount(line)) is not None]
+
+
+class _Covers:
+    """Judge by its device number a registered path the task's mountinfo lists as a mount
+    point, when the path leads elsewhere now (a file bind mount of the node that a later
+    mount covers: LXC's own /dev/nvidia0 under a tmpfs the tenant stacked on /dev). The
+    covered mount's file is looked up on the host through a host mount of the same file
+    system (its `root` below that mount's `root`). Mountinfo is read once, when first asked."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.at: dict[bytes, list[fstext.Mount]] | None = None
+        self.host: list[fstext.Mount] = []
+
+    def judge(self, path: bytes, devices: GpuDevices) -> DeviceUse | None:
+        if self.at is None:
+            self.at = {}
+            for m in _mounts(f"{self.base}/mountinfo"):
+                self.at.setdefault(m.mount_point, []).append(m)
+            self.host = _mounts("/proc/self/mountinfo") if self.at else []
+        for m in self.at.get(path, []):
+            for h in self.host:
+                found = _on_host(m, h, devices) if h.dev == m.dev else None
+                if found is not None:
+                    return DeviceUse(path.decode("utf-8", "replace"), found.major,
+                                     found.minor, DeviceHow.URING)
+        return None
+
+
+def _on_host(m: fstext.Mount, h: fstext.Mount, devices: GpuDevices) -> DeviceUse | None:
+    """The GPU node at mount `m`'s root, seen through host mount `h` of its file system."""
+    top = h.root.rstrip(b"/")
+    if m.root != h.root and not m.root.startswith(top + b"/"):
+        return None
+    try:
+        root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        got = _judge(root, h.mount_point.rstrip(b"/") + m.root[len(top):], devices)
+    finally:
+        os.close(root)
+    return got if isinstance(got, DeviceUse) else None
+
+
+def _unproven(path: bytes) -> NotJudged:
+    shown = path.decode("utf-8", "replace")[:200]
+    return (f"registered file {shown} leads to no GPU node now; the kernel names it by its "
+            "path only, which a mount stacked over it or a detached tree can lead elsewhere: "
+            "not judged")
 
 
 UP = "/".join([".."] * 1000)  # one openat climbs 1,000 levels
@@ -178,12 +241,12 @@ def _same_dir(a: int, b: int) -> bool:
     return (sa.dev, sa.ino) == (sb.dev, sb.ino)
 
 
-def _judge_in(roots: list[int], path: bytes, devices: GpuDevices
+def _judge_in(roots: list[int], path: bytes, devices: GpuDevices, tenant: bool = False
               ) -> DeviceUse | NotJudged | None:
     """The first root where `path` is a GPU node decides; else the namespace top's answer."""
     first: DeviceUse | NotJudged | None = None
     for i, root in enumerate(roots):
-        got = _judge(root, path, devices)
+        got = _judge(root, path, devices, tenant)
         if isinstance(got, DeviceUse):
             return got
         if i == 0:
@@ -191,11 +254,13 @@ def _judge_in(roots: list[int], path: bytes, devices: GpuDevices
     return first
 
 
-def _judge(root: int, path: bytes, devices: GpuDevices) -> DeviceUse | NotJudged | None:
+def _judge(root: int, path: bytes, devices: GpuDevices, tenant: bool = False
+           ) -> DeviceUse | NotJudged | None:
     """The GPU node registered at `path`, None when `path` is no GPU node, or why it cannot
     be told. A path that is not absolute is a pseudo file (socket:[..], anon_inode:..): never
     a device node. A path that no longer resolves, resolves to a directory (a detached mount
-    shows as "/") or was deleted cannot be told."""
+    shows as "/") or was deleted cannot be told; for the `tenant`, neither can one that
+    leads to anything but a GPU node (see _judge_paths)."""
     shown = path.decode("utf-8", "replace")
     if not path.startswith(b"/"):
         return None
@@ -213,4 +278,4 @@ def _judge(root: int, path: bytes, devices: GpuDevices) -> DeviceUse | NotJudged
                 "not judged")
     if stat.S_ISCHR(st.mode) and devices.matches(st.rdev):
         return DeviceUse(shown, os.major(st.rdev), os.minor(st.rdev), DeviceHow.URING)
-    return None
+    return _unproven(path) if tenant else None

@@ -103,6 +103,7 @@ TEXT_PARSERS: dict[str, str] = {
     "core.reportread:source_of": "a report file on disk (older versions' too): its one reader",
     "host.reportfiles:prune_others": "report file names on disk: the module that names them",
     "host.uring:_judge": "a registered file's path from io_uring's fdinfo",
+    "host.uring:_on_host": "a mount's root from mountinfo, below a host mount's root",
     "proxmox.chain:read_record": "the chain record file on disk (its one reader)",
     "proxmox.dropin:installed": "systemd drop-in directory names (pve-container@VMID)",
     "proxmox.gpugrant:dev_path": "a guest config's devN: value",

@@ -2,7 +2,7 @@
  * Build: gcc -static -O2 -Wall -std=gnu11 -o pathfan pathfan.c
  *
  *   pathfan --node PATH --paths N --children M [--thread-cgroup DIR] --ready FILE
- *           --exit-after S
+ *           --exit-after S [-- ARG...]
  *
  * Makes a directory below /tmp whose path is about 3,800 characters long, bind-mounts the
  * device node PATH at N files there (needs CAP_SYS_ADMIN in the container), opens each one
@@ -10,7 +10,8 @@
  * holding N device paths of ~3,800 characters. With --thread-cgroup, the process (before it
  * forks) moves itself into the cgroup DIR (as the container sees it), so every holder lives
  * there. Writes "<pid> <comm>" to FILE once every child is forked; every process exits on
- * SIGTERM (the default action) or after S seconds. Errors: "pathfan: <what>: <strerror>" on
+ * SIGTERM (the default action) or after S seconds. ARGs after "--" are not read: they make
+ * its argv (and its children's) as long as a test wants. Errors: "pathfan: <what>: <strerror>" on
  * stderr and exit status 2. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -47,6 +48,7 @@ int main(int argc, char **argv)
     long paths = 64, children = 0, exit_after = 3600;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (!strcmp(a, "--")) break;
         if (i + 1 >= argc) die(a, EINVAL);
         if (!strcmp(a, "--node")) node = argv[++i];
         else if (!strcmp(a, "--paths")) paths = num(argv[++i]);
