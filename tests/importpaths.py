@@ -35,7 +35,10 @@ PATHS: dict[str, tuple[list[str], tuple[str, ...]]] = {
         "pveclean.proxmox.guestunits", "pveclean.core.reportread", "pveclean.core.amendments")),
     "hook pre-start": (["hook", str(VMID), "pre-start"], (*_NOT_HOOK, "pveclean.core.reportread",
                                                           "pveclean.core.amendments")),
-    "hook post-start": (["hook", str(VMID), "post-start"], _NOT_HOOK),
+    # post-start has no run (hook.HANDLERS): none of a run's modules, nor the Xid pass's
+    "hook post-start": (["hook", str(VMID), "post-start"], (
+        *_NOT_HOOK, "pveclean.cleanup", "pveclean.core.records", "pveclean.core.report",
+        "pveclean.core.xidlog", "pveclean.host.kmsg", "pveclean.host.runreads")),
     "hook pre-stop": (["hook", str(VMID), "pre-stop"], _NOT_HOOK),
     "hook post-stop": (["hook", str(VMID), "post-stop"], _NOT_HOOK),
     "--version": (["--version"], ("yaml", "pynvml", "pveclean.cleanup", *_NOT_ONE_CT)),
@@ -50,6 +53,7 @@ PATHS: dict[str, tuple[list[str], tuple[str, ...]]] = {
 # What a path must import (its own work): a pin on a module it never imports would pass for ever.
 USES: dict[str, tuple[str, ...]] = {
     **{name: ("pveclean.cleanup", "yaml") for name in PATHS if name.startswith(("ct", "hook"))},
+    "hook post-start": ("pveclean.commands.hook", "pveclean.proxmox.chain", "yaml"),
     "metrics (the timer)": ("pveclean.commands.metrics", "pveclean.core.exposition", "yaml"),
 }
 

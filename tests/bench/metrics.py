@@ -46,7 +46,7 @@ def bench_metrics(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
     """The load first in the host's own cgroups (every process read, as fuser reads them),
     then in a container without GPU passthrough (where a Proxmox host's processes live:
     its devices cgroup keeps them off the GPU nodes, so they are not read)."""
-    n = max(cfg.host_loads)
+    n = cfg.metrics_load
     lab = new_lab()
     load = HostLoad(cfg.fds)
     levels: list[dict[str, Any]] = []
