@@ -121,7 +121,13 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     """Look once and write `<textfile_dir>/pveclean_gpus.prom` (and, with `job_dir`,
     dcgm-exporter's job mapping files). Exit code 0; or PvecleanError: 3 when the host could
     not be read in time (the file then says pveclean_gpus_up 0), 4 when a file could not be
-    written."""
+    written. One worker, one NVML session: the look's, then doctor's (write_doctor)."""
+    with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
+        return _write(cfg, wk, textfile_dir, pci_root, job_dir)
+
+
+def _write(cfg: Config, wk: Worker, textfile_dir: str, pci_root: Path, job_dir: str | None
+           ) -> int:
     node = os.uname().nodename
     limit = cfg.deadline_seconds
     t0 = time.monotonic()
@@ -129,14 +135,13 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     why = ""
     run, due = load_settled(cfg)
     settled = frozenset(p for p, r in due.items() if r > run)
-    with Worker(**Nvml.settings(cfg.nvml_library, limit)) as wk:
-        try:
-            look = wk.call(w_look, cfg, pci_root, time.monotonic() + limit * READERS_SHARE,
-                           settled, timeout=limit, what="gpus")
-        except WorkerError as exc:
-            why = f"reading the host did not finish within {limit:.0f} s ({exc})"
-        except RemoteError as exc:
-            why = str(exc)
+    try:
+        look = wk.call(w_look, cfg, pci_root, time.monotonic() + limit * READERS_SHARE,
+                       settled, timeout=limit, what="gpus")
+    except WorkerError as exc:
+        why = f"reading the host did not finish within {limit:.0f} s ({exc})"
+    except RemoteError as exc:
+        why = str(exc)
     seconds = time.monotonic() - t0
     now = time.time()
     if look is not None:
@@ -157,7 +162,7 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     except OSError as exc:
         raise PvecleanError(f"metrics: {path} not written: {exc.strerror or exc}",
                             ExitCode.REPORT) from None
-    doctor_not_written = write_doctor(cfg, textfile_dir)  # pveclean_doctor.prom beside it
+    doctor_not_written = write_doctor(cfg, textfile_dir, wk)  # pveclean_doctor.prom beside it
     if look is None:
         raise PvecleanError(f"metrics: {why}; {path} says pveclean_gpus_up 0",
                             ExitCode.ACCESS)

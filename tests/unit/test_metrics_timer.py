@@ -58,3 +58,20 @@ def test_a_config_error_is_one_line_and_exit_2_as_under_typer(tmp_path: Path) ->
     assert lean[0] == typed[0] == 2
     assert lean[2] == typed[2] and lean[2].startswith("pveclean: ") and lean[2].count("\n") == 1
     assert not d.exists()
+
+
+def test_the_run_loads_nvml_in_one_worker_for_the_map_and_doctor(tmp_path: Path) -> None:
+    """One NVML session a run: doctor's look (pveclean_doctor.prom) runs in the worker that
+    took the map, which has the library loaded and NVML initialised, not in a second worker
+    that loads and inits it again (seconds on a host without nvidia-persistenced)."""
+    env = stopped_ct(tmp_path)
+    code = ("import sys; from pveclean.host import worker; made = []; "
+            "init = worker.Worker.__init__; worker.Worker.__init__ = lambda self, *a, **k: "
+            "(made.append(sorted(k)), init(self, *a, **k))[1]; "
+            "from pveclean.__main__ import main; "
+            "rc = main(sys.argv[1:]); print(rc, sum('nvml_library' in m for m in made))")
+    r = subprocess.run([sys.executable, "-c", code, "metrics", "--textfile-dir",
+                        str(tmp_path / "textfile")], capture_output=True, text=True, env=env,
+                       timeout=120, check=False, stdin=subprocess.DEVNULL)
+    assert r.stdout.split()[-2:] == ["0", "1"], r
+    assert "pveclean_doctor_up 1" in (tmp_path / "textfile" / "pveclean_doctor.prom").read_text()
