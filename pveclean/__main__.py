@@ -1,8 +1,9 @@
 """Entry point: makes the run's NVML worker (forked at once for `ct` and the pre-stop and
 post-stop hooks, before any heavy import: host/prelude.py), then runs the command.
 `pveclean hook VMID PHASE`, `pveclean vmhook VMID PHASE` and `pveclean unit [-c FILE] VMID
-PHASE` take a fixed argv from Proxmox and systemd on every guest start and stop: they skip
-typer (and proxmoxer).
+PHASE` take a fixed argv from Proxmox and systemd on every guest start and stop, and
+`pveclean metrics --textfile-dir DIR` from pveclean-metrics.service every 30 s: they skip
+typer (and proxmoxer); any other form of them (help, more options) goes through typer.
 Every other command goes through the typer app (commands/cli.py)."""
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ from pveclean.host.prelude import NvmlWorker, forks_early
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NoReturn
+
+
+def timer_argv(args: list[str]) -> bool:
+    """The command line pveclean-metrics.service runs: `metrics --textfile-dir DIR`, DIR
+    not an option (`-h` there is typer's to read)."""
+    return (len(args) == 3 and args[:2] == ["metrics", "--textfile-dir"]
+            and args[2][:1] not in ("", "-"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
             from pveclean.commands.vmhook import main as vmhook_main
 
             return vmhook_main(args[1:], nvml)
+        elif timer_argv(args):
+            from pveclean.commands.metrics import from_timer
+
+            return from_timer(args[2])
         from pveclean.commands.cli import run_app
 
         return run_app(args, nvml)

@@ -68,6 +68,14 @@ class ConfigError(Exception):
     """A config file that cannot be used; the message is one line for the admin."""
 
 
+def need_root() -> None:
+    """One line instead of a PermissionError deep in a run: pveclean reads every process's
+    /proc, /etc/pve and its 0600 reports, and signals."""
+    if os.geteuid() != 0:
+        raise PvecleanError("must be run as root (it reads every process, /etc/pve and its "
+                            "reports); try: sudo pveclean ...", ExitCode.NOT_ROOT)
+
+
 def fail(message: str, code: int, as_json: bool = False) -> int:
     """Say `message` on stderr, one line; under --json also as a JSON object on stdout, so
     that a script reading stdout gets JSON whatever happened."""

@@ -35,10 +35,26 @@ PATHS: dict[str, tuple[list[str], tuple[str, ...]]] = {
         "pveclean.proxmox.guestunits", "pveclean.core.reportread", "pveclean.core.amendments")),
     "hook pre-start": (["hook", str(VMID), "pre-start"], (*_NOT_HOOK, "pveclean.core.reportread",
                                                           "pveclean.core.amendments")),
-    "hook post-start": (["hook", str(VMID), "post-start"], _NOT_HOOK),
+    # post-start has no run (hook.HANDLERS): none of a run's modules, nor the Xid pass's
+    "hook post-start": (["hook", str(VMID), "post-start"], (
+        *_NOT_HOOK, "pveclean.cleanup", "pveclean.core.records", "pveclean.core.report",
+        "pveclean.core.xidlog", "pveclean.host.kmsg", "pveclean.host.runreads")),
     "hook pre-stop": (["hook", str(VMID), "pre-stop"], _NOT_HOOK),
     "hook post-stop": (["hook", str(VMID), "post-stop"], _NOT_HOOK),
     "--version": (["--version"], ("yaml", "pynvml", "pveclean.cleanup", *_NOT_ONE_CT)),
+    # pveclean-metrics.service's argv, every 30 s: neither typer nor click (__main__), nor a
+    # run's report and cleanup, nor the API client
+    "metrics (the timer)": (["metrics", "--textfile-dir", "{root}/textfile"], (
+        "typer", "click", "pveclean.commands.cli", "pveclean.commands.conventions",
+        "pveclean.core.report", "pveclean.core.reportparts", "pveclean.cleanup",
+        "pveclean.host.pidfds", "pveclean.core.amendments", "proxmoxer", "requests",
+        "pveclean.commands.install", "pveclean.commands.status", "pveclean.commands.gpuview")),
+}
+# What a path must import (its own work): a pin on a module it never imports would pass for ever.
+USES: dict[str, tuple[str, ...]] = {
+    **{name: ("pveclean.cleanup", "yaml") for name in PATHS if name.startswith(("ct", "hook"))},
+    "hook post-start": ("pveclean.commands.hook", "pveclean.proxmox.chain", "yaml"),
+    "metrics (the timer)": ("pveclean.commands.metrics", "pveclean.core.exposition", "yaml"),
 }
 
 
@@ -69,9 +85,15 @@ _RUN = ("import json, sys; from pveclean.__main__ import main; rc = main(sys.arg
         "sys.stdout.flush(); print('\\n' + json.dumps([rc, sorted(sys.modules)]))")
 
 
+def argv_in(argv: list[str], env: dict[str, str]) -> list[str]:
+    """`argv` with {root} made the stopped container's dir (stopped_ct)."""
+    root = str(Path(env["PVECLEAN_CONFIG"]).parent)
+    return [a.replace("{root}", root) for a in argv]
+
+
 def run_path(argv: list[str], env: dict[str, str]) -> PathRun:
-    r = subprocess.run([sys.executable, "-c", _RUN, *argv], capture_output=True, text=True,
-                       env=env, timeout=120, check=False, stdin=subprocess.DEVNULL)
+    r = subprocess.run([sys.executable, "-c", _RUN, *argv_in(argv, env)], capture_output=True,
+                       text=True, env=env, timeout=120, check=False, stdin=subprocess.DEVNULL)
     out, _, last = r.stdout.rstrip("\n").rpartition("\n")
     try:
         rc, mods = json.loads(last)
@@ -93,7 +115,8 @@ def import_times(argv: list[str], env: dict[str, str], runs: int = 5) -> list[Im
     one run on a busy machine is noise."""
     seen: dict[str, list[tuple[int, int]]] = {}
     for _ in range(runs):
-        r = subprocess.run([sys.executable, "-X", "importtime", "-m", "pveclean", *argv],
+        r = subprocess.run([sys.executable, "-X", "importtime", "-m", "pveclean",
+                            *argv_in(argv, env)],
                            capture_output=True, text=True, env=env, timeout=120, check=False,
                            stdin=subprocess.DEVNULL)
         for line in r.stderr.splitlines():

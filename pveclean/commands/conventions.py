@@ -12,7 +12,8 @@ import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from pveclean.errors import EXIT_MEANING, ExitCode, PvecleanError
+from pveclean.errors import EXIT_MEANING
+from pveclean.errors import need_root as need_root  # where the commands find it
 
 EXIT_CODES_HELP = "Exit codes: " + "; ".join(
     f"{int(c)} {m}" for c, m in sorted(EXIT_MEANING.items())) + "."
@@ -59,14 +60,6 @@ class Group(TyperGroup):
             return super().invoke(ctx)
         except (KeyboardInterrupt, BrokenPipeError) as exc:
             raise Passed(exc) from None
-
-
-def need_root() -> None:
-    """One line instead of a PermissionError deep in a run: pveclean reads every process's
-    /proc, /etc/pve and its 0600 reports, and signals."""
-    if os.geteuid() != 0:
-        raise PvecleanError("must be run as root (it reads every process, /etc/pve and its "
-                            "reports); try: sudo pveclean ...", ExitCode.NOT_ROOT)
 
 
 def finite(value: float | None) -> float | None:

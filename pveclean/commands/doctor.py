@@ -10,6 +10,7 @@ Exit 0: nothing found; 1: findings; 2: usage or config error; 3: the host could 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -103,9 +104,12 @@ def diagnose(g: Gathered) -> Diagnosis:
     return Diagnosis(tuple(findings), tuple(looked), tuple(warnings))
 
 
-def gather(cfg: Config, vmids: list[int]) -> Gathered:
+def gather(cfg: Config, vmids: list[int], shared: Worker | None = None) -> Gathered:
+    """In a worker of its own, or in `shared` (the metrics look's, with its NVML session:
+    one library load and init a run, not two), which the caller closes."""
     limit = cfg.deadline_seconds
-    with Worker(**Nvml.settings(cfg.nvml_library, limit)) as wk:
+    with contextlib.ExitStack() as own:
+        wk = shared or own.enter_context(Worker(**Nvml.settings(cfg.nvml_library, limit)))
         try:
             got: Gathered = wk.call(w_gather, cfg, vmids, True,
                                     min(2.0, limit / 4), timeout=limit, what="doctor")
@@ -170,16 +174,16 @@ def counts(cfg: Config, vmids: list[int]) -> dict[int, dict[str, int]] | str:
 
 
 # ---- metrics ------------------------------------------------------------------------------------
-def write_metrics(cfg: Config, textfile_dir: str) -> str | None:
+def write_metrics(cfg: Config, textfile_dir: str, shared: Worker | None = None) -> str | None:
     """<textfile_dir>/pveclean_doctor.prom (`pveclean metrics`): the findings per guest and
     check, or `pveclean_doctor_up 0` when the look did not finish; why it was not written,
-    or None."""
+    or None. `shared`: the worker to look in (gather)."""
     from pveclean.core import metrics, metrics_doctor
     from pveclean.host import notify
 
     node = os.uname().nodename
     try:
-        fams = metrics_doctor.families(diagnose(gather(cfg, [])), node)
+        fams = metrics_doctor.families(diagnose(gather(cfg, [], shared)), node)
     except PvecleanError:
         fams = metrics_doctor.failed(node)
     path = Path(textfile_dir) / metrics_doctor.FILE_NAME

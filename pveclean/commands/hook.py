@@ -13,27 +13,20 @@ import sys
 import time
 from collections.abc import Callable
 
-from pveclean.cleanup import RunOptions, cgroup_root, clean, finish, reserve_for
-from pveclean.commands import xidhook
 from pveclean.core.config import PHASES, Config
-from pveclean.core.discovery import stall_for
-from pveclean.core.gpufaults import unchecked
-from pveclean.core.release import leaked
-from pveclean.core.report import Report, RunResult, find_leaks
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 from pveclean.errors import ConfigError, ExitCode, PvecleanError
-from pveclean.host import cgroupfs, releasewatch, reportfiles
-from pveclean.host.clock import start_deadline
 from pveclean.host.configfile import load
-from pveclean.host.nvml import Nvml
 from pveclean.host.prelude import NvmlWorker
-from pveclean.host.runreads import Reads
-from pveclean.proxmox import chain, pveconf, startrecord, tasks
+from pveclean.proxmox import chain, pveconf
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a phase's run imports its modules when it runs (_run): not post-start's
+    from pveclean.cleanup import RunOptions
     from pveclean.core.amendments import Leak, PreStopBrief
+    from pveclean.core.report import Report, RunResult
+    from pveclean.proxmox import tasks
 
 Sink = Callable[[str, str], None]  # (text, priority: info, warning or err)
 _sink: Sink | None = None  # where a phase's lines go instead of stdout (the drop-in's journal)
@@ -67,6 +60,7 @@ def logged_run(vmid: int, phase: str, grace: float) -> RunOptions:
     to the deadline: `stopping 6 GPU holder(s) of CT 129, grace 10 s ...` (from the count
     discovery tells, never read back from text), then rounds and unit stops as they come.
     Finding nothing says nothing (the outcome line follows at once)."""
+    from pveclean.cleanup import RunOptions
 
     def tell(msg: str) -> None:
         say(f"pveclean: CT {vmid} {phase}: {safe(msg, 300)} ...")
@@ -84,6 +78,10 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
     their grace now. Any other stop (a shutdown, reboot, backup or migration, or no task
     known) is the guest's to do: the holders are recorded and post-stop cleans what it
     leaves (proxmox/tasks.py)."""
+    from pveclean.cleanup import clean, finish
+    from pveclean.core.release import leaked
+    from pveclean.host.clock import start_deadline
+    from pveclean.proxmox import tasks
     task = tasks.running_task()
     if task is None or not task.kills:
         return _pre_shutdown(vmid, cfg, nvml, task)
@@ -127,6 +125,8 @@ def pre_stop(vmid: int, cfg: Config, nvml: NvmlWorker) -> int:
 
 def _pre_shutdown(vmid: int, cfg: Config, nvml: NvmlWorker, task: tasks.Task | None) -> int:
     """Record what holds GPUs as the guest begins its own shutdown; signal nothing."""
+    from pveclean.cleanup import RunOptions, clean, finish
+    from pveclean.host.clock import start_deadline
     deadline = start_deadline(cfg.deadline_seconds)
     what = f"a {task.type} task" if task is not None else "no Proxmox task known"
     res = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(phase="pre-stop", dry_run=True,
@@ -152,6 +152,7 @@ def _unsaved(res: RunResult) -> None:
     """A report that could not be written goes to stderr (the task log), cut to
     bounds.UNSAVED_SHOWN characters; the whole one is in the spare file finish() wrote and
     named in syslog."""
+    from pveclean.host import reportfiles
     if res.report_error:
         text = ("--- pveclean report (not saved) ---\n"
                 + reportfiles.unsaved_text(res.report, res.spare))
@@ -165,6 +166,7 @@ def _unsaved(res: RunResult) -> None:
 def _last_report(cfg: Config, vmid: int, phase: str, max_age: float) -> Report | None:
     """The last report of `phase` on this container, written within `max_age` s, typed
     (reportfiles.load_report); None when there is none or it cannot be read."""
+    from pveclean.host import reportfiles
     path = reportfiles.latest(cfg.report_dir, vmid, phase, max_age, time.time())
     try:
         return reportfiles.load_report(path) if path is not None else None
@@ -201,7 +203,16 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
     """The container's processes are gone: is the GPU memory they had released?
     NVML is asked in the run's worker, within the run's deadline (see worker.py). `via`:
     what ran it, in its report, when not the hookscript (the systemd drop-in)."""
+    from pveclean.cleanup import RunOptions, clean, finish, reserve_for
+    from pveclean.core.discovery import stall_for
+    from pveclean.core.gpufaults import unchecked
+    from pveclean.core.report import find_leaks
     from pveclean.core.reportread import gpus_used  # post-stop's alone: not on every start
+    from pveclean.host import releasewatch
+    from pveclean.host.clock import start_deadline
+    from pveclean.host.nvml import Nvml
+    from pveclean.host.runreads import Reads
+    from pveclean.proxmox import startrecord
 
     deadline = start_deadline(cfg.deadline_seconds)
     # its settings, no init for a stopped container; closed once NVML has answered, before
@@ -265,7 +276,10 @@ def _busy(vmid: int, phase: str, res: RunResult) -> int:
 def pre_start(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) -> int:
     """`nvml` was not forked ahead: a start asks NVML nothing unless something is left (see
     prelude.forks_early). `via`: as post_stop's."""
+    from pveclean.cleanup import cgroup_root, clean, finish
     from pveclean.commands.doctor import prestart  # (a start with a mismatch: a warning)
+    from pveclean.host import cgroupfs
+    from pveclean.proxmox import startrecord
     prestart(vmid, cfg, say)
     res = clean(vmid, cfg, nvml.warm(cfg, vmid),
                 logged_run(vmid, "pre-start", cfg.grace_seconds))
@@ -382,6 +396,8 @@ def _phase(vmid: int, phase: str, nvml: NvmlWorker) -> int:
     # after 5 s if the worker lives): pveclean's own phase ends by its deadline and writes its
     # report. Not the chained script's (it ran as Proxmox runs it), and restored after: an
     # ignored SIGTERM is inherited by whatever this process runs next.
+    from pveclean.commands import xidhook  # a phase that runs: not post-start
+
     before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
     refused = xidhook.before_phase(vmid, phase, cfg, say) or refused  # issue 41: Xids
     try:

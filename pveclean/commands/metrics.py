@@ -31,7 +31,7 @@ from pveclean.core import metrics, metrics_gpus, metrics_xid
 from pveclean.core.config import Config
 from pveclean.core.gpumap import GpuMap
 from pveclean.core.pci import HostPci
-from pveclean.errors import ExitCode, PvecleanError
+from pveclean.errors import ExitCode, PvecleanError, guarded, need_root
 from pveclean.host import cgroupfs, notify, worker
 from pveclean.host.nvml import Nvml
 from pveclean.host.reportfiles import exclusive_temp
@@ -121,7 +121,13 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     """Look once and write `<textfile_dir>/pveclean_gpus.prom` (and, with `job_dir`,
     dcgm-exporter's job mapping files). Exit code 0; or PvecleanError: 3 when the host could
     not be read in time (the file then says pveclean_gpus_up 0), 4 when a file could not be
-    written."""
+    written. One worker, one NVML session: the look's, then doctor's (write_doctor)."""
+    with Worker(**Nvml.settings(cfg.nvml_library, cfg.deadline_seconds)) as wk:
+        return _write(cfg, wk, textfile_dir, pci_root, job_dir)
+
+
+def _write(cfg: Config, wk: Worker, textfile_dir: str, pci_root: Path, job_dir: str | None
+           ) -> int:
     node = os.uname().nodename
     limit = cfg.deadline_seconds
     t0 = time.monotonic()
@@ -129,14 +135,13 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     why = ""
     run, due = load_settled(cfg)
     settled = frozenset(p for p, r in due.items() if r > run)
-    with Worker(**Nvml.settings(cfg.nvml_library, limit)) as wk:
-        try:
-            look = wk.call(w_look, cfg, pci_root, time.monotonic() + limit * READERS_SHARE,
-                           settled, timeout=limit, what="gpus")
-        except WorkerError as exc:
-            why = f"reading the host did not finish within {limit:.0f} s ({exc})"
-        except RemoteError as exc:
-            why = str(exc)
+    try:
+        look = wk.call(w_look, cfg, pci_root, time.monotonic() + limit * READERS_SHARE,
+                       settled, timeout=limit, what="gpus")
+    except WorkerError as exc:
+        why = f"reading the host did not finish within {limit:.0f} s ({exc})"
+    except RemoteError as exc:
+        why = str(exc)
     seconds = time.monotonic() - t0
     now = time.time()
     if look is not None:
@@ -157,7 +162,7 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     except OSError as exc:
         raise PvecleanError(f"metrics: {path} not written: {exc.strerror or exc}",
                             ExitCode.REPORT) from None
-    doctor_not_written = write_doctor(cfg, textfile_dir)  # pveclean_doctor.prom beside it
+    doctor_not_written = write_doctor(cfg, textfile_dir, wk)  # pveclean_doctor.prom beside it
     if look is None:
         raise PvecleanError(f"metrics: {why}; {path} says pveclean_gpus_up 0",
                             ExitCode.ACCESS)
@@ -170,3 +175,17 @@ def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DE
     if doctor_not_written:
         raise PvecleanError(f"metrics: {doctor_not_written}", ExitCode.REPORT)
     return ExitCode.OK
+
+
+def from_timer(textfile_dir: str) -> int:
+    """`pveclean metrics --textfile-dir DIR` as pveclean-metrics.service runs it, without
+    typer (__main__.timer_argv): the typer command's root check, config, exit codes and
+    one-line errors (errors.guarded), without importing typer and click and building the
+    app every 30 s (about 30 ms of CPU a run on a 2-core VM, issue 42)."""
+    from pveclean.host.configfile import load
+
+    def go() -> int:
+        need_root()
+        return write(load(), textfile_dir)
+
+    return guarded(go)

@@ -16,7 +16,8 @@ from pveclean.core.gpunodes import sort_nodes
 from pveclean.core.notjudged import NotJudged
 from pveclean.core.owners import Owner, OwnerKind
 from pveclean.core.pci import PciAddress
-from pveclean.core.records import (
+from pveclean.core.records import (  # LEAK_SLACK_MIB: the post-stop hook's slack
+    LEAK_SLACK_MIB,
     DeviceUse,
     GpuDevices,
     GpuMemory,
@@ -24,8 +25,8 @@ from pveclean.core.records import (
     Holder,
     Source,
     device_labels,
+    iso,
 )
-from pveclean.core.report import LEAK_SLACK_MIB, iso  # the post-stop hook's slack
 
 Json = dict[str, object]  # one object of the --json document
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from pveclean.core.cgpaths import in_tree as in_tree  # the one cgroup-path test
@@ -127,6 +128,14 @@ class DeviceHow(StrEnum):
     MMAP = "mmap"  # a mapping (/proc/PID/maps)
     URING = "io_uring fixed file"  # a file registered with an io_uring ring
     NAMED = "named"  # a path without its device number: the probe's, an older report's
+
+
+LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack, contexts
+
+
+def iso(t: float) -> str:
+    """2026-12-03T06:53:12.253+00:00: a report's start, a map's time."""
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
 
 
 MORE = "…"  # what a cut text or list ends in (see core/bounds.py)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from pveclean.core import bounds
 from pveclean.core.records import (
+    LEAK_SLACK_MIB,
     Discovery,
     GpuMemory,
     GpuStatus,
@@ -17,6 +17,7 @@ from pveclean.core.records import (
     NvmlProcesses,
     OtherUser,
     SourceState,
+    iso,
 )
 from pveclean.core.redact import MAX_VALUE, Redactor
 from pveclean.core.reportparts import GpuRow, Settings, Sources, more_line, sources_dict
@@ -29,8 +30,8 @@ from pveclean.core.verdicts import (
     with_unjudged,
 )
 
-__all__ = ["MAX_VALUE", "Redactor", "Report", "build_report", "busy_report", "find_leaks",
-           "memory_table"]
+__all__ = ["LEAK_SLACK_MIB", "MAX_VALUE", "Redactor", "Report", "build_report", "busy_report",
+           "find_leaks", "iso", "memory_table"]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from pveclean.proxmox.pveconf import CtConfig
 
 
-LEAK_SLACK_MIB = 64  # allocations NVML shows without a process: allocator slack, contexts
 
 
 def find_leaks(gpus: list[GpuMemory], procs: NvmlProcesses,
@@ -74,11 +74,6 @@ def find_leaks(gpus: list[GpuMemory], procs: NvmlProcesses,
                               f"no process holds this memory; reset GPU {g.index} where "
                               f"safe: pveclean reset {g.index} (--dry-run first)"))
     return leaks
-
-
-def iso(t: float) -> str:
-    """2026-12-03T06:53:12.253+00:00: a report's start."""
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True)

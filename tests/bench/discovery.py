@@ -17,7 +17,7 @@ from typing import Any
 from tests.harness.lxclab import Lab
 
 from .load import HostLoad
-from .measure import Timed, median, timed
+from .measure import Timed, median, ratio_spread, timed
 from .settings import BenchConfig
 from .table import Row, Table, ms
 
@@ -248,7 +248,9 @@ def _discovery_results(levels: list[Level], tl: list[Tool], ct_size: int, cfg: B
     r = _ratio(f, p)
     rows.append(Row("Discovery", f"{top.load:,} host processes: pveclean ct --dry-run "
                     f"({cfg.pct_latency_s:.1f} s pct) vs fuser -v",
-                    f"{_msn(p)} vs {_msn(f)}: {_x(r)}", f">= {TARGET_SPEEDUP:.0f}x faster",
+                    f"{_msn(p)} vs {_msn(f)}: {_x(r)}; " + ratio_spread(
+                        top.times.get("fuser", []), top.times.get("pveclean", [])),
+                    f">= {TARGET_SPEEDUP:.0f}x faster",
                     None if r is None else r >= TARGET_SPEEDUP))
     lo = top.med("lsof")
     rows.append(Row("Discovery", f"{top.load:,} host processes: pveclean vs lsof",

@@ -20,6 +20,7 @@ from .measure import (
     VmidPool,
     median,
     new_lab,
+    ratio_spread,
     shielded,
     spawn_like_proxmox,
     timed,
@@ -118,8 +119,9 @@ def bench_hooks(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
         rows.append(Row("Hook", f"{phase}: peak RSS", f"{_mb(rss):.1f} MB",
                         f"< {TARGET_RSS_MB:.0f} MB", _mb(rss) < TARGET_RSS_MB))
         v = median([r.seconds for r in versions[phase]])
+        spread = ratio_spread([r.seconds for r in rs], [r.seconds for r in versions[phase]])
         rows.append(Row("Hook", f"{phase}, nothing to clean, vs pveclean --version "
-                        "(interleaved)", f"{ms(wall)} vs {ms(v)}: {wall / v:.2f}x",
+                        "(interleaved)", f"{ms(wall)} vs {ms(v)}: {wall / v:.2f}x; {spread}",
                         f"<= {TARGET_VS_VERSION}x", wall <= TARGET_VS_VERSION * v))
     fast, slowed = median([r.seconds for r in runs["pre-stop"]]), median([r.seconds for r in slow])
     lat = f"{cfg.pct_latency_s:.1f} s pct"

@@ -50,6 +50,24 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
+    """The first and third quartiles (the min and max of fewer than four values)."""
+    if len(values) < 4:
+        return min(values), max(values)
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
+def ratio_spread(num: Sequence[float], den: Sequence[float]) -> str:
+    """The spread of run-by-run ratios of two interleaved series: `runs i/i quartiles a-b`,
+    the noise a ratio of medians hides on a shared machine."""
+    pairs = [a / b for a, b in zip(num, den, strict=False) if b > 0]
+    if not pairs:
+        return "no pairs"
+    lo, hi = quartiles(pairs)
+    return f"run by run {lo:.2f}-{hi:.2f}x (quartiles of {len(pairs)})"
+
+
 @dataclass
 class Timed:
     seconds: float

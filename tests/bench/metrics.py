@@ -13,7 +13,7 @@ from typing import Any
 from .discovery import host_process_count, pveclean_exe
 from .gpus import seed_lab
 from .load import HostLoad
-from .measure import VmidPool, median, new_lab, shielded, timed
+from .measure import VmidPool, median, new_lab, quartiles, shielded, timed
 from .settings import BenchConfig
 from .table import Row, Table, ms
 
@@ -46,7 +46,7 @@ def bench_metrics(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
     """The load first in the host's own cgroups (every process read, as fuser reads them),
     then in a container without GPU passthrough (where a Proxmox host's processes live:
     its devices cgroup keeps them off the GPU nodes, so they are not read)."""
-    n = max(cfg.host_loads)
+    n = cfg.metrics_load
     lab = new_lab()
     load = HostLoad(cfg.fds)
     levels: list[dict[str, Any]] = []
@@ -76,12 +76,14 @@ def bench_metrics(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
     rows = []
     for lv in levels:
         c, w = median(lv["cpu_s"]), median(lv["wall_s"])
+        lo, hi = quartiles(lv["cpu_s"])
         lv["share"] = share = c / INTERVAL_S
-        table.rows.append([lv["where"], str(lv["host_processes"]), ms(c), ms(w),
-                           f"{share:.2%}", str(lv["textfile_bytes"])])
+        table.rows.append([lv["where"], str(lv["host_processes"]), f"{ms(c)} ({ms(lo)}-{ms(hi)})",
+                           ms(w), f"{share:.2%}", str(lv["textfile_bytes"])])
         rows.append(Row("Metrics", f"pveclean metrics every 30 s, {n:,} processes in "
                         f"{lv['where']}: CPU share", f"{share:.2%} of one core ({ms(c)} CPU "
-                        "per run)", "<= 1 % of one core", share <= TARGET))
+                        f"per run, quartiles {ms(lo)}-{ms(hi)})", "<= 1 % of one core",
+                        share <= TARGET))
     table.notes.append("CPU: user + system time of the command and every worker it forks "
-                       "(getrusage of reaped children).")
+                       "(getrusage of reaped children); in brackets the quartiles of the runs.")
     return rows, [table], {"load": n, "levels": levels}
