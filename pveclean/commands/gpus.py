@@ -74,9 +74,6 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
     """`pveclean gpus`: read the host in a worker bounded by deadline_seconds, print, and
     with `watch` do it again every `watch` seconds (`count` times; 0: until Ctrl-C).
     Exit code 0, or PvecleanError (exit 3) when the host could not be read in time."""
-    from pveclean.commands import xids
-    from pveclean.commands.gpuview import render_gpus  # here: `metrics` and `status` need none
-
     tty = screen_control(sys.stdout, os.environ)
     shown = 0
     limit = cfg.deadline_seconds
@@ -84,8 +81,14 @@ def show(cfg: Config, as_json: bool = False, watch: float | None = None, count: 
         try:
             while True:
                 # its forked readers are given up on first, so that the rest is still shown
-                end = time.monotonic() + limit * READERS_SHARE
-                gmap = wk.call(w_collect, cfg, pci_root, end, timeout=limit, what="gpus")
+                start = time.monotonic()
+                wk.send(w_collect, cfg, pci_root, start + limit * READERS_SHARE,
+                        timeout=limit, what="gpus")
+                # imported while the worker reads the host (`metrics`, `status` need neither)
+                from pveclean.commands import xids
+                from pveclean.commands.gpuview import render_gpus
+
+                gmap: GpuMap = wk.receive(start + limit - time.monotonic(), "gpus")
                 xtext, xdoc = xids.gpus_section(cfg, gmap)  # issue 41: the last Xids per GPU
                 text = (json.dumps({**gmap.as_dict(), **({"xids": xdoc} if xdoc else {})},
                                    indent=2, default=str) if as_json else render_gpus(gmap) + xtext)
