@@ -23,7 +23,8 @@ def test_gpus_forks_its_worker_before_the_heavy_imports_and_uses_it(tmp_path: Pa
     code = (
         "import os, sys; from pveclean.host import worker; seen = []; "
         "start = worker.Worker._start; worker.Worker._start = lambda self: "
-        "(seen.append((os.getpid(), set(sys.modules))), start(self)); sys.argv[1:] = ['gpus', '--json']; "
+        "(seen.append((os.getpid(), set(sys.modules))), start(self)); "
+        "sys.argv[1:] = ['gpus', '--json']; "
         "from pveclean.__main__ import main; rc = main(); me = os.getpid(); "
         "mine = [mods for pid, mods in seen if pid == me]; "
         f"print(rc, len(mine), sorted(m for m in {heavy!r} if m in mine[0]))")
