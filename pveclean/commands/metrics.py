@@ -26,7 +26,8 @@ from pathlib import Path
 
 from pveclean.commands import xids
 from pveclean.commands.doctor import write_metrics as write_doctor
-from pveclean.commands.gpus import READERS_SHARE, Seen, collect, nvml_session
+from pveclean.commands.gpulook import Seen, collect, nvml_session
+from pveclean.commands.gpus import READERS_SHARE
 from pveclean.core import metrics, metrics_gpus, metrics_xid
 from pveclean.core.config import Config
 from pveclean.core.gpumap import GpuMap

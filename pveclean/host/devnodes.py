@@ -44,6 +44,8 @@ MAX_MAPS = 16 << 20  # bytes of one process's maps read; the mappings past it: n
 Progress = Callable[[], None] | None
 _URING_MAP = fstext.URING.encode()
 _MAY_BE_RING = (stat.S_IFREG, 0)  # an anon inode's type (S_IFREG since Linux 6.15)
+_IFMT = 0o170000  # the file type bits of a mode (stat.S_IFMT)
+_NO_VIEW = memoryview(b"")
 
 
 def safe_fs(fstype: bytes) -> bool:
@@ -190,8 +192,12 @@ def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
         return None
     table = _FdTable(base, dfd, devices, cache, out)
     table.risky = cache.risky(base)
-    quick = None if table.risky.ids else statx.raw()  # the loop below, for most fds
-    anon = statx.anon_inode_dev()
+    # most fds are settled by one raw statx, read through views of its buffer (statx.U16,
+    # U32): a character device that is no GPU node, or anything that cannot be a ring
+    fast = None if table.risky.ids else statx.quick()
+    quick, m16, m32 = fast or (None, _NO_VIEW, _NO_VIEW)
+    amaj, amin = statx.anon_inode_dev()
+    rdevs, majors, makedev = devices.rdevs, devices.majors, os.makedev
     n = 0
     try:
         with os.scandir(dfd) as entries:
@@ -209,11 +215,14 @@ def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
                 name = entry.name
                 if quick is not None and quick(dfd, name.encode(), statx.FLAGS, statx.MASK,
                                                statx.BUF) == 0:
-                    kind = stat.S_IFMT(statx.mode(statx.BUF))
-                    if kind == stat.S_IFCHR:
-                        if not devices.matches(os.makedev(*statx.rdev(statx.BUF))):
+                    kind = m16[statx.MODE] & _IFMT
+                    if kind == stat.S_IFCHR:  # GpuDevices.matches(), inline
+                        major = m32[statx.RDEV]
+                        if ((major & 0xFFF) not in majors
+                                and makedev(major, m32[statx.RDEV + 1]) not in rdevs):
                             continue
-                    elif kind not in _MAY_BE_RING or statx.dev(statx.BUF) != anon:
+                    elif (kind not in _MAY_BE_RING or m32[statx.DEV] != amaj
+                          or m32[statx.DEV + 1] != amin):
                         continue
                 table.judge(name)
                 if first and out.held:
@@ -237,6 +246,8 @@ def judge_fds(pid: int, devices: GpuDevices, cache: ScanCache | None = None,
     n = _judge_table(procfs.path(pid), devices, cache, out, progress, first)
     if n is None:
         return None
+    if n and procfs.one_task(pid):  # (an empty table, as a zombie leader's: its threads listed)
+        return out  # no thread of it can have a table of its own (one stat, no listing)
     from pveclean.host import fdtables
 
     try:

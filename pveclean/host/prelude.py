@@ -16,6 +16,7 @@ imported before the fork.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 from pveclean.host import worker
 
@@ -29,10 +30,19 @@ NVML_PHASES = ("pre-stop", "post-stop")  # the hook phases that ask NVML
 
 def forks_early(argv: list[str]) -> bool:
     """Does this command line ask NVML for sure, so that its worker is forked at once: `ct`,
-    and the pre-stop and post-stop hooks (a start asks NVML nothing unless something is
-    left in the container)?"""
-    return argv[:1] == ["ct"] or (len(argv) == 3 and argv[0] == "hook"
-                                  and argv[2] in NVML_PHASES)
+    `gpus` (whose worker reads the host too, see _prepare), and the pre-stop and post-stop
+    hooks (a start asks NVML nothing unless something is left in the container)?"""
+    return argv[:1] in (["ct"], ["gpus"]) or (len(argv) == 3 and argv[0] == "hook"
+                                              and argv[2] in NVML_PHASES)
+
+
+_EARLY: list[NvmlWorker] = []  # the run's worker, when forked at once (one per run)
+
+
+def early_worker() -> worker.Worker | None:
+    """The run's worker forked at start-up, for a command not handed it (`gpus`); None when
+    none was (a caller that is no run's entry point: a test, another command)."""
+    return _EARLY[0].worker if _EARLY else None
 
 
 class NvmlWorker:
@@ -48,6 +58,7 @@ class NvmlWorker:
             # fork is tried again by warm(), where a failure is said in the command's one line.
             with contextlib.suppress(OSError):
                 self.worker.start()
+            _EARLY[:] = [self]
 
     def warm(self, cfg: Config, vmid: int) -> worker.Worker:
         """The worker with the config's NVML settings (a worker started again after a kill
@@ -68,6 +79,8 @@ class NvmlWorker:
 
     def close(self) -> None:
         self.worker.close()
+        if _EARLY and _EARLY[0] is self:
+            _EARLY.clear()
 
     def __enter__(self) -> NvmlWorker:
         return self
@@ -78,7 +91,13 @@ class NvmlWorker:
 
 def _prepare() -> None:
     """In the worker, once: its calls are NVML's (the host scan has a worker of its own,
-    forked later from the parent, see host/runreads.py)."""
+    forked later from the parent, see host/runreads.py). For `pveclean gpus` (its command
+    line, sys.argv) the worker reads the host too (commands/gpulook.py): the scan's modules
+    are imported here, while the parent imports typer and reads the config."""
     with contextlib.suppress(ImportError):  # no nvidia-ml-py: the run says so, as ever
         import pynvml  # noqa: F401
     from pveclean.host import nvml  # noqa: F401
+
+    if sys.argv[1:2] == ["gpus"]:
+        from pveclean.core import gpufaults, notjudged, vmguard  # noqa: F401
+        from pveclean.host import hostscan, procscan  # noqa: F401

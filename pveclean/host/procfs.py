@@ -233,6 +233,18 @@ def wchan(pid: int) -> str | None:
     return text.strip() if text and text.strip() not in ("", "0") else None
 
 
+def one_task(pid: int) -> bool:
+    """Whether the thread group of `pid` is its leader alone: the kernel counts the group's
+    threads into /proc/PID/task's link count (proc_task_getattr: 2 + get_nr_threads(), a
+    zombie leader counted while a thread of it lives), so one stat says what listing task/
+    would. False when that cannot be told (gone, or a tree whose directories count links
+    otherwise): the caller lists the threads then."""
+    try:
+        return os.stat(path(pid, "task")).st_nlink == 3
+    except OSError:
+        return False
+
+
 def live_threads(pid: int) -> int:
     """Threads of `pid` that have not exited, the leader excluded (a zombie leader's
     process lives on while one of them runs)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 TYPE_CHECKING = False
@@ -26,6 +26,13 @@ MASK = STATX_TYPE_MODE_INO
 _libc: Any = None
 _buf: Any = None  # struct statx; scans are single-threaded
 BUF: Any = None  # the same, once loaded: raw() callers read it with mode(), rdev(), dev()
+# ... or, in a loop over thousands of fds, through these views of it (one index each, no call):
+# U16[MODE] is stx_mode; U32[RDEV], U32[RDEV + 1] stx_rdev_major, _minor; U32[DEV], U32[DEV + 1]
+# stx_dev_major, _minor (struct statx, include/uapi/linux/stat.h, in the machine's own byte
+# order as the kernel writes it)
+U16: memoryview | None = None
+U32: memoryview | None = None
+MODE, RDEV, DEV = 28 // 2, 128 // 4, 136 // 4
 _H, _II = struct.Struct("<H"), struct.Struct("<II")
 
 
@@ -48,6 +55,26 @@ def raw() -> Any:
     return None if lib is False else lib.statx
 
 
+_QUICK: list[Callable[..., int]] = []
+
+
+def quick() -> tuple[Callable[..., int], memoryview, memoryview] | None:
+    """libc's statx for the tightest loop (devnodes' over every fd), called as raw() is,
+    and the views U16 and U32 of BUF it writes; None without statx. Its handle keeps no
+    errno and converts no argument by declared types (ints, bytes and BUF pass as they
+    are): a third less time per call, and the loop asks nothing of a failed call but that
+    it failed (statx() then looks again and says why)."""
+    if _load() is False or U16 is None or U32 is None:
+        return None
+    if not _QUICK:
+        import ctypes
+
+        fn = ctypes.CDLL(None).statx
+        fn.restype = ctypes.c_int
+        _QUICK.append(fn)
+    return _QUICK[0], U16, U32
+
+
 @dataclass(frozen=True)
 class Stat:
     """What statx() says of a file: its mode, device and file system."""
@@ -59,7 +86,7 @@ class Stat:
 
 
 def _load() -> Any:
-    global _libc, _buf, BUF
+    global _libc, _buf, BUF, U16, U32
     if _libc is None:
         import ctypes
 
@@ -71,6 +98,7 @@ def _load() -> Any:
             fn.restype = ctypes.c_int
             lib.syscall.restype = ctypes.c_long
             _buf = BUF = ctypes.create_string_buffer(256)
+            U16, U32 = memoryview(BUF).cast("B").cast("H"), memoryview(BUF).cast("B").cast("I")
             _libc = lib
         except (AttributeError, OSError):
             _libc = False

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
         nvml_timeout: float
         nvml: Nvml  # nvml.py: the session, made on first use (Nvml.in_worker)
         capped: dict[tuple[int, int], list[str]]  # procscan.py: processes past a cap
-        gpu_known: Known  # commands/gpus.py: each GPU's last UUID, name and bus id (issue 38)
+        gpu_known: Known  # commands/gpulook.py: each GPU's last UUID, name and bus id (issue 38)
 
 
 MAX_ANSWER = 256 * 1024 * 1024  # bytes: 5,000 holders with 8 KiB command lines fit

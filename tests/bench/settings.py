@@ -18,6 +18,9 @@ class BenchConfig:
     ct_procs: int = 50
     ct_holders: int = 10
     runs: int = 11  # timed runs per tool and level (after one warm-up); the median is reported
+    # gpus: host load levels in the host's own cgroups (the last one then moved into a
+    # container without GPUs); the second is where the peak memory of each command is read
+    gpus_loads: tuple[int, ...] = (0, 5000, 20000)
     # growth: container size with `ct_holders` holders, then holders with `growth_others`
     # non-holders beside them
     growth_procs: tuple[int, ...] = (50, 200, 500)
@@ -45,7 +48,7 @@ class BenchConfig:
 
 def quick() -> BenchConfig:
     """Every code path once, with tiny sizes (seconds of load, not minutes)."""
-    return BenchConfig(host_loads=(0, 20), ct_procs=8, ct_holders=2, runs=1,
+    return BenchConfig(host_loads=(0, 20), gpus_loads=(0, 20, 40), ct_procs=8, ct_holders=2, runs=1,
                        growth_procs=(8, 12, 16), growth_holders=(2, 4, 6), growth_others=3,
                        cleanup_runs=1, recipe_sleep=0.1, hook_runs=1, metrics_load=20,
                        bloat_holders=20, bloat_paths=16)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pveclean.commands import gpus
+from pveclean.commands import gpulook
 from pveclean.host import devnodes, hostscan, procscan
 from tests.harness.lxclab import Lab, LabUnavailable, cgroup2_root
 from tests.harness.scenarios import NCCL_MIB, OTHER_MIB, TP_MIB, VLLM_MIB, seeds
@@ -269,11 +269,11 @@ def test_a_wedged_container_process_costs_the_view_only_that_process(
     a = lab.run_in_ct(vmid, "python3", hold=["/dev/nvidia0"])
     b = lab.run_in_ct(vmid, "vllm-worker", hold=["/dev/nvidia0"])
     (wedged,), (fine,) = a.host_pids(lab), b.host_pids(lab)
-    monkeypatch.setattr(gpus, "w_scan", _wedged_scan)
+    monkeypatch.setattr(gpulook, "w_scan", _wedged_scan)
     monkeypatch.setattr(sys.modules[__name__], "_WEDGED", {wedged})
     cfg = load(lab.env()["PVECLEAN_CONFIG"])
     t0 = time.monotonic()
-    data = gpus.collect(cfg, None, end=t0 + 4).as_dict()
+    data = gpulook.collect(cfg, None, end=t0 + 4).as_dict()
     assert time.monotonic() - t0 < 4
     seen = {p["host_pid"] for p in data["other_holders"] if p.get("vmid") == vmid}
     assert fine in seen and wedged not in seen, data["other_holders"]

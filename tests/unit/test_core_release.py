@@ -159,7 +159,7 @@ def test_na_process_memory_is_not_counted_as_zero_in_the_leak_check():
 def test_gpus_with_no_process_list_judges_no_gpu_a_leak():
     """A process list that failed or hung: `gpus` no longer calls every GPU's used memory a
     leak ("reset with nvidia-smi -r"); each GPU is marked with why, not judged."""
-    from pveclean.commands.gpus import _ask_nvml
+    from pveclean.commands.gpulook import _ask_nvml
     from pveclean.core.gpumap import gpu_use
     from pveclean.host.nvml import NvmlUnavailable
 

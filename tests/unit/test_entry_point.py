@@ -156,7 +156,7 @@ def test_the_nvml_worker_forks_early_only_when_asked(tmp_path: Path) -> None:
     assert [forks_early(a) for a in (["ct", "129"], ["hook", "129", "pre-stop"],
                                      ["hook", "129", "post-stop"], ["hook", "129", "pre-start"],
                                      ["unit", "129", "stop-post"], ["gpus"], [])] == [
-        True, True, True, False, False, False, False]
+        True, True, True, False, False, True, False]
     cfg = Config(cgroup_root=str(tmp_path), nvml_library="/nonexistent/libnvidia-ml.so.1")
     with NvmlWorker() as lazy:
         w = lazy.warm(cfg, 129)

@@ -410,7 +410,7 @@ def test_a_lost_gpu_keeps_its_last_uuid_and_bus_id_and_is_drawn_lost(
         lib: Path, fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
     """`gpus` (and --watch's rounds) after GPU 1 fell off the bus: its UUID and bus id are
     those of the earlier answer, its lines say LOST and never "no process holds this GPU"."""
-    from pveclean.commands.gpus import _ask_nvml
+    from pveclean.commands.gpulook import _ask_nvml
     from pveclean.commands.gpuview import _gpu_lines
     from pveclean.core.gpumap import gpu_use
     from pveclean.host import worker
@@ -449,7 +449,7 @@ def test_a_watch_asks_nvml_again_after_a_stall(lib: Path, fake: FakeNvml) -> Non
     """Round 1: NVML's init hangs past the session's timeout. While that call is still stuck
     the next round does not ask again (another thread would only stick); once it returned,
     the next round is a new session that reads the GPUs, not the stall's error again."""
-    from pveclean.commands.gpus import nvml_session
+    from pveclean.commands.gpulook import nvml_session
 
     _nvml_threads_done()
     state: Any = {"nvml_library": str(lib), "nvml_timeout": 0.3}
@@ -487,7 +487,7 @@ def test_a_fresh_process_draws_a_lost_gpu_with_the_driver_s_uuid_and_bus_id(
     fallen off the bus (every getter GPU_IS_LOST: matched in PCI order) or with only its
     name/UUID getter failing (matched by its minor), gets its UUID, bus id and model from
     /proc/driver/nvidia/gpus/<bus>/information, and is drawn lost with them."""
-    from pveclean.commands.gpus import _ask_nvml
+    from pveclean.commands.gpulook import _ask_nvml
     from pveclean.commands.gpuview import _gpu_lines
     from pveclean.core.gpumap import gpu_use
     from pveclean.host import procfs, worker
