@@ -36,7 +36,7 @@ def write(cfg: Config, vmid: int, groups: list[GroupHandoff]) -> None:
     """The record replaced whole, atomically; removed when no group is left."""
     import yaml
 
-    from pveclean.host.reportfiles import replace_whole
+    from pveclean.host.wholefile import replace_whole
 
     path = record_file(cfg, vmid)
     if not groups:

@@ -39,7 +39,7 @@ def write_record(cfg: Config, vmid: int, addrs: list[PciAddress]) -> None:
     """The record, replaced whole (removed when empty)."""
     import yaml
 
-    from pveclean.host.reportfiles import replace_whole
+    from pveclean.host.wholefile import replace_whole
 
     path = record_file(cfg, vmid)
     if not addrs:

@@ -24,7 +24,7 @@ from pveclean.core.text import safe
 from pveclean.core.xid import KmsgRecord, parse_record
 from pveclean.core.xidlog import Seen, XidLog, fold, from_dict, same_name, xids_in
 from pveclean.host import cgroupfs, procfs
-from pveclean.host.reportfiles import replace_whole
+from pveclean.host.wholefile import replace_whole
 
 STATE_FILE = "xid.json"
 LOCK_FILE = "xid.lock"

@@ -16,7 +16,7 @@ from pathlib import Path
 from pveclean.core.text import safe
 from pveclean.core.verdicts import Verdict
 from pveclean.host import journal
-from pveclean.host.reportfiles import replace_whole
+from pveclean.host.wholefile import replace_whole
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

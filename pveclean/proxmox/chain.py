@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from pveclean.core.config import Config
-from pveclean.host.reportfiles import replace_whole
+from pveclean.host.wholefile import replace_whole
 from pveclean.proxmox.snippets import path_in_storage_cfg
 
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from pveclean.core.config import Config
-from pveclean.host.reportfiles import replace_whole
+from pveclean.host.wholefile import replace_whole
 from pveclean.proxmox import pveconf
 
 MAX_RECORD = 1 << 20  # bytes read back: the state directory is root's, but stay bounded

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pveclean.host import reportfiles
+from pveclean.host import reportfiles, wholefile
 from pveclean.host.reportfiles import ReportError
 
 T0 = 1764744792.253174  # 2025-12-03T06:53:12.253174Z
@@ -107,9 +107,9 @@ def test_a_symlink_at_the_name_is_not_followed(tmp_path: Path) -> None:
 
 
 def test_exclusive_temp_creates_new_files_only(tmp_path: Path) -> None:
-    fd, path = reportfiles.exclusive_temp(tmp_path, ".t-", ".x")
+    fd, path = wholefile.exclusive_temp(tmp_path, ".t-", ".x")
     os.close(fd)
-    fd2, path2 = reportfiles.exclusive_temp(tmp_path, ".t-", ".x", mode=0o640)
+    fd2, path2 = wholefile.exclusive_temp(tmp_path, ".t-", ".x", mode=0o640)
     os.close(fd2)
     assert path != path2
     assert Path(path).name.startswith(".t-") and path.endswith(".x")
@@ -126,10 +126,10 @@ def _umask() -> int:
 def test_exclusive_temp_gives_up_when_every_name_is_taken(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "urandom", lambda n: b"\0" * n)
-    fd, _ = reportfiles.exclusive_temp(tmp_path, "p", "s")
+    fd, _ = wholefile.exclusive_temp(tmp_path, "p", "s")
     os.close(fd)
     with pytest.raises(FileExistsError, match="no free temporary name"):
-        reportfiles.exclusive_temp(tmp_path, "p", "s")
+        wholefile.exclusive_temp(tmp_path, "p", "s")
 
 
 def test_write_into_a_directory_it_cannot_write_is_a_report_error(tmp_path: Path) -> None:
