@@ -172,8 +172,8 @@ def plan(start: VmStart, gmap: GpuMap, policy: str, allow_host: list[str]) -> Pl
         targets.append(Target(addr, g.index, g.minor))
         where = f"GPU {g.index} ({addr})"
         if not g.ok:
-            blockers.append(f"{where} is {g.status}: NVML cannot tell who holds it; "
-                            "look with `pveclean gpus`")
+            blockers.append(f"{where} is {g.status}: NVML cannot tell who holds it (not "
+                            "judged); look with `pveclean gpus`")
         _holders(where, g, allow_host, found)
         if g.leak_mib and not g.processes:
             blockers.append(f"{where} has {g.leak_mib} MiB that no process accounts for; look "

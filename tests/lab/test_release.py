@@ -366,3 +366,18 @@ def test_hook_phases_say_not_judged_and_never_fail_a_start(lab: Lab, vmid: int) 
     assert res.returncode == 0, res.stdout
     assert "not judged" in res.stdout and "starting anyway" in res.stdout, res.stdout
     assert not any(lab.alive(p) for p in w.host_pids(lab))
+
+
+def test_a_vm_start_onto_a_gpu_nvml_cannot_list_is_refused_as_not_judged(
+        vm_host: Lab, vmid2: int) -> None:
+    """The VM guard says what a run says: a GPU whose process list NVML does not give is not
+    judged (never free), so the start is refused naming it so."""
+    from tests.harness import qm
+
+    lab = vm_host
+    assert lab.nvml is not None
+    _vm(lab, vmid2)
+    lab.nvml.gpu_error(0, "procs", "UNKNOWN")
+    res = qm.run(lab.root, "start", str(vmid2))
+    assert res.returncode != 0
+    assert "NVML cannot tell who holds it (not judged)" in res.stdout, res.stdout
