@@ -75,8 +75,9 @@ def test_stop_units_over_units_full_of_empty_cgroups_keeps_its_deadline(lab: Lab
     assert [u["unit"] for u in rep["unit_stops"]["units"]] == units, rep["unit_stops"]
     # nothing was stopped: a walk cut short counts nothing, never `stopped`
     assert "stopped" not in {u["action"] for u in rep["unit_stops"]["units"]}, rep
-    assert wall < DEADLINE + 1.0, (wall, rep)  # + start-up and exit of the process
-    assert abs(wall - rep["duration_s"]) < 1.0, (wall, rep["duration_s"])
+    # + start-up and exit of the process (0.3 s here; unbounded walks: 11.4 s)
+    assert wall < DEADLINE + 1.5, (wall, rep)
+    assert abs(wall - rep["duration_s"]) < 1.5, (wall, rep["duration_s"])  # before: 3 s off
 
 
 HOLDERS = 2_000
