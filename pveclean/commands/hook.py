@@ -123,14 +123,17 @@ def _pre_shutdown(vmid: int, cfg: Config, nvml: NvmlWorker, task: tasks.Task | N
     """Record what holds GPUs as the guest begins its own shutdown; signal nothing."""
     from pveclean.cleanup import RunOptions, clean, finish
     from pveclean.host.clock import start_deadline
+    from pveclean.host.worker import Worker
+
     deadline = start_deadline(cfg.deadline_seconds)
     what = f"a {task.type} task" if task is not None else "no Proxmox task known"
-    res = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(phase="pre-stop", dry_run=True,
-                write_report=False), deadline)
-    rep = res.report.deferred(
-        f"clean shutdown ({what}): holders recorded, not signalled; the guest shuts them "
-        "down, and post-stop stops and reports whatever it leaves")
-    res = finish(rep, cfg, deadline=deadline)
+    with Worker() as scan:  # the run's reads, then its report's writer (no second fork)
+        res = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(
+            phase="pre-stop", dry_run=True, write_report=False), deadline, scan)
+        rep = res.report.deferred(
+            f"clean shutdown ({what}): holders recorded, not signalled; the guest shuts them "
+            "down, and post-stop stops and reports whatever it leaves")
+        res = finish(rep, cfg, deadline=deadline, writer=scan)
     n = len(rep.holders)
     say(f"pveclean: CT {vmid} pre-stop: clean shutdown ({what}): {n} GPU holder(s) left "
         f"to the guest; post-stop cleans what remains; {_where(res)}")
