@@ -22,7 +22,7 @@ from pveclean.host.prelude import NvmlWorker
 from pveclean.proxmox import chain, pveconf
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # a phase's run imports its modules when it runs (_run): not post-start's
+if TYPE_CHECKING:  # each handler imports its run's modules: post-start, which has none, not
     from pveclean.cleanup import RunOptions
     from pveclean.core.amendments import Leak, PreStopBrief
     from pveclean.core.report import Report, RunResult
