@@ -258,15 +258,16 @@ def _parents(run: Run, hs: list[Holder]) -> dict[int, str]:
 
 
 def clean(vmid: int, cfg: Config, worker: Worker, opts: RunOptions = RunOptions(),
-          deadline: Deadline | None = None) -> RunResult:
+          deadline: Deadline | None = None, scan: Worker | None = None) -> RunResult:
     """One run. A cleanup holds the container's lock (a second one reports `busy`); a dry run
     only reads and takes no lock. One deadline covers the run, the lock wait included; it
-    keeps reserve_for(cfg) back for the report. `worker`: NVML's (host/prelude.py)."""
+    keeps reserve_for(cfg) back for the report. `worker`: NVML's (host/prelude.py); `scan`: the
+    caller's for the run's reads, left open for its report (finish's writer), else the run's."""
     started = time.time()
     deadline = (deadline or start_deadline(cfg.deadline_seconds)).keeping(reserve_for(cfg))
     raise_open_files_limit()
-    scan = Worker()  # the run's reads of /proc and /etc/pve (host/runreads.Reads)
-    try:
+    with contextlib.ExitStack() as own:  # the run's reads of /proc and /etc/pve
+        scan = scan or own.enter_context(Worker())
         asked = Asked(vmid, cfg, opts, read_ct_config(cfg, vmid, scan, deadline), deadline, started)
         if opts.dry_run:
             res = _clean(asked, worker, scan)
@@ -282,8 +283,6 @@ def clean(vmid: int, cfg: Config, worker: Worker, opts: RunOptions = RunOptions(
                 res = finish(busy, cfg, opts.write_report, deadline, scan)
         res.ctconf = asked.ctconf
         return res
-    finally:
-        scan.close()
 
 
 def read_ct_config(cfg: Config, vmid: int, wk: Worker, deadline: Deadline) -> pveconf.CtConfig:

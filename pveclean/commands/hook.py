@@ -22,7 +22,7 @@ from pveclean.host.prelude import NvmlWorker
 from pveclean.proxmox import chain, pveconf
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:  # a phase's run imports its modules when it runs (_run): not post-start's
+if TYPE_CHECKING:  # each handler imports its run's modules: post-start, which has none, not
     from pveclean.cleanup import RunOptions
     from pveclean.core.amendments import Leak, PreStopBrief
     from pveclean.core.report import Report, RunResult
@@ -127,14 +127,17 @@ def _pre_shutdown(vmid: int, cfg: Config, nvml: NvmlWorker, task: tasks.Task | N
     """Record what holds GPUs as the guest begins its own shutdown; signal nothing."""
     from pveclean.cleanup import RunOptions, clean, finish
     from pveclean.host.clock import start_deadline
+    from pveclean.host.worker import Worker
+
     deadline = start_deadline(cfg.deadline_seconds)
     what = f"a {task.type} task" if task is not None else "no Proxmox task known"
-    res = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(phase="pre-stop", dry_run=True,
-                write_report=False), deadline)
-    rep = res.report.deferred(
-        f"clean shutdown ({what}): holders recorded, not signalled; the guest shuts them "
-        "down, and post-stop stops and reports whatever it leaves")
-    res = finish(rep, cfg, deadline=deadline)
+    with Worker() as scan:  # the run's reads, then its report's writer (no second fork)
+        res = clean(vmid, cfg, nvml.warm(cfg, vmid), RunOptions(
+            phase="pre-stop", dry_run=True, write_report=False), deadline, scan)
+        rep = res.report.deferred(
+            f"clean shutdown ({what}): holders recorded, not signalled; the guest shuts them "
+            "down, and post-stop stops and reports whatever it leaves")
+        res = finish(rep, cfg, deadline=deadline, writer=scan)
     n = len(rep.holders)
     say(f"pveclean: CT {vmid} pre-stop: clean shutdown ({what}): {n} GPU holder(s) left "
         f"to the guest; post-stop cleans what remains; {_where(res)}")
@@ -212,39 +215,41 @@ def post_stop(vmid: int, cfg: Config, nvml: NvmlWorker, via: str | None = None) 
     from pveclean.host.clock import start_deadline
     from pveclean.host.nvml import Nvml
     from pveclean.host.runreads import Reads
+    from pveclean.host.worker import Worker
     from pveclean.proxmox import startrecord
 
     deadline = start_deadline(cfg.deadline_seconds)
-    # its settings, no init for a stopped container; closed once NVML has answered, before
-    # the report is written
-    with nvml.warm(cfg, vmid) as wk:
-        res = clean(vmid, cfg, wk, RunOptions(phase="post-stop", write_report=False),
-                    deadline)
-        rep = res.report.ran_by(via)
-        if rep.busy:
-            return _busy(vmid, "post-stop", res)
-        pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
-        leaks: list[Leak] = []
-        end = deadline.keeping(reserve_for(cfg)).work_end
-        with Reads(wk, deadline, stall_for(cfg), True,
-                   Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout) as reads:
-            memory = reads.memory(end)
-            procs = reads.processes(end) if memory is not None else None
-        if memory is None or procs is None:  # not judged: never clean (issue 38)
-            rep = rep.with_unjudged([f"post-stop memory check skipped: {reads.nvml_error}"])
-        else:
-            ran_with = (startrecord.started_with(cfg, vmid) or _pre_stop_config(pre, vmid)
-                        or res.ctconf)
-            grant = ran_with.gpu() if ran_with is not None else None
-            if grant is None or grant.any or grant.allow_all:  # else it had no GPU to leak
-                minors = _container_minors(ran_with)
-                used = gpus_used(pre) if pre else set()  # memory still falling: waited for
-                leaks, memory, procs = releasewatch.settled_leaks(  # (reads' NVML session)
-                    reads, (memory, procs), end, lambda m, p: find_leaks(m, p, minors, used))
-                # a GPU NVML could not answer for: not judged, never clean
-                rep = rep.with_unjudged(unchecked(memory, procs, minors))
-    rep = rep.with_leaks(leaks, _brief(pre))
-    res = finish(rep, cfg, deadline=deadline)
+    with Worker() as scan:  # the run's reads, then its report's writer (no second fork)
+        # its settings, no init for a stopped container; closed once NVML has answered, before
+        # the report is written
+        with nvml.warm(cfg, vmid) as wk:
+            res = clean(vmid, cfg, wk, RunOptions(phase="post-stop", write_report=False),
+                        deadline, scan)
+            rep = res.report.ran_by(via)
+            if rep.busy:
+                return _busy(vmid, "post-stop", res)
+            pre = _last_report(cfg, vmid, "pre-stop", max_age=3600)
+            leaks: list[Leak] = []
+            end = deadline.keeping(reserve_for(cfg)).work_end
+            with Reads(wk, deadline, stall_for(cfg), True,
+                       Nvml.for_run(cfg.nvml_library, cfg.deadline_seconds).timeout) as reads:
+                memory = reads.memory(end)
+                procs = reads.processes(end) if memory is not None else None
+            if memory is None or procs is None:  # not judged: never clean (issue 38)
+                rep = rep.with_unjudged([f"post-stop memory check skipped: {reads.nvml_error}"])
+            else:
+                ran_with = (startrecord.started_with(cfg, vmid) or _pre_stop_config(pre, vmid)
+                            or res.ctconf)
+                grant = ran_with.gpu() if ran_with is not None else None
+                if grant is None or grant.any or grant.allow_all:  # else it had no GPU to leak
+                    minors = _container_minors(ran_with)
+                    used = gpus_used(pre) if pre else set()  # memory still falling: waited for
+                    leaks, memory, procs = releasewatch.settled_leaks(  # (reads' NVML session)
+                        reads, (memory, procs), end, lambda m, p: find_leaks(m, p, minors, used))
+                    # a GPU NVML could not answer for: not judged, never clean
+                    rep = rep.with_unjudged(unchecked(memory, procs, minors))
+        rep = rep.with_leaks(leaks, _brief(pre))
+        res = finish(rep, cfg, deadline=deadline, writer=scan)
     _unsaved(res)
     if rep.verdict == Verdict.LEAKED:
         desc = ", ".join(f"GPU {x.index} {x.unaccounted_mib} MiB" for x in leaks)
