@@ -213,8 +213,11 @@ def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
                 if progress is not None and n % PROGRESS_EVERY == 0:
                     progress()
                 name = entry.name
-                if quick is not None and quick(dfd, name.encode(), statx.FLAGS, statx.MASK,
-                                               statx.BUF) == 0:
+                if quick is None:
+                    table.judge(name)
+                elif quick(dfd, name.encode(), statx.FLAGS, statx.MASK, statx.BUF) != 0:
+                    table._failed(name, statx.quick_errno())  # why, without a second statx
+                else:
                     kind = m16[statx.MODE] & _IFMT
                     if kind == stat.S_IFCHR:  # GpuDevices.matches(), inline
                         major = m32[statx.RDEV]
@@ -224,7 +227,7 @@ def _judge_table(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
                     elif (kind not in _MAY_BE_RING or m32[statx.DEV] != amaj
                           or m32[statx.DEV + 1] != amin):
                         continue
-                table.judge(name)
+                    table.judge(name)
                 if first and out.held:
                     break
     except OSError:

@@ -79,7 +79,7 @@ def w_host_share(pids: list[tuple[int, str]], devices: GpuDevices,
     return out, unjudged, clean
 
 
-READER_PROCESSES = 500  # host processes per forked reader beyond the first
+READER_PROCESSES = 50  # host processes per forked reader beyond the first (see HostScan)
 MAX_READERS = 8
 
 
@@ -87,13 +87,15 @@ class HostScan:
     """The host's own GPU holders (fds and mappings of GPU nodes, matched on the device
     number as scan_host does): how many processes were looked at, and what could not be.
 
-    The host's processes are split between forked Readers, one per 500 and at most one per
-    core (and 8): the reads are short system calls into /proc, and threads made them slower
-    (each call hands the GIL over: 2 threads took 1.5-2x and 4 threads 2.5x the time of one,
-    on 2 cores), where two processes took half. The readers start at once and read while the
-    caller does the rest (the containers, NVML); result() takes their answers. A PID whose
-    reads hang is skipped and named; a reader that does not finish by `end` (monotonic) is
-    given up on and its share named.
+    The host's processes are split between forked Readers, one per 50 and at most one per
+    core (and 8): a reader costs 1-2 ms to fork and answer and a real host process 0.2-2 ms
+    to read, so two cores halve a host of 100 (issue 42, 2 cores: gpus at ~110 host
+    processes 254 vs 308 ms with one reader). The reads are short system calls into /proc,
+    and threads made them slower (each call hands the GIL over: 2 threads took 1.5-2x and 4
+    threads 2.5x the time of one, on 2 cores), where two processes took half. The readers
+    start at once and read while the caller does the rest (the containers, NVML); result()
+    takes their answers. A PID whose reads hang is skipped and named; a reader that does
+    not finish by `end` (monotonic) is given up on and its share named.
 
     `settled`: host PIDs not read this time (`pveclean metrics` reads a host process that held
     nothing again only every few runs, see commands/metrics.py); `clean` after result(): the

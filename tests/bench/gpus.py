@@ -99,6 +99,12 @@ def peak_memory(lab: Lab, gpu_ct: int, quiet_ct: int) -> dict[str, list[int]]:
     return out
 
 
+def gpus_loads(cfg: BenchConfig) -> tuple[int, ...]:
+    """cfg.gpus_loads; a quick run (tiny host loads, settings.quick) scales them to its own."""
+    top = max(cfg.host_loads)
+    return cfg.gpus_loads if top >= 1000 else (0, top, 2 * top)
+
+
 def _level(tl: list[Tool], runs: int, where: str, load: int) -> dict[str, Any]:
     times = time_interleaved(tl, runs)
     found = {t.name: t.count(timed(t.argv, t.env)) for t in tl if t.count}
@@ -121,11 +127,12 @@ def bench_gpus(pool: VmidPool, cfg: BenchConfig, log: Callable[[str], None]
         if fuser is not None:
             nodes = [str(p) for p in lab.nodes.values()]
             tl.append(Tool("fuser -v", [fuser, "-v", *nodes], None, _fuser_pids))
-        for n in cfg.gpus_loads:
+        loads = gpus_loads(cfg)
+        for n in loads:
             load.grow_to(n)
             log(f"gpus: {host_process_count()} host processes, {n} load in {HOST}")
             levels.append(_level(tl, cfg.runs, HOST, n))
-            if n == cfg.gpus_loads[1]:
+            if n == loads[1]:
                 log(f"gpus: peak memory of ct, gpus, metrics, a hook at {n} load processes")
                 peaks = peak_memory(lab, gpu_ct, quiet_ct)
         load.move_to(lab.cgroup(quiet_ct) / "ns" / "load")

@@ -48,7 +48,7 @@ class BenchConfig:
 
 def quick() -> BenchConfig:
     """Every code path once, with tiny sizes (seconds of load, not minutes)."""
-    return BenchConfig(host_loads=(0, 20), gpus_loads=(0, 20, 40), ct_procs=8, ct_holders=2, runs=1,
+    return BenchConfig(host_loads=(0, 20), ct_procs=8, ct_holders=2, runs=1,
                        growth_procs=(8, 12, 16), growth_holders=(2, 4, 6), growth_others=3,
                        cleanup_runs=1, recipe_sleep=0.1, hook_runs=1, metrics_load=20,
                        bloat_holders=20, bloat_paths=16)

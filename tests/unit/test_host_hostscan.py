@@ -135,3 +135,16 @@ def test_host_pids_leave_out_only_proxmox_containers(tmp_path: Path) -> None:
         (tmp_path / rel / "cgroup.procs").write_text(procs)
     assert hostscan.host_pids(tmp_path) == {1: "/", 2: "/", 10: "/system.slice/a.service",
                                         30: "/lxc/plain", 40: "/lxc.monitor/129"}
+
+
+def test_a_host_of_a_hundred_processes_is_read_by_a_reader_per_core(proc: Path, tmp_path: Path
+                                                                     ) -> None:
+    """A forked reader costs 1-2 ms; a real host process 0.2-2 ms to read (fds, maps): a
+    share of 50 pays for its reader, so ~100 processes are split between two cores."""
+    proc.mkdir()
+    pids = list(range(1000, 1120))  # gone (no /proc entries): each read is short
+    root = cgroups(tmp_path / "cg", {"": "".join(f"{p}\n" for p in pids), "lxc": ""})
+    with hostscan.HostScan(root, DEVICES, set(), stall=5.0) as scan:
+        assert len(scan.shares) == min(os.cpu_count() or 1, hostscan.MAX_READERS, 2)
+        assert sorted(p for share in scan.shares for p, _cg in share) == pids
+        assert scan.result()[1] == len(pids)
