@@ -87,7 +87,10 @@ class ScanCache:
         self.extra_fds = EXTRA_FDS  # fds past MAX_FDS that may still be judged, scan-wide
         # a container's processes (the tenant's: hostile) or the host's own (the admin's):
         # what io_uring hides (requests in flight, a ring kept by its mapping) is a finding
-        # only for the tenant's; QEMU's iothreads keep polls in flight on every PVE host
+        # only for the tenant's; QEMU's iothreads keep polls in flight on every PVE host. So
+        # is an fd or a maps file root is refused (EACCES): host root in the init namespaces
+        # reads every container's; a host process it cannot read means pveclean runs without
+        # the host's full privilege (a sandbox: the lab's PID 1), which only the admin can do
         self.tenant = tenant
         self.rings: dict[int, list[DeviceUse]] = {}  # ring inode -> GPU nodes it holds
         self.rdevs: dict[tuple[tuple[int, int], int], int] = {}
@@ -153,9 +156,15 @@ class _FdTable:
             self._ring(name)
 
     def _failed(self, name: str, err: int) -> None:
-        target = self._link(name)
-        if target is None:
+        try:
+            target = os.readlink(name, dir_fd=self.dfd)
+        except FileNotFoundError:
             return  # closed since it was listed
+        except OSError as exc:  # root refused both (EACCES): unknown, not innocent
+            if self.cache.tenant:  # see ScanCache.tenant and refused_process
+                self.out.unjudged.append(f"fd {name}: statx ({os.strerror(err)}) and readlink "
+                                         f"({exc.strerror}) refused; not judged")
+            return
         if target == fstext.URING:
             self._ring(name)
         elif target.startswith("/"):
@@ -279,7 +288,8 @@ def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
     seen: set[tuple[bytes, bytes]] = set()  # (dev, inode) as maps shows them
     risky: Risky | None = None
     n = 0
-    for line in fstext.lines(statx.read_capped(f"{base}/maps", MAX_MAPS, cut)):
+    refused: list[int] = []
+    for line in fstext.lines(statx.read_capped(f"{base}/maps", MAX_MAPS, cut, refused)):
         n += 1
         if progress is not None and n % PROGRESS_EVERY == 0:
             progress()
@@ -312,6 +322,9 @@ def _judge_maps(base: str, devices: GpuDevices, cache: ScanCache, out: Judged,
             out.held.append(DeviceUse(m.name.decode("utf-8", "replace"), os.major(rdev),
                                       os.minor(rdev), DeviceHow.MMAP))
             out.rdevs.add(rdev)
+    if refused and refused[0] not in (errno.ENOENT, errno.ESRCH) and cache.tenant:
+        out.unjudged.append(f"maps could not be read ({os.strerror(refused[0])}): its "
+                            "mappings not judged")
     if cut[0]:
         out.unjudged.append(f"maps longer than {MAX_MAPS >> 20} MiB: the mappings past it "
                             "not judged")

@@ -171,12 +171,15 @@ def anon_inode_dev() -> tuple[int, int]:
     return _anon_dev
 
 
-def read_capped(path: str, limit: int, cut: list[bool]) -> Iterator[bytes]:
+def read_capped(path: str, limit: int, cut: list[bool], refused: list[int] | None = None
+                ) -> Iterator[bytes]:
     """A file's bytes in chunks, at most `limit`; cut[0] is set when there was more. Gone or
-    unreadable: nothing."""
+    unreadable: nothing (why it could not be opened appended to `refused`, an errno)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    except OSError as exc:
+        if refused is not None:
+            refused.append(exc.errno or 0)
         return
     try:
         got = 0

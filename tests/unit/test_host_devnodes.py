@@ -362,3 +362,36 @@ def test_the_hosts_own_rings_in_flight_and_mapped_are_not_findings(proc: Path) -
     assert labels(got.held) == [f"/dev/null (io_uring fixed file, {HIT[1:]}"]
     tenant = devnodes.judge(70, DEVICES, devnodes.ScanCache())
     assert tenant is not None and len(tenant.unjudged) == 2  # in flight; mapped, no fd read
+
+
+def test_an_fd_and_maps_root_is_refused_are_not_judged_for_the_tenant(
+        proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host root reads every container process's fds and maps; one it is refused (EACCES:
+    statx and readlink of the fd, the open of maps) is unknown, not innocent, for the
+    tenant's processes. The host's own (the admin's) stay as they were: pveclean refused
+    there runs without the host's full privilege (the lab sandbox's PID 1)."""
+    task(proc / "70", {"0": ("/gone/model.bin", 26), "1": ("pipe:[9]", None)})
+    (proc / "70" / "maps").write_text("")
+    real_readlink, real_open = os.readlink, os.open
+
+    def refused_readlink(path: str, *, dir_fd: int | None = None) -> str:
+        if path == "0":
+            raise PermissionError(13, "Permission denied")
+        return real_readlink(path, dir_fd=dir_fd)
+
+    def refused_open(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None
+                     ) -> int:
+        if str(path).endswith("/70/maps"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "readlink", refused_readlink)
+    monkeypatch.setattr(os, "open", refused_open)
+    tenant = devnodes.judge(70, DEVICES, devnodes.ScanCache())
+    assert tenant is not None and labels(tenant.held) == []
+    assert tenant.unjudged == [
+        "fd 0: statx (No such file or directory) and readlink (Permission denied) refused; "
+        "not judged",
+        "maps could not be read (Permission denied): its mappings not judged"]
+    host = devnodes.judge(70, DEVICES, devnodes.ScanCache(tenant=False))
+    assert host is not None and host.unjudged == [] and labels(host.held) == []
