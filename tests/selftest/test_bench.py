@@ -147,7 +147,7 @@ def test_quick_bench_run_has_every_section(tmp_path: Path) -> None:
     assert {"date", "uname", "nproc", "cpu"} <= set(data["machine"])
     sections = {t["section"] for t in data["targets"]}
     assert sections == {"Discovery", "Growth", "Cleanup", "Hook", "Start-up", "Gpus",
-                        "Metrics", "Bloat", "Report bloat", "Settle"}
+                        "Metrics", "Bloat", "Report bloat", "Settle", "Peak memory"}
     assert all(t["verdict"] in ("met", "NOT met", "-") for t in data["targets"])
     assert not [t for t in data["targets"] if t["measure"] == "section failed"]
     assert set(data["raw"]) >= {"discovery", "growth", "cleanup", "hooks", "imports", "gpus",
