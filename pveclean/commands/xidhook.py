@@ -11,19 +11,15 @@ from pveclean.core.text import safe
 from pveclean.core.xidlog import Seen, XidLog
 from pveclean.host import procfs
 
-MINOR_LINE = "Device Minor:"
-
 
 def minor_to_pci() -> dict[int, str]:
-    """N of /dev/nvidiaN -> the driver's `0000:01:00`, from the driver's own
-    /proc/driver/nvidia/gpus/<PCI id>/information (below the settable /proc root)."""
+    """N of /dev/nvidiaN -> the driver's `0000:01:00`, from the driver's own information
+    file of each GPU (procfs.driver_gpus_info)."""
     out: dict[int, str] = {}
-    for name in procfs.listdir(procfs.path("driver", "nvidia", "gpus")) or []:
-        text = procfs.read_text(procfs.path("driver", "nvidia", "gpus", name, "information"),
-                                1 << 14) or ""
-        for line in text.split("\n"):  # the kernel's line ends only (not splitlines' \r, \f)
-            if line.startswith(MINOR_LINE) and line[len(MINOR_LINE):].strip().isdigit():
-                out[int(line[len(MINOR_LINE):].strip())] = name.lower().rsplit(".", 1)[0]
+    for name, fields in procfs.driver_gpus_info().items():
+        minor = fields.get("Device Minor", "")
+        if minor.isdigit():
+            out[int(minor)] = name.lower().rsplit(".", 1)[0]
     return out
 
 

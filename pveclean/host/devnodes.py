@@ -36,7 +36,6 @@ SAFE_FS = frozenset({
     "configfs", "fusectl", "binfmt_misc", "autofs", "nsfs", "efivarfs", "rpc_pipefs",
     "fuse", "fuseblk", "nfs", "nfs4", "cifs", "smb3", "ceph", "virtiofs",
 })
-MAX_MOUNTINFO = 4 << 20  # bytes of one mount namespace's mountinfo read
 MAX_FDS = 2048  # fds judged per process (one statx each, 10-25 us) ...
 EXTRA_FDS = 16384  # ... and beyond it, while the scan has these left; the rest: not judged
 PROGRESS_EVERY = 1024  # fds or maps lines between two progress() calls (see judge())
@@ -65,14 +64,12 @@ NO_RISK = Risky(frozenset(), frozenset())
 
 
 def read_risky(base: str) -> Risky:
-    """The risky mounts in the first MAX_MOUNTINFO bytes of the task's mountinfo, read and
-    parsed line by line (a mount point may hold any byte but a newline)."""
+    """The risky mounts in the first fstext.MAX_MOUNTINFO bytes of the task's mountinfo."""
     ids: set[int] = set()
     devs: set[tuple[int, int]] = set()
     cut = [False]
-    for line in fstext.lines(statx.read_capped(f"{base}/mountinfo", MAX_MOUNTINFO, cut)):
-        m = fstext.parse_mount(line)
-        if m is not None and not safe_fs(m.fstype):
+    for m in fstext.mounts(statx.read_capped(f"{base}/mountinfo", fstext.MAX_MOUNTINFO, cut)):
+        if not safe_fs(m.fstype):
             ids.add(m.mount_id)
             devs.add(m.dev)
     return Risky(frozenset(ids), frozenset(devs)) if ids else NO_RISK
@@ -161,7 +158,7 @@ class _FdTable:
         except FileNotFoundError:
             return  # closed since it was listed
         except OSError as exc:  # root refused both (EACCES): unknown, not innocent
-            if self.cache.tenant:  # see ScanCache.tenant and refused_process
+            if self.cache.tenant:  # see ScanCache.tenant
                 self.out.unjudged.append(f"fd {name}: statx ({os.strerror(err)}) and readlink "
                                          f"({exc.strerror}) refused; not judged")
             return

@@ -91,6 +91,18 @@ class Mapping:
         return f"{self.start:x}-{self.end:x}"
 
 
+MAX_MOUNTINFO = 4 << 20  # bytes of one mount namespace's mountinfo read
+
+
+def mounts(chunks: Iterable[bytes]) -> Iterator[Mount]:
+    """The mounts of a mountinfo read in chunks (statx.read_capped), parsed line by line (a
+    mount point may hold any byte but a newline); a line the kernel did not write passed."""
+    for line in lines(chunks):
+        m = parse_mount(line)
+        if m is not None:
+            yield m
+
+
 def parse_mapping(line: bytes) -> Mapping | None:
     """One maps line: "start-end perms offset major:minor inode", padding, then the name.
     The name is what follows the padding: the kernel writes none that starts with a space."""

@@ -41,14 +41,7 @@ def driver_gpus() -> list[DriverGpu]:
     /proc/driver/nvidia/gpus/<bus id>/information (`GPU UUID:`, `Model:`, `Bus Location:`,
     `Device Minor:`; below the settable /proc root); an entry without a UUID is left out."""
     out: list[DriverGpu] = []
-    for name in procfs.listdir(procfs.path("driver", "nvidia", "gpus")) or []:
-        text = procfs.read_text(procfs.path("driver", "nvidia", "gpus", name, "information"),
-                                1 << 14) or ""
-        fields: dict[str, str] = {}
-        for line in text.split("\n"):  # the kernel's line ends only
-            key, sep, value = line.partition(":")
-            if sep:
-                fields.setdefault(key.strip(), value.strip())
+    for name, fields in procfs.driver_gpus_info().items():
         bus = PciAddress.parse(fields.get("Bus Location", "")) or PciAddress.parse(name)
         minor = fields.get("Device Minor", "")
         uuid = fields.get("GPU UUID", "")

@@ -129,8 +129,7 @@ Described = tuple[str | None, str | None, bool, bool, release.Marks]
 EXIT_LOOK = 0.25  # s between two looks at holders still there after their SIGKILL
 NO_MARKS: release.Marks = (None, None, None, None)
 EXITING_NOTE = ("in the kernel's exit when the run stopped waiting (PF_EXITING or SIGKILL "
-                "pending): not a "
-                "survivor; its GPU memory comes back once the kernel lets it go")
+                "pending): not a survivor; its GPU memory comes back once the kernel lets it go")
 
 
 def describe(pids: list[int]) -> dict[int, Described]:
@@ -140,25 +139,10 @@ def describe(pids: list[int]) -> dict[int, Described]:
     for pid in pids:
         worker.note(("pid", pid), None)
         st = procfs.read_status(pid)
+        exiting, (rss, tasks, cpu) = procfs.exit_look(pid)
         out[pid] = (st.state if st else None, procfs.wchan(pid), cgroupfs.frozen(pid),
-                    procfs.exiting(pid), exit_marks(pid))
+                    exiting, (rss, tasks, cpu, None))  # NVML's MiB: the caller's
     return out
-
-
-def exit_marks(pid: int) -> release.Marks:
-    """Resident KiB and tasks (/proc/PID/status: VmRSS is gone once the kernel has taken its
-    address space) and CPU ticks (utime + stime, /proc/PID/stat); NVML's MiB: the caller's."""
-    status = procfs.read_text(procfs.path(pid, "status"))
-    fields = procfs.parse_status(status) if status else {}
-    stat = procfs.read_text(procfs.path(pid, "stat")) or ""
-    rest = stat[stat.rfind(")") + 1:].split()
-
-    def num(text: str | None) -> int | None:
-        return int(text) if text is not None and text.isdigit() else None
-
-    rss = num((fields.get("VmRSS") or "0 kB").split()[0]) if status else None
-    cpu = (num(rest[11]) or 0) + (num(rest[12]) or 0) if len(rest) > 12 else None
-    return rss, num(fields.get("Threads")), cpu, None
 
 
 def await_exits(rest: list[Target], deadline_at: float, allowance_end: float,

@@ -76,6 +76,23 @@ def listdir(directory: str) -> list[str] | None:
         return None
 
 
+def driver_gpus_info() -> dict[str, dict[str, str]]:
+    """The NVIDIA driver's own /proc/driver/nvidia/gpus/<PCI id>/information of each GPU
+    (below the settable /proc root), as key -> value ("GPU UUID", "Bus Location", "Device
+    Minor", "Model"...), by its directory's name; the first 16 KiB of each, its lines split
+    where the kernel ends them (\n: not splitlines' \r, \f)."""
+    out: dict[str, dict[str, str]] = {}
+    for name in listdir(path("driver", "nvidia", "gpus")) or []:
+        text = read_text(path("driver", "nvidia", "gpus", name, "information"), 1 << 14) or ""
+        fields: dict[str, str] = {}
+        for line in text.split("\n"):
+            key, sep, value = line.partition(":")
+            if sep:
+                fields.setdefault(key.strip(), value.strip())
+        out[name] = fields
+    return out
+
+
 def decode(raw: bytes) -> str:
     """Kernel text as str, no byte lost or merged: UTF-8, and each byte that is not UTF-8 a
     lone surrogate U+DC80-U+DCFF (os.fsdecode's way; .encode("utf-8", "surrogateescape")
@@ -90,11 +107,8 @@ def parse_stat(text: str) -> tuple[str, int, int] | None:
     r"""(state, ppid, starttime) from /proc/PID/stat: "PID (comm) state ppid ...". comm is
     written raw (no escaping: it may hold ")", spaces, \n), so the fields are what follows
     the last ")"; they are the kernel's own numbers."""
-    end = text.rfind(")")
-    if end < 0 or not _STAT_HEAD.match(text):
-        return None
-    rest = text[end + 1 :].split()
-    if len(rest) < 20:
+    rest = stat_fields(text)
+    if rest is None or len(rest) < 20:
         return None
     try:
         return rest[0], int(rest[1]), int(rest[19])
@@ -106,28 +120,57 @@ PF_EXITING = 0x4  # include/linux/sched.h: the task is in do_exit()
 SIGKILL_BIT = 1 << 8  # SIGKILL (9) in /proc/PID/status's SigPnd/ShdPnd masks
 
 
+def stat_fields(text: str) -> list[str] | None:
+    """The fields of /proc/PID/stat after comm (field n of proc(5) at [n - 3]): what
+    follows the last ")" (see parse_stat); None when the text is not the kernel's."""
+    end = text.rfind(")")
+    if end < 0 or not _STAT_HEAD.match(text):
+        return None
+    return text[end + 1 :].split()
+
+
+def _field(fields: list[str], n: int) -> int | None:
+    """Field n (proc(5)'s numbering) of stat_fields(), when it is a number."""
+    return int(fields[n - 3]) if len(fields) > n - 3 and fields[n - 3].isdigit() else None
+
+
 def stat_flags(text: str) -> int | None:
     """The `flags` field (the 9th) of /proc/PID/stat: the kernel's PF_* bits."""
-    end = text.rfind(")")
-    rest = text[end + 1 :].split() if end >= 0 and _STAT_HEAD.match(text) else []
-    return int(rest[6]) if len(rest) > 6 and rest[6].isdigit() else None
+    return _field(stat_fields(text) or [], 9)
+
+
+# resident KiB, tasks (status: VmRSS is gone once the kernel has taken the address space)
+# and CPU ticks (utime + stime, stat): where an exit's progress shows (core/release.py)
+ExitMarks = tuple[int | None, int | None, int | None]
+
+
+def exit_look(pid: int) -> tuple[bool, ExitMarks]:
+    """Whether `pid` is on its way out in the kernel (in do_exit(), PF_EXITING: tearing down
+    its address space, e.g. unpinning host memory, before its device files close; or with a
+    SIGKILL pending that it has not yet acted on: a zombie leader with a live thread is
+    exiting too, PF_EXITING is its), and the marks its exit progresses in; stat and status
+    read once each."""
+    stat_text = read_text(path(pid, "stat"))
+    status_text = read_text(path(pid, "status"))
+    fields = stat_fields(stat_text) if stat_text else None
+    try:
+        status = parse_status(status_text) if status_text else {}
+        pending = any(int(status.get(k, "0"), 16) & SIGKILL_BIT for k in ("SigPnd", "ShdPnd"))
+    except ValueError:
+        status, pending = {}, False
+    flags = _field(fields or [], 9)
+    utime, stime = _field(fields or [], 14), _field(fields or [], 15)
+    rss_kib = (status.get("VmRSS") or "0 kB").split()[0] if status_text else ""
+    threads = status.get("Threads", "")
+    marks = (int(rss_kib) if rss_kib.isdigit() else None,
+             int(threads) if threads.isdigit() else None,
+             None if fields is None or len(fields) < 13 else (utime or 0) + (stime or 0))
+    return bool(flags is not None and flags & PF_EXITING) or pending, marks
 
 
 def exiting(pid: int) -> bool:
-    """Whether `pid` is on its way out in the kernel: in do_exit() (PF_EXITING: tearing down
-    its address space, e.g. unpinning host memory, before its device files close), or with
-    a SIGKILL pending that it has not yet acted on (a zombie leader with a live thread is
-    exiting too: PF_EXITING is its)."""
-    text = read_text(path(pid, "stat"))
-    flags = stat_flags(text) if text else None
-    if flags is not None and flags & PF_EXITING:
-        return True
-    status = read_text(path(pid, "status"))
-    fields = parse_status(status) if status else {}
-    try:
-        return any(int(fields.get(k, "0"), 16) & SIGKILL_BIT for k in ("SigPnd", "ShdPnd"))
-    except ValueError:
-        return False
+    """Whether `pid` is on its way out in the kernel (see exit_look)."""
+    return exit_look(pid)[0]
 
 
 _NAME_ESCAPE = re.compile(r"\\([n\\])")

@@ -152,12 +152,8 @@ def _roots(base: str) -> list[int] | str:
     return [top, root]
 
 
-MAX_MOUNTINFO = 4 << 20  # bytes of a mountinfo read (as devnodes.MAX_MOUNTINFO)
-
-
 def _mounts(path: str) -> list[fstext.Mount]:
-    return [m for line in fstext.lines(statx.read_capped(path, MAX_MOUNTINFO, [False]))
-            if (m := fstext.parse_mount(line)) is not None]
+    return list(fstext.mounts(statx.read_capped(path, fstext.MAX_MOUNTINFO, [False])))
 
 
 class _Covers:

@@ -185,4 +185,6 @@ def test_exiting_reads_pf_exiting_or_a_pending_sigkill(tmp_path, monkeypatch):
     monkeypatch.setattr(pf, "path", lambda *parts: str(tmp_path.joinpath(*map(str, parts))))
     assert pf.stat_flags((tmp_path / "10" / "stat").read_text()) == 0x400104
     assert [pf.exiting(p) for p in (10, 11, 12, 13)] == [True, False, True, False]
+    # no VmRSS (the address space taken), no Threads line, utime + stime 0
+    assert pf.exit_look(12) == (True, (0, None, 0)) and pf.exit_look(13) == (False, (None,) * 3)
     assert pf.stat_flags("garbage") is None
