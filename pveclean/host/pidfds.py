@@ -124,24 +124,37 @@ def check_identities(holders: list[Holder], vmid: int, devices: GpuDevices, runn
     return out
 
 
-# state, wchan, frozen, exiting, and the marks an exit's progress shows in (core/release.py)
-Described = tuple[str | None, str | None, bool, bool, release.Marks]
+@dataclass(frozen=True)
+class Described:
+    """A process still there after its signals, as /proc shows it (in the worker)."""
+
+    state: str | None = None
+    wchan: str | None = None
+    frozen: bool = False
+    exiting: bool = False  # PF_EXITING or SIGKILL pending (procfs.exit_look)
+    marks: release.Marks = (None, None, None, None)  # where an exit's progress shows
+
+    @property
+    def on_its_way_out(self) -> bool:
+        """In the kernel's exit and not frozen: a frozen task makes no progress."""
+        return self.exiting and not self.frozen
+
+
 EXIT_LOOK = 0.25  # s between two looks at holders still there after their SIGKILL
-NO_MARKS: release.Marks = (None, None, None, None)
 EXITING_NOTE = ("in the kernel's exit when the run stopped waiting (PF_EXITING or SIGKILL "
                 "pending): not a survivor; its GPU memory comes back once the kernel lets it go")
 
 
 def describe(pids: list[int]) -> dict[int, Described]:
-    """(state, wchan, frozen, exiting) of processes still there after their signals (in the
-    worker: /proc reads)."""
+    """Processes still there after their signals (in the worker: /proc reads)."""
     out: dict[int, Described] = {}
     for pid in pids:
         worker.note(("pid", pid), None)
         st = procfs.read_status(pid)
         exiting, (rss, tasks, cpu) = procfs.exit_look(pid)
-        out[pid] = (st.state if st else None, procfs.wchan(pid), cgroupfs.frozen(pid),
-                    exiting, (rss, tasks, cpu, None))  # NVML's MiB: the caller's
+        out[pid] = Described(st.state if st else None, procfs.wchan(pid),
+                             cgroupfs.frozen(pid), exiting,
+                             (rss, tasks, cpu, None))  # NVML's MiB: the caller's
     return out
 
 
@@ -160,8 +173,8 @@ def await_exits(rest: list[Target], deadline_at: float, allowance_end: float,
         if not stuck or now >= deadline_at:
             return watch
         info = describe_fn(stuck) or {}
-        watch |= {pid: release.exit_step(watch.get(pid), d[3] and not d[2], d[4], now)
-                  for pid, d in info.items()}  # a frozen one is not on its way out
+        watch |= {pid: release.exit_step(watch.get(pid), d.on_its_way_out, d.marks, now)
+                  for pid, d in info.items()}
         if release.exits_waited({p: watch[p] for p in stuck if p in watch}, now,
                                 allowance_end):
             return watch
@@ -228,14 +241,13 @@ def _outcome(t: Target, info: dict[int, Described], seen: release.InExit | None,
     if seen is not None and seen.exiting:
         h.note(release.exit_note(seen, killed_at, t.exited_at, time.monotonic()))
     if t.exited_at is None:
-        state, wch, is_frozen, out, _marks = info.get(h.host_pid, (None, None, False, False,
-                                                                   NO_MARKS))
-        h.outcome = Outcome.EXITING if out and not is_frozen else Outcome.SURVIVED
-        if out and not is_frozen:
+        d = info.get(h.host_pid, Described())
+        h.outcome = Outcome.EXITING if d.on_its_way_out else Outcome.SURVIVED
+        if d.on_its_way_out:
             h.note(EXITING_NOTE)
-        h.state = state or h.state
-        h.wchan = wch
-        h.frozen = h.frozen or is_frozen
+        h.state = d.state or h.state
+        h.wchan = d.wchan
+        h.frozen = h.frozen or d.frozen
     elif t.exited_at <= after_term and not any(s.signal is Sig.KILL for s in h.signals):
         h.outcome = Outcome.TERMINATED
     else:

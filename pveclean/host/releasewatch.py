@@ -9,6 +9,7 @@ then is `leaked`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -41,7 +42,8 @@ def describer(run: Run) -> Callable[[list[int]], dict[int, Described] | None]:
             return got
         mib = {pid: sum(m for m in per.values() if m is not None)
                for pid, per in procs.by_pid.items()}
-        return {pid: (*d[:4], (*d[4][:3], mib.get(pid, 0))) for pid, d in got.items()}
+        return {pid: dataclasses.replace(d, marks=(*d.marks[:3], mib.get(pid, 0)))
+                for pid, d in got.items()}
 
     return look
 
