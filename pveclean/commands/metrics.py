@@ -35,7 +35,7 @@ from pveclean.core.pci import HostPci
 from pveclean.errors import ExitCode, PvecleanError, guarded, need_root
 from pveclean.host import cgroupfs, notify, worker
 from pveclean.host.nvml import Nvml
-from pveclean.host.reportfiles import exclusive_temp
+from pveclean.host.wholefile import replace_whole
 from pveclean.host.worker import RemoteError, Worker, WorkerError
 from pveclean.proxmox.passthrough import PCI_DEVICES, read_pci_mappings, this_node, vm_passthrough
 
@@ -61,13 +61,9 @@ def save_settled(cfg: Config, run: int, due: dict[int, int], clean: list[int],
     """The PIDs read clean this run get their next due run; PIDs gone are dropped."""
     kept = {p: r for p, r in due.items() if p in alive and r > run}
     kept.update({p: run + ROLL - (run + p) % ROLL for p in clean})
-    d = Path(cfg.state_dir)
+    text = json.dumps({"run": run, "due": {str(p): r for p, r in sorted(kept.items())}})
     with contextlib.suppress(OSError):  # a record not kept: the next run reads everything
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, tmp = exclusive_temp(d, ".metrics-host-", ".tmp", 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"run": run, "due": {str(p): r for p, r in sorted(kept.items())}}, fh)
-        os.replace(tmp, d / SETTLED_FILE)
+        replace_whole(Path(cfg.state_dir) / SETTLED_FILE, text, ".metrics-host-")
 
 
 @dataclass(frozen=True)
@@ -106,15 +102,7 @@ def write_job_map(job_dir: str, jobs: dict[str, list[str]]) -> None:
         if entry.name.isdigit() and entry.name not in jobs and entry.is_file(follow_symlinks=False):
             os.unlink(entry.path)
     for index, ids in jobs.items():
-        fd, tmp = exclusive_temp(d, ".pveclean-", ".tmp", 0o644)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write("".join(f"{i}\n" for i in ids))
-            os.replace(tmp, d / index)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        replace_whole(d / index, "".join(f"{i}\n" for i in ids), ".pveclean-", 0o644)
 
 
 def write(cfg: Config, textfile_dir: str = TEXTFILE_DIR, pci_root: Path = PCI_DEVICES,
