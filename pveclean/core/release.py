@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from pveclean.core.records import GpuMemory, GpuStatus, NvmlProcesses
+from pveclean.core.records import LEAK_SLACK_MIB, GpuMemory, GpuStatus, NvmlProcesses
 
-SLACK_MIB = 64  # as report.LEAK_SLACK_MIB: allocator slack, contexts
+SLACK_MIB = LEAK_SLACK_MIB  # the leak check's slack: allocator slack, contexts
 SETTLE_S = 5.0  # memory that stays put this long after every holder is gone: leaked
 POLL_S = 0.1  # between two looks at the memory
 # How long after the last holder's exit a run waits for its memory by default (config

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 
 from pveclean.core.cgpaths import ct_path, in_tree
-from pveclean.host import cgroupfs
+from pveclean.host import cgroupfs, procfs
 
 STATE, SELF = "freezer.state", "freezer.self_freezing"
 
@@ -24,11 +24,7 @@ def _freezer_path(pid: int) -> str | None:
 
 
 def _read(path: str) -> str:
-    try:
-        with open(path, encoding="ascii") as fh:
-            return fh.read(64).strip()
-    except (OSError, UnicodeDecodeError):
-        return ""
+    return (procfs.read_text(path, 64) or "").strip()
 
 
 def thaw_in_tree(pids: Iterable[int], vmid: int, root: str | None = None) -> list[str]:
